@@ -1,0 +1,89 @@
+"""Runs a whole proxy: every route's listener, the admin endpoint, graceful shutdown."""
+
+import asyncio
+import errno
+import logging
+import signal
+
+from proxy.admin import AdminServer
+from proxy.errors import ConfigError
+from proxy.metrics import make_registry
+from proxy.relay import Route
+
+log = logging.getLogger("frametap")
+
+
+class ProxyApp:
+    """Start with ``await app.start()``; stop with ``app.request_stop()`` or SIGTERM/SIGINT."""
+
+    def __init__(self, config):
+        self.config = config
+        self.routes = []
+        self.admin = None
+        self.ready = False
+        self._stop = None
+
+    async def start(self):
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.routes = [Route(rc, loop) for rc in self.config.routes]
+        if self.config.admin_listen is not None:
+            host, port = self.config.admin_listen
+            self.admin = AdminServer(make_registry(lambda: self.routes), lambda: self.ready,
+                                     host, port)
+            await self._bind(self.admin.start(), "admin.listen", host, port)
+        for i, route in enumerate(self.routes):
+            host, port = route.cfg.listen
+            await self._bind(route.start(), f"routes[{i}].listen", host, port)
+        self.ready = True
+        for route in self.routes:
+            h, p = route.address
+            log.info("route %s: %s on %s:%d -> %s:%d", route.cfg.name, route.cfg.protocol, h, p,
+                     *route.cfg.upstream)
+        if self.admin is not None:
+            log.info("admin: http://%s:%d/metrics", *self.admin.address)
+        if self.config.framelog is not None:
+            log.warning("[framelog] is accepted but frame logs are not written by this build yet")
+
+    async def _bind(self, coro, key, host, port):
+        try:
+            await coro
+        except OSError as exc:
+            await self.close_listeners()
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"{key} = '{host}:{port}': address already in use") from None
+            raise ConfigError(f"{key} = '{host}:{port}': cannot listen: "
+                              f"{exc.strerror or exc}") from None
+
+    async def close_listeners(self):
+        self.ready = False
+        for route in self.routes:
+            route.stop_accepting()
+
+    def request_stop(self):
+        if self._stop is not None:
+            self._stop.set()
+
+    async def wait_stopped(self):
+        await self._stop.wait()
+
+    async def shutdown(self, timeout=None):
+        """Stop accepting, let open connections drain up to ``timeout``, then close."""
+        timeout = self.config.shutdown_timeout if timeout is None else timeout
+        await self.close_listeners()
+        open_conns = sum(len(r.connections) for r in self.routes)
+        if open_conns:
+            log.info("draining %d open connections (up to %.1fs)", open_conns, timeout)
+        await asyncio.gather(*(r.drain(timeout) for r in self.routes))
+        if self.admin is not None:
+            self.admin.close()
+
+    async def run(self):
+        """start(); wait for SIGTERM/SIGINT; shutdown()."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self.wait_stopped()
+        log.info("stopping: no new connections")
+        await self.shutdown()

@@ -1,0 +1,147 @@
+"""The ``frametap`` command line (DESIGN.md, "Command line").
+
+User errors (bad arguments, bad config, a port in use) print one line and exit 2,
+never a traceback.
+"""
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from proxy.errors import ConfigError
+
+SERVERS = {
+    "flymq": "loadgen.flymq.server",
+}
+
+
+def _setup_logging(level):
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _add_proxy(sub):
+    p = sub.add_parser(
+        "proxy", help="run the proxy",
+        description="Run the frametap proxy, from a TOML config file (-c) or for one route "
+                    "given on the command line.",
+        epilog="example: frametap proxy --protocol flymq --listen 127.0.0.1:19092 "
+               "--upstream 127.0.0.1:9092 --admin 127.0.0.1:9400")
+    p.add_argument("-c", "--config", metavar="FILE", help="TOML config (see README)")
+    p.add_argument("--protocol", help="protocol of the single route (e.g. flymq)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="where clients connect")
+    p.add_argument("--upstream", metavar="HOST:PORT", help="the real server")
+    p.add_argument("--admin", metavar="HOST:PORT",
+                   help="admin HTTP address for /metrics, /healthz, /readyz")
+    p.add_argument("--framelog", metavar="DIR", help="frame log directory")
+    p.add_argument("--name", default=None, help="route name (default: the protocol name)")
+    p.add_argument("--max-frame-bytes", type=int, default=None,
+                   help="reject frames declaring more than this (default: protocol limit)")
+    p.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds before an unanswered request counts as a timeout (30)")
+    p.add_argument("--drain-timeout", type=float, default=None,
+                   help="on SIGTERM/SIGINT, seconds to let open connections finish (10)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_proxy)
+
+
+def build_config(args):
+    from proxy.config import config_from_dict, load_config
+    single = [args.protocol, args.listen, args.upstream]
+    if args.config:
+        if any(single):
+            raise ConfigError("use either -c/--config or --protocol/--listen/--upstream, not both")
+        cfg = load_config(args.config)
+        if args.admin:
+            from proxy.config import parse_address
+            cfg.admin_listen = parse_address(args.admin, "--admin", allow_port_zero=True)
+    else:
+        missing = [flag for flag, v in zip(("--protocol", "--listen", "--upstream"), single)
+                   if not v]
+        if missing:
+            raise ConfigError(f"missing {', '.join(missing)} (or give a config file with -c)")
+        data = {"routes": [{"name": args.name or args.protocol, "protocol": args.protocol,
+                            "listen": args.listen, "upstream": args.upstream,
+                            "request_timeout": args.request_timeout}]}
+        if args.max_frame_bytes is not None:
+            data["routes"][0]["max_frame_bytes"] = args.max_frame_bytes
+        if args.admin:
+            data["admin"] = {"listen": args.admin}
+        if args.framelog:
+            data["framelog"] = {"dir": args.framelog}
+        cfg = config_from_dict(data)
+    if args.drain_timeout is not None:
+        if args.drain_timeout < 0:
+            raise ConfigError(f"--drain-timeout = {args.drain_timeout}: expected a number >= 0")
+        cfg.shutdown_timeout = args.drain_timeout
+    return cfg
+
+
+def cmd_proxy(args):
+    import uvloop
+
+    from proxy.app import ProxyApp
+    cfg = build_config(args)
+    _setup_logging(args.log_level)
+    uvloop.run(ProxyApp(cfg).run())
+    return 0
+
+
+def cmd_serve(args):
+    if args.protocol not in SERVERS:
+        raise ConfigError(f"serve: protocol {args.protocol!r} has no reference server in this "
+                          f"build (available: {', '.join(SERVERS)})")
+    module = importlib.import_module(SERVERS[args.protocol])
+    return module.main(args.args)
+
+
+def cmd_load(args):
+    from loadgen import locustfile
+    argv = ["locust", "-f", locustfile.__file__] + args.args
+    os.execvp(sys.executable, [sys.executable, "-m"] + argv)
+
+
+def cmd_demo(args):
+    from loadgen import demo
+    return demo.main(args.args)
+
+
+def make_parser():
+    parser = argparse.ArgumentParser(
+        prog="frametap",
+        description="Protocol-aware TCP proxy for load testing: decodes every frame, counts "
+                    "opcodes and request latency for Prometheus.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_proxy(sub)
+    s = sub.add_parser("serve", help="run a reference server (frametap serve flymq --help)",
+                       description="Run the reference server for a protocol.", add_help=True)
+    s.add_argument("protocol", help="protocol name: " + ", ".join(SERVERS))
+    s.add_argument("args", nargs=argparse.REMAINDER, help="server options (see its --help)")
+    s.set_defaults(func=cmd_serve)
+    ld = sub.add_parser("load", help="run Locust with the packaged locustfile",
+                        description="Run Locust with frametap's locustfile; every option after "
+                                    "'load' goes to Locust (e.g. --headless -u 10 -t 30s "
+                                    "--host 127.0.0.1:19092).", add_help=False)
+    ld.add_argument("args", nargs=argparse.REMAINDER)
+    ld.set_defaults(func=cmd_load)
+    d = sub.add_parser("demo", help="reference servers + proxy + headless Locust run + report",
+                       add_help=False,
+                       description="See `frametap demo --help`.")
+    d.add_argument("args", nargs=argparse.REMAINDER)
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except ConfigError as exc:
+        print(f"frametap: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,32 @@
+"""Constants shared by the compiled framing core and its pure-Python twin."""
+
+DIRECTIONS = ("c2s", "s2c")
+C2S = 0
+S2C = 1
+
+#: Latency buckets in seconds (DESIGN.md, "Prometheus metrics").
+BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+           0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BUCKETS_NS = tuple(int(round(b * 1e9)) for b in BUCKETS)
+
+OPCODE_SLOTS = 257
+OTHER_SLOT = 256
+STATUS_SLOTS = 32
+OUTCOMES = ("ok", "error")
+
+#: Bounded ``reason`` label values of frametap_protocol_errors_total.  The index is
+#: the reason id used by the parsers; append only (the compiled core has 32 slots).
+REASONS = (
+    "bad_magic",           # 0: first bytes are not this protocol's magic
+    "bad_version",         # 1: unknown protocol version (frame still forwarded)
+    "frame_too_large",     # 2: declared length over max_frame_bytes
+    "frame_too_small",     # 3: declared length below the protocol's minimum
+    "truncated_frame",     # 4: connection ended in the middle of a frame
+    "in_flight_overflow",  # 5: more pending requests than fifo_limit
+    "response_mismatch",   # 6: response opcode differs from its request's
+    "bad_header",          # 7: malformed header fields
+)
+R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
+    R_MISMATCH, R_BAD_HEADER = range(8)
+
+DEFAULT_FIFO_LIMIT = 65536

@@ -1,0 +1,286 @@
+"""The uvloop relay: one listener per route, two asyncio Protocols per connection.
+
+Bytes are forwarded as they arrive (the parser only reads headers and never holds a
+frame back).  Each side's write buffer drives the other side's reading: when the
+upstream's buffer passes its high-water mark the client is paused, and vice versa,
+so a slow reader bounds memory instead of growing it.  EOF on one side becomes
+write_eof on the other while the opposite direction keeps flowing; a reset on one
+side aborts the other.
+"""
+
+import asyncio
+import logging
+import socket
+import time
+
+from proxy import protocols
+from proxy.framing import RouteStats, now_ns
+
+log = logging.getLogger("frametap.relay")
+
+WRITE_HIGH = 256 * 1024      # pause the peer's reading above this many buffered bytes
+WRITE_LOW = 64 * 1024
+
+
+class Route:
+    """One listener, its upstream, its counters and its live connections."""
+
+    def __init__(self, cfg, loop=None):
+        self.cfg = cfg
+        self.loop = loop or asyncio.get_event_loop()
+        self.module = protocols.load(cfg.protocol)
+        self.stats = RouteStats(cfg.name, cfg.protocol)
+        self.max_frame_bytes = cfg.max_frame_bytes or self.module.MAX_FRAME_BYTES
+        self.connections = set()
+        self.server = None
+        self._sweeper = None
+        self._drained = None
+
+    @property
+    def address(self):
+        """(host, port) actually bound (port 0 in the config picks a free one)."""
+        return self.server.sockets[0].getsockname()[:2]
+
+    async def start(self):
+        host, port = self.cfg.listen
+        self.server = await self.loop.create_server(
+            lambda: ClientSide(self), host, port, reuse_address=True, backlog=1024)
+        self._sweeper = self.loop.create_task(self._sweep())
+
+    def new_parser(self):
+        return self.module.Parser(self.stats, self.max_frame_bytes, self.cfg.request_timeout)
+
+    async def _sweep(self):
+        """Count requests that waited longer than request_timeout (FIFO heads only)."""
+        period = min(1.0, self.cfg.request_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = now_ns()
+            for conn in list(self.connections):
+                conn.parser.expire(now)
+
+    def stop_accepting(self):
+        if self.server is not None:
+            self.server.close()
+
+    async def drain(self, timeout):
+        """Wait for open connections to finish, up to ``timeout``; then abort the rest."""
+        deadline = time.monotonic() + timeout
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+    def forget(self, conn):
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.stats.conn_active -= 1
+
+
+class ClientSide(asyncio.Protocol):
+    """The accepted client connection; owns the upstream side and the parser."""
+
+    def __init__(self, route):
+        self.route = route
+        self.transport = None
+        self.upstream = None         # UpstreamSide once connected
+        self.parser = None
+        self.connect_task = None
+        self.peer = "?"
+        self.client_eof = False
+        self.upstream_eof = False
+        self.closed = False
+        self.paused_by_peer = False  # upstream's write buffer is full
+        self.early = []              # client bytes that arrived before upstream was up
+
+    # -- client events ---------------------------------------------------------
+
+    def connection_made(self, transport):
+        route = self.route
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = "%s:%s" % peer[:2] if peer else "?"
+        if len(route.connections) >= route.cfg.max_connections:
+            route.stats.conn_rejected += 1
+            log.warning("route %s: connection from %s rejected: %d connections open "
+                        "(max_connections)", route.cfg.name, self.peer, len(route.connections))
+            self.closed = True
+            transport.abort()
+            return
+        route.connections.add(self)
+        route.stats.conn_total += 1
+        route.stats.conn_active += 1
+        self.parser = route.new_parser()
+        transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        transport.pause_reading()          # nothing to relay to until upstream is up
+        self.connect_task = route.loop.create_task(self._connect())
+
+    async def _connect(self):
+        route = self.route
+        host, port = route.cfg.upstream
+        started = time.perf_counter()
+        try:
+            _, upstream = await asyncio.wait_for(
+                route.loop.create_connection(lambda: UpstreamSide(self), host, port),
+                route.cfg.connect_timeout)
+        except asyncio.CancelledError:
+            return
+        except (OSError, asyncio.TimeoutError) as exc:
+            route.stats.connect_failures += 1
+            why = "timed out" if isinstance(exc, asyncio.TimeoutError) else (
+                exc.strerror or exc.__class__.__name__)
+            log.warning("route %s: upstream %s:%d unreachable for client %s: %s",
+                        route.cfg.name, host, port, self.peer, why)
+            self._finish(abort=False)
+            return
+        route.stats.observe_connect(time.perf_counter() - started)
+        if self.closed:
+            upstream.transport.close()
+            return
+        self.upstream = upstream
+        if self.early:
+            upstream.transport.write(b"".join(self.early))
+            self.early = None
+        if self.client_eof:
+            upstream.transport.write_eof()
+        elif not self.paused_by_peer:
+            self.transport.resume_reading()
+
+    def data_received(self, data):
+        up = self.upstream
+        ok = self.parser.feed(0, data)
+        if up is None:
+            # uvloop may deliver a first read before our pause takes effect: keep it
+            # (one read at most, since reading is paused again) until upstream is up.
+            self.transport.pause_reading()
+            if ok:
+                self.early.append(data[:ok] if ok < len(data) else data)
+            if ok < len(data):
+                self._protocol_error()
+            return
+        if ok == len(data):
+            up.transport.write(data)
+            return
+        if ok:
+            up.transport.write(data[:ok])
+        self._protocol_error()
+
+    def eof_received(self):
+        self.client_eof = True
+        if self.upstream is None:
+            return True                    # _connect() passes the EOF on once connected
+        if not self.upstream.transport.is_closing():
+            self.upstream.transport.write_eof()
+        if self.upstream_eof:
+            self._finish(abort=False)
+            return False
+        return True                        # keep our write side open for the responses
+
+    def connection_lost(self, exc):
+        if self.closed:
+            return
+        self._finish(abort=exc is not None)
+
+    def pause_writing(self):               # client is slow to read: stop reading upstream
+        if self.upstream is not None:
+            self.upstream.transport.pause_reading()
+
+    def resume_writing(self):
+        if self.upstream is not None:
+            self.upstream.transport.resume_reading()
+
+    # -- upstream events (called by UpstreamSide) ------------------------------
+
+    def upstream_data(self, data):
+        ok = self.parser.feed(1, data)
+        if ok == len(data):
+            self.transport.write(data)
+            return
+        if ok:
+            self.transport.write(data[:ok])
+        self._protocol_error()
+
+    def upstream_eof_received(self):
+        self.upstream_eof = True
+        if not self.transport.is_closing():
+            self.transport.write_eof()
+        if self.client_eof:
+            self._finish(abort=False)
+            return False
+        return True
+
+    def upstream_lost(self, exc):
+        if self.closed:
+            return
+        self._finish(abort=exc is not None)
+
+    def upstream_pause_writing(self):      # upstream is slow to read: stop reading client
+        self.paused_by_peer = True
+        self.transport.pause_reading()
+
+    def upstream_resume_writing(self):
+        self.paused_by_peer = False
+        if not self.closed:
+            self.transport.resume_reading()
+
+    # -- teardown ---------------------------------------------------------------
+
+    def _protocol_error(self):
+        err = self.parser.error
+        log.warning("route %s: closing connection from %s: %s", self.route.cfg.name,
+                    self.peer, err)
+        self._finish(abort=False)
+
+    def abort(self):
+        self._finish(abort=True)
+
+    def _finish(self, abort):
+        """Close both sides once: flush buffered bytes unless ``abort`` (a reset)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.connect_task is not None and not self.connect_task.done():
+            self.connect_task.cancel()
+        for t in (self.transport, self.upstream.transport if self.upstream else None):
+            if t is not None and not t.is_closing():
+                t.abort() if abort else t.close()
+            elif t is not None and abort:
+                t.abort()
+        if self.parser is not None:
+            self.parser.close()
+        self.route.forget(self)
+
+
+class UpstreamSide(asyncio.Protocol):
+    """The connection to the upstream server; forwards every event to its ClientSide."""
+
+    def __init__(self, client):
+        self.client = client
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data):
+        self.client.upstream_data(data)
+
+    def eof_received(self):
+        return self.client.upstream_eof_received()
+
+    def connection_lost(self, exc):
+        self.client.upstream_lost(exc)
+
+    def pause_writing(self):
+        self.client.upstream_pause_writing()
+
+    def resume_writing(self):
+        self.client.upstream_resume_writing()
