@@ -1,0 +1,58 @@
+"""Shared fixtures: both parser implementations, free ports, a running proxy."""
+
+import asyncio
+import os
+import socket
+import threading
+
+import pytest
+
+from proxy import framing_py
+from proxy.protocols.flymq import parser_py
+
+IMPLS = {"py-parser": (framing_py.RouteStats, parser_py.FlyMQParser)}
+if not os.environ.get("FRAMETAP_NO_EXTENSIONS"):
+    from proxy import _framing
+    from proxy.protocols.flymq import _parser
+    IMPLS["c-parser"] = (_framing.RouteStats, _parser.FlyMQParser)
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def flymq_impl(request):
+    """(RouteStats, FlyMQParser) of the compiled core and of the pure-Python twin."""
+    return IMPLS[request.param]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopThread:
+    """An event loop (uvloop) running in a background thread, for sync tests."""
+
+    def __init__(self):
+        import uvloop
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout=30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn, *args):
+        async def _call():
+            return fn(*args)
+        return self.run(_call())
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def loop_thread():
+    lt = LoopThread()
+    yield lt
+    lt.stop()
