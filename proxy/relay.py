@@ -136,7 +136,9 @@ class ClientSide(asyncio.Protocol):
             self._finish(abort=False)
             return
         route.stats.observe_connect(time.perf_counter() - started)
-        if self.closed:
+        if self.closed:                    # client gone or broke the protocol meanwhile:
+            if self.early:                 # its valid bytes still reach the server
+                upstream.transport.write(b"".join(self.early))
             upstream.transport.close()
             return
         self.upstream = upstream
@@ -241,8 +243,9 @@ class ClientSide(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        if self.connect_task is not None and not self.connect_task.done():
-            self.connect_task.cancel()
+        if self.connect_task is not None and not self.connect_task.done() and (
+                abort or not self.early):
+            self.connect_task.cancel()     # else _connect() delivers the early bytes
         for t in (self.transport, self.upstream.transport if self.upstream else None):
             if t is not None and not t.is_closing():
                 t.abort() if abort else t.close()

@@ -1,0 +1,305 @@
+"""The relay over real sockets: forwarding, half-close, resets, backpressure, limits, faults."""
+
+import asyncio
+import socket
+import struct
+
+from proxy.relay import WRITE_HIGH
+from tests.support import (FaultyUpstream, frame, proxy_port, read_frame, request, run,
+                           sample, start_proxy, wait_for)
+
+R = {"route": "t", "protocol": "flymq"}
+
+
+def test_relays_and_counts_every_frame():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        for i in range(10):                               # pipelined
+            writer.write(request(i))
+        for i in range(10):
+            op, payload = await read_frame(reader)
+            assert op == 0x01 and payload[:4] == struct.pack(">I", i)
+        writer.close()
+        await wait_for(lambda: not app.routes[0].connections, what="connection closed")
+        assert sample(app, "frametap_frames_total", direction="c2s", opcode="PRODUCE", **R) == 10
+        assert sample(app, "frametap_frames_total", direction="s2c", opcode="PRODUCE", **R) == 10
+        assert sample(app, "frametap_bytes_total", route="t", direction="c2s") == 10 * 24
+        assert sample(app, "frametap_request_duration_seconds_count", opcode="PRODUCE",
+                      outcome="ok", **R) == 10
+        assert sample(app, "frametap_responses_total", opcode="PRODUCE", status="OK", **R) == 10
+        assert sample(app, "frametap_connections_total", route="t") == 1
+        assert sample(app, "frametap_connections_active", route="t") == 0
+        assert sample(app, "frametap_requests_in_flight", **R) == 0
+        assert sample(app, "frametap_upstream_connect_duration_seconds_count", route="t") == 1
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_forwards_bytes_before_the_frame_is_complete():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        data = request(7, size=1000)
+        writer.write(data[:500])
+        await wait_for(lambda: len(up.received) == 500, what="half a frame at upstream")
+        writer.write(data[500:])
+        op, payload = await read_frame(reader)
+        assert payload[:4] == struct.pack(">I", 7)
+        writer.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_half_close_propagates_and_other_direction_keeps_flowing():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(request(1) + request(2))
+        writer.write_eof()                                 # client done sending
+        await asyncio.wait_for(up.eof_seen.wait(), 5)      # upstream saw the FIN
+        assert (await read_frame(reader))[1][:4] == struct.pack(">I", 1)
+        assert (await read_frame(reader))[1][:4] == struct.pack(">I", 2)
+        assert await reader.read() == b""                  # then upstream's FIN reaches us
+        await wait_for(lambda: not app.routes[0].connections, what="both sides closed")
+        assert sample(app, "frametap_request_timeouts_total", opcode="PRODUCE", **R) is None
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_upstream_down_closes_client_and_counts():
+    async def scenario():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = "127.0.0.1:%d" % s.getsockname()[1]    # bound, never listening
+            app = await start_proxy(dead)
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+            writer.write(request(1))
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            await wait_for(lambda: not app.routes[0].connections, what="connection dropped")
+            assert sample(app, "frametap_upstream_connect_failures_total", route="t") == 1
+            assert sample(app, "frametap_connections_active", route="t") == 0
+            await app.shutdown(0)
+    run(scenario())
+
+
+def test_upstream_reset_mid_frame_closes_only_that_connection():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        r1, w1 = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        w1.write(request(1))
+        assert (await read_frame(r1))[0] == 1              # healthy connection first
+        r2, w2 = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        up.reset_after = len(up.received) + 24
+        w2.write(request(2))
+        try:
+            rest = await asyncio.wait_for(r2.read(), 5)    # half a frame then close/reset
+            assert len(rest) <= 20
+        except ConnectionResetError:
+            pass
+        up.reset_after = None
+        w1.write(request(3))                               # the other one still works
+        assert (await read_frame(r1))[1][:4] == struct.pack(">I", 3)
+        await wait_for(lambda: len(app.routes[0].connections) == 1, what="reset conn gone")
+        assert sample(app, "frametap_protocol_errors_total", direction="s2c",
+                      reason="truncated_frame", **R) == 1
+        # the half response's header was seen, so request 2 counts as answered
+        assert sample(app, "frametap_responses_total", opcode="PRODUCE", status="OK", **R) == 3
+        assert sample(app, "frametap_requests_in_flight", **R) == 0
+        w1.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_client_sends_half_a_frame_and_closes():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        r1, w1 = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        w1.write(request(1)[:10])
+        w1.close()
+        await wait_for(lambda: not app.routes[0].connections, what="half-frame conn closed")
+        assert sample(app, "frametap_protocol_errors_total", direction="c2s",
+                      reason="truncated_frame", **R) == 1
+        assert sample(app, "frametap_request_timeouts_total", opcode="PRODUCE", **R) == 1
+        r2, w2 = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        w2.write(request(2))
+        assert (await read_frame(r2))[0] == 1
+        w2.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_client_reset_aborts_upstream():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        sock = socket.create_connection(("127.0.0.1", proxy_port(app)))
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_sendall(sock, request(1)[:12])
+        await wait_for(lambda: len(up.received) >= 12, what="bytes at upstream")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()                                       # RST
+        await wait_for(lambda: not app.routes[0].connections, what="conn torn down")
+        await asyncio.wait_for(up.eof_seen.wait(), 5)      # upstream side closed too
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_garbage_closes_connection_others_unaffected():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        r1, w1 = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        r2, w2 = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        w2.write(request(9) + b"\x16\x03\x01\x00\xa5\x01\x00\x00garbage")
+        await asyncio.wait_for(r2.read(), 5)                           # closed by the proxy
+        await wait_for(lambda: bytes(up.received) == request(9), what="valid prefix upstream")
+        assert b"garbage" not in bytes(up.received)
+        w1.write(request(1))
+        assert (await read_frame(r1))[1][:4] == struct.pack(">I", 1)
+        assert sample(app, "frametap_protocol_errors_total", direction="c2s",
+                      reason="bad_magic", **R) == 1
+        w1.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_oversized_length_rejected_before_payload():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address, max_frame_bytes=4096)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(bytes([0xAF, 1, 1, 1]) + struct.pack(">I", 1 << 30))   # header only
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert sample(app, "frametap_protocol_errors_total", direction="c2s",
+                      reason="frame_too_large", **R) == 1
+        assert len(up.received) == 0                       # nothing of it was forwarded
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_client_that_never_reads_keeps_memory_bounded():
+    """Upstream floods 64 MiB; the client never reads: the proxy's buffers stay bounded."""
+    async def scenario():
+        up = await FaultyUpstream().start()
+        up.flood = 64 * 1024 * 1024
+        app = await start_proxy(up.address)
+        sock = socket.create_connection(("127.0.0.1", proxy_port(app)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        await wait_for(lambda: app.routes[0].connections, what="connection")
+        conn = next(iter(app.routes[0].connections))
+        peak = 0
+        for _ in range(100):                               # 1 s of flood
+            await asyncio.sleep(0.01)
+            peak = max(peak, conn.transport.get_write_buffer_size())
+        relayed = app.routes[0].stats.snapshot()["bytes"]["s2c"]
+        assert relayed < 16 * 1024 * 1024, relayed         # upstream was paused, not drained
+        assert peak <= WRITE_HIGH + 256 * 1024, peak       # high-water + at most one read
+        sock.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_upstream_that_never_reads_pauses_the_client():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        up.stall = True
+        app = await start_proxy(up.address)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        await wait_for(lambda: app.routes[0].connections, what="connection")
+        conn = next(iter(app.routes[0].connections))
+        await wait_for(lambda: conn.upstream is not None, what="upstream")
+        big = request(0, size=1024 * 1024)
+        sent = 0
+        try:
+            for _ in range(64):                            # try to push 64 MiB
+                writer.write(big)
+                await asyncio.wait_for(writer.drain(), 0.5)
+                sent += len(big)
+        except asyncio.TimeoutError:
+            pass                                           # our own send blocked: good
+        assert sent < 32 * 1024 * 1024
+        assert conn.upstream.transport.get_write_buffer_size() <= WRITE_HIGH + 1024 * 1024 + 8
+        writer.transport.abort()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_connection_limit():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address, max_connections=2)
+        conns = [await asyncio.open_connection("127.0.0.1", proxy_port(app)) for _ in range(2)]
+        await wait_for(lambda: len(app.routes[0].connections) == 2, what="two connections")
+        r3, w3 = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        try:
+            assert await asyncio.wait_for(r3.read(), 5) == b""
+        except ConnectionResetError:
+            pass
+        assert sample(app, "frametap_connections_rejected_total", route="t") == 1
+        r, w = conns[0]
+        w.write(request(5))
+        assert (await read_frame(r))[1][:4] == struct.pack(">I", 5)
+        for _, w in conns:
+            w.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_request_timeout_counted_by_sweeper():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        up.stall = True
+        app = await start_proxy(up.address, request_timeout=0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(request(1))
+        await wait_for(lambda: sample(app, "frametap_request_timeouts_total", opcode="PRODUCE",
+                                      **R) == 1, what="timeout counted")
+        assert sample(app, "frametap_requests_in_flight", **R) == 0
+        writer.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_several_routes_in_one_process():
+    async def scenario():
+        from proxy.app import ProxyApp
+        from proxy.config import config_from_dict
+        up1 = await FaultyUpstream().start()
+        up2 = await FaultyUpstream().start()
+        app = ProxyApp(config_from_dict({"routes": [
+            {"name": "a", "protocol": "flymq", "listen": "127.0.0.1:0", "upstream": up1.address},
+            {"name": "b", "protocol": "flymq", "listen": "127.0.0.1:0", "upstream": up2.address},
+        ]}))
+        await app.start()
+        for i, up in ((0, up1), (1, up2)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app, i))
+            writer.write(request(i))
+            await read_frame(reader)
+            writer.close()
+        assert up1.connections == 1 and up2.connections == 1
+        assert sample(app, "frametap_frames_total", route="a", protocol="flymq",
+                      direction="c2s", opcode="PRODUCE") == 1
+        assert sample(app, "frametap_frames_total", route="b", protocol="flymq",
+                      direction="c2s", opcode="PRODUCE") == 1
+        await app.shutdown(0)
+        up1.close()
+        up2.close()
+    run(scenario())
