@@ -108,6 +108,9 @@ def cmd_demo(args):
     return demo.main(args.args)
 
 
+PASSTHROUGH = {"load": cmd_load, "demo": cmd_demo}
+
+
 def make_parser():
     parser = argparse.ArgumentParser(
         prog="frametap",
@@ -137,7 +140,11 @@ def make_parser():
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = make_parser()
-    args = parser.parse_args(argv)
+    if argv and argv[0] in PASSTHROUGH:
+        # every option after these belongs to the sub-tool, --help included
+        args = argparse.Namespace(func=PASSTHROUGH[argv[0]], args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
     except ConfigError as exc:

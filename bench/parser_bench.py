@@ -1,0 +1,208 @@
+"""FlyMQ parser microbenchmark: compiled FlyMQParser against its pure-Python twin.
+
+Builds 4096 PRODUCE request frames (64-byte payload) and the 4096 matching
+response frames (35-byte RecordMetadata), cuts both streams into 64 KiB reads
+the way a socket delivers them (so frames straddle reads), and interleaves
+them causally: a response is fed only after its request.  Then times
+``parser.feed(direction, chunk)`` over that schedule, best of N trials, pinned
+to one cpu.  Request and response frames both count.
+
+Targets: compiled >= 10 M frames/s, and >= 20x the pure-Python parser.
+
+    python bench/parser_bench.py [--quick] [--cpu 0] [--trials 5] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+
+MAGIC, VERSION, FLAG_BINARY, PRODUCE = 0xAF, 0x01, 0x01, 0x01
+C2S, S2C = 0, 1
+FRAMES_PER_SIDE = 4096
+PAYLOAD = 64
+READ_SIZE = 64 * 1024
+
+TARGET_FPS = 10_000_000
+TARGET_RATIO = 20.0
+
+
+def frame(opcode: int, payload: bytes) -> bytes:
+    """Header per shared/specs/flymq-binary.md "Wire Format"."""
+    return struct.pack(">BBBBI", MAGIC, VERSION, opcode, FLAG_BINARY, len(payload)) + payload
+
+
+def produce_request(size: int) -> bytes:
+    # topic "bench", no key, value filling the rest, partition -1 ("PRODUCE (0x01)")
+    value = b"v" * (size - 19)
+    return frame(PRODUCE, b"\x00\x05bench" + struct.pack(">I", 0) + struct.pack(">I", len(value))
+                 + value + struct.pack(">i", -1))
+
+
+def produce_response(offset: int) -> bytes:
+    # RecordMetadata: topic, partition, offset, timestamp, key_size, value_size
+    return frame(PRODUCE, b"\x00\x05bench" + struct.pack(">iQqii", 0, offset, 1705123456000, -1, 45))
+
+
+def build_schedule(n: int = FRAMES_PER_SIDE, size: int = PAYLOAD) -> tuple[list[tuple[int, bytes]], int]:
+    """(direction, chunk) reads: c2s in 64 KiB reads, each followed by the
+    responses to every request completed so far (also in <= 64 KiB reads)."""
+    req = produce_request(size)
+    c2s = req * n
+    s2c = b"".join(produce_response(i) for i in range(n))
+    resp_len = len(s2c) // n
+    schedule: list[tuple[int, bytes]] = []
+    sent_resp = 0
+    for start in range(0, len(c2s), READ_SIZE):
+        end = min(start + READ_SIZE, len(c2s))
+        schedule.append((C2S, c2s[start:end]))
+        answerable = (end // len(req)) * resp_len
+        while sent_resp < answerable:
+            step = min(READ_SIZE, answerable - sent_resp)
+            schedule.append((S2C, s2c[sent_resp:sent_resp + step]))
+            sent_resp += step
+    if sent_resp != len(s2c):
+        raise RuntimeError(f"schedule covers {sent_resp} of {len(s2c)} response bytes")
+    return schedule, 2 * n
+
+
+def verify(parser_cls, stats_cls, schedule, frames_per_pass: int) -> None:
+    """One untimed pass: every read must be accepted whole and, where the
+    stats expose ``snapshot()``, every frame counted."""
+    stats = stats_cls(route="bench", protocol="flymq")
+    parser = parser_cls(stats)
+    for i, (direction, chunk) in enumerate(schedule):
+        took = parser.feed(direction, chunk)
+        if took != len(chunk):
+            raise SystemExit(f"parser_bench: {parser_cls.__module__}.{parser_cls.__name__}.feed "
+                             f"accepted {took} of {len(chunk)} bytes at read {i} "
+                             f"(direction {direction}): protocol error on valid frames")
+    snapshot = getattr(stats, "snapshot", None)
+    if callable(snapshot):
+        counted = sum(snapshot().get("frames", {}).values())
+        if counted != frames_per_pass:
+            raise SystemExit(f"parser_bench: {parser_cls.__module__}.{parser_cls.__name__} counted "
+                             f"{counted} frames, expected {frames_per_pass}")
+
+
+def time_parser(parser_cls, stats_cls, schedule, frames_per_pass: int, trials: int, min_time: float) -> dict:
+    """Best-of-``trials`` frames/s; each trial feeds the schedule ``loops`` times."""
+    def trial(loops: int) -> float:
+        parser = parser_cls(stats_cls(route="bench", protocol="flymq"))
+        feed = parser.feed
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                for direction, chunk in schedule:
+                    feed(direction, chunk)
+            return time.perf_counter() - t0
+        finally:
+            gc.enable()
+
+    loops = 1
+    elapsed = trial(loops)
+    while elapsed < min_time:  # calibrate so a trial lasts at least min_time
+        loops = max(loops + 1, int(loops * min_time / max(elapsed, 1e-6) * 1.2))
+        elapsed = trial(loops)
+    times = [elapsed] + [trial(loops) for _ in range(trials - 1)]
+    frames = frames_per_pass * loops
+    fps = [frames / t for t in times]
+    return {"best_fps": max(fps), "median_fps": sorted(fps)[len(fps) // 2], "loops": loops,
+            "frames_per_trial": frames, "trials_fps": fps}
+
+
+def is_compiled(cls) -> bool:
+    mod = sys.modules.get(cls.__module__)
+    return bool(mod and getattr(mod, "__file__", "") and not mod.__file__.endswith((".py", ".pyc")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", type=int, default=0, help="cpu to pin to (default 0)")
+    ap.add_argument("--trials", type=int, default=5, help="timed trials, best is reported (default 5)")
+    ap.add_argument("--min-time", type=float, default=0.3, help="seconds per trial at least (default 0.3)")
+    ap.add_argument("--quick", action="store_true", help="3 trials of >= 0.1 s")
+    ap.add_argument("--json-out", type=Path, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.trials, args.min_time = 3, 0.1
+
+    result: dict = {"pass": False}
+
+    def finish(code: int) -> int:
+        if args.json_out:
+            args.json_out.write_text(json.dumps(result, indent=2) + "\n")
+        return code
+
+    # This benchmark compares both parsers, so the pure-Python switch must be off.
+    if os.environ.pop("FRAMETAP_NO_EXTENSIONS", None):
+        print("note: ignoring FRAMETAP_NO_EXTENSIONS (both parsers are measured here)")
+    try:
+        import proxy.framing  # noqa: F401
+    except ImportError:
+        # not installed: an in-place build in the repo this file sits in
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    try:
+        from proxy.framing import RouteStats
+        from proxy.framing_py import RouteStats as PyRouteStats
+        from proxy.protocols.flymq import FlyMQParser
+        from proxy.protocols.flymq.parser_py import FlyMQParser as PyFlyMQParser
+    except ImportError as exc:
+        result["error"] = f"cannot import frametap's parser: {exc}"
+        print(f"parser_bench: {result['error']}\n  build/install frametap first (e.g. `pip install -e .`) "
+              f"and run with that environment's python ({sys.executable} now)", file=sys.stderr)
+        return finish(2)
+
+    try:
+        os.sched_setaffinity(0, {args.cpu})
+        pinned = f"pinned to cpu {args.cpu}"
+    except (AttributeError, OSError) as exc:
+        pinned = f"not pinned ({exc})"
+
+    schedule, frames_per_pass = build_schedule()
+    nbytes = sum(len(c) for _, c in schedule)
+    print(f"{FRAMES_PER_SIDE} requests ({PAYLOAD} B payload) + {FRAMES_PER_SIDE} responses, "
+          f"{nbytes:,} bytes in {len(schedule)} reads of <= 64 KiB; {pinned}")
+
+    compiled_ok = is_compiled(FlyMQParser) and FlyMQParser is not PyFlyMQParser
+    if not compiled_ok:
+        print(f"WARNING: proxy.protocols.flymq.FlyMQParser comes from "
+              f"{getattr(sys.modules.get(FlyMQParser.__module__), '__file__', '?')}: not the compiled parser")
+
+    verify(FlyMQParser, RouteStats, schedule, frames_per_pass)
+    verify(PyFlyMQParser, PyRouteStats, schedule, frames_per_pass)
+
+    comp = time_parser(FlyMQParser, RouteStats, schedule, frames_per_pass, args.trials, args.min_time)
+    pure = time_parser(PyFlyMQParser, PyRouteStats, schedule, frames_per_pass, args.trials, args.min_time)
+    ratio = comp["best_fps"] / pure["best_fps"]
+    fps_ok = comp["best_fps"] >= TARGET_FPS
+    ratio_ok = ratio >= TARGET_RATIO
+
+    def mbps(fps: float) -> float:
+        return fps / frames_per_pass * nbytes / 1e6
+
+    print(f"compiled     {comp['best_fps'] / 1e6:8.2f} M frames/s  ({mbps(comp['best_fps']):,.0f} MB/s, "
+          f"best of {args.trials}, median {comp['median_fps'] / 1e6:.2f} M)")
+    print(f"pure-Python  {pure['best_fps'] / 1e6:8.2f} M frames/s  ({mbps(pure['best_fps']):,.0f} MB/s, "
+          f"best of {args.trials}, median {pure['median_fps'] / 1e6:.2f} M)")
+    print(f"compiled >= {TARGET_FPS / 1e6:.0f} M frames/s: {'PASS' if fps_ok else 'FAIL'}")
+    print(f"compiled / pure-Python = {ratio:.1f}x (target >= {TARGET_RATIO:.0f}x): "
+          f"{'PASS' if ratio_ok else 'FAIL'}")
+    result = {"compiled": comp, "pure_python": pure, "ratio": ratio, "frames_per_pass": frames_per_pass,
+              "bytes_per_pass": nbytes, "reads_per_pass": len(schedule), "pinned": pinned,
+              "compiled_parser_in_use": compiled_ok,
+              "targets": {"compiled_fps": TARGET_FPS, "ratio": TARGET_RATIO},
+              "pass": fps_ok and ratio_ok and compiled_ok}
+    return finish(0 if result["pass"] else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,601 @@
+"""frametap FlyMQ benchmark: the proxy against a pass-through baseline, same run.
+
+Builds ``bench/flyload.c`` (FlyMQ backend + load client), starts the backend
+pinned to cpu 1, then for every scenario runs each proxy in turn (pinned to
+cpu 0) with the load client on cpu 1, repeating and alternating the order so
+drift on a noisy machine hits both sides alike:
+
+  a  64 B payloads, 16 conns x 32 deep   throughput   frametap/pass-through rps >= 0.75
+  b  16 KiB payloads, 8 conns x 8 deep   throughput   frametap/pass-through rps >= 0.90
+  c  64 B payloads, 1 conn x 1 deep      latency      frametap/pass-through p50, p99 <= 1.10
+
+After every frametap run it scrapes the admin /metrics endpoint and checks that
+``frametap_frames_total{direction="c2s",opcode="PRODUCE"}`` is at least the
+number of requests the client completed: the parser saw every frame.
+
+Results go to bench/results/latest.json (and a bar chart PNG when matplotlib
+is importable).  Also runs bench/parser_bench.py unless --skip-parser.
+
+    python bench/run_bench.py                 # 3 repeats x 5 s per run
+    python bench/run_bench.py --quick         # 1 repeat x 2 s, for a smoke check
+    python bench/run_bench.py --proxies passthrough --scenarios a,c
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+PROXY_CPU = "0"
+LOAD_CPU = "1"  # flyload server and client share the other core
+
+PASSTHROUGH = "passthrough"
+FRAMETAP = "frametap"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    conns: int
+    depth: int
+    size: int
+    kind: str  # "throughput" (compare rps) or "latency" (compare p50/p99)
+    target: float  # throughput: min ratio; latency: max ratio
+
+
+SCENARIOS = [
+    Scenario("a", "64 B, 16 conns x 32 deep", 16, 32, 64, "throughput", 0.75),
+    Scenario("b", "16 KiB, 8 conns x 8 deep", 8, 8, 16 * 1024, "throughput", 0.90),
+    Scenario("c", "64 B, 1 conn x 1 deep", 1, 1, 64, "latency", 1.10),
+]
+
+
+class BenchError(RuntimeError):
+    """Setup failed: say what and how to fix it, then stop."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def log(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(cpu: str, argv: list[str]) -> list[str]:
+    if shutil.which("taskset") is None:
+        return argv
+    return ["taskset", "-c", cpu, *argv]
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str, logfile: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"{what} exited with code {proc.returncode} before listening on "
+                             f"127.0.0.1:{port}\n{tail(logfile)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise BenchError(f"{what} did not accept on 127.0.0.1:{port} within {timeout:.0f}s\n{tail(logfile)}")
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float, logfile: Path) -> None:
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"frametap exited with code {proc.returncode}\n{tail(logfile)}")
+        try:
+            status, _ = http_get(url, timeout=1.0)
+            if status == 200:
+                return
+            last = f"HTTP {status}"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.05)
+    raise BenchError(f"{url} not 200 within {timeout:.0f}s (last: {last})\n{tail(logfile)}")
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    | " + line for line in text[-lines:])
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """utime+stime of a process from /proc (None when unavailable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float | None:
+    """Sum of samples of ``name`` whose labels include ``labels`` (None if none)."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(_LABEL.findall(m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+            found = True
+    return total if found else None
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def build_flyload(workdir: Path) -> Path:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise BenchError("no C compiler (gcc) on PATH: apt-get install gcc")
+    exe = workdir / "flyload"
+    res = subprocess.run([gcc, "-O2", "-std=c99", "-Wall", "-o", str(exe), str(BENCH_DIR / "flyload.c")],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise BenchError(f"building flyload failed:\n{res.stderr}")
+    return exe
+
+
+def frametap_env() -> dict:
+    """The environment for frametap: never the pure-Python switch."""
+    env = dict(os.environ)
+    env.pop("FRAMETAP_NO_EXTENSIONS", None)
+    return env
+
+
+def locate_frametap() -> tuple[Path, str]:
+    """Find a working directory from which ``python -m proxy`` imports frametap.
+
+    Prefers an installed frametap (run from a neutral directory, so the source
+    tree cannot shadow a compiled install); falls back to the repo root for an
+    in-place build.  Returns (cwd, where the framing core and FlyMQ parser come from).
+    """
+    probe = ("import sys, proxy.framing as f, proxy.protocols.flymq as p; "
+             "print(sys.modules[f.RouteStats.__module__].__file__, "
+             "sys.modules[p.FlyMQParser.__module__].__file__)")
+    errors = []
+    for cwd in (Path(tempfile.gettempdir()), REPO_DIR):
+        res = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True,
+                             env=frametap_env())
+        if res.returncode == 0:
+            return cwd, res.stdout.strip()
+        last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "?"
+        errors.append(f"  from {cwd}: {last}")
+    raise BenchError(
+        "frametap is not importable with " + sys.executable + ":\n" + "\n".join(errors) + "\n"
+        "Build/install it first (e.g. `pip install -e .` in the repo), run this script with that "
+        "environment's python (e.g. .venv/bin/python), or pass --proxies passthrough to measure "
+        "the baseline only."
+    )
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class Env:
+    flyload: Path
+    server_port: int
+    server_pid: int
+    seconds: float
+    warmup: float
+    logdir: Path
+    frametap_cwd: Path | None
+
+
+def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, int, int | None, Path]:
+    listen = free_port()
+    logfile = env.logdir / f"{run_id}-{which}.log"
+    out = open(logfile, "wb")
+    admin = None
+    if which == PASSTHROUGH:
+        argv = [sys.executable, str(BENCH_DIR / "passthrough.py"),
+                "--listen", f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{env.server_port}"]
+        cwd = BENCH_DIR
+    else:
+        admin = free_port()
+        argv = [sys.executable, "-m", "proxy", "proxy", "--protocol", "flymq",
+                "--listen", f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{env.server_port}",
+                "--admin", f"127.0.0.1:{admin}"]
+        cwd = env.frametap_cwd
+    proc = subprocess.Popen(pinned(PROXY_CPU, argv), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                            env=frametap_env())
+    out.close()
+    try:
+        wait_port(listen, proc, 20, which, logfile)
+        if admin is not None:
+            wait_ready(f"http://127.0.0.1:{admin}/readyz", proc, 20, logfile)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, listen, admin, logfile
+
+
+def run_client(env: Env, sc: Scenario, port: int) -> dict:
+    argv = [str(env.flyload), "client", "--host", "127.0.0.1", "--port", str(port),
+            "--conns", str(sc.conns), "--depth", str(sc.depth), "--size", str(sc.size),
+            "--seconds", str(env.seconds), "--warmup", str(env.warmup)]
+    try:
+        res = subprocess.run(pinned(LOAD_CPU, argv), capture_output=True, text=True,
+                             timeout=env.seconds + env.warmup + 60)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"flyload client did not finish (scenario {sc.key})") from None
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise BenchError(f"flyload client printed no result (exit {res.returncode}):\n{res.stderr}")
+    result = json.loads(lines[-1])
+    if res.returncode != 0 or result.get("errors"):
+        result["client_stderr"] = res.stderr.strip()[-2000:]
+    return result
+
+
+def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
+    run_id = f"{sc.key}{rep}"
+    proc, port, admin, logfile = start_proxy(env, which, run_id)
+    try:
+        cpu0, scpu0, t0 = proc_cpu_seconds(proc.pid), proc_cpu_seconds(env.server_pid), time.monotonic()
+        result = run_client(env, sc, port)
+        cpu1, scpu1, t1 = proc_cpu_seconds(proc.pid), proc_cpu_seconds(env.server_pid), time.monotonic()
+        # over the whole client run, warmup included
+        if cpu0 is not None and cpu1 is not None:
+            result["proxy_cpu_pct"] = round(100.0 * (cpu1 - cpu0) / (t1 - t0), 1)
+        if scpu0 is not None and scpu1 is not None:
+            result["server_cpu_pct"] = round(100.0 * (scpu1 - scpu0) / (t1 - t0), 1)
+        if proc.poll() is not None:
+            raise BenchError(f"{which} died during the run (exit {proc.returncode})\n{tail(logfile)}")
+        if admin is not None:
+            result.update(check_metrics(admin, result))
+    finally:
+        stop(proc)
+    result.update(proxy=which, scenario=sc.key, repeat=rep)
+    return result
+
+
+def check_metrics(admin: int, result: dict) -> dict:
+    """The parser must have counted every request the client saw answered."""
+    try:
+        status, text = http_get(f"http://127.0.0.1:{admin}/metrics")
+    except OSError as exc:
+        return {"metrics_ok": False, "metrics_note": f"/metrics failed: {exc}"}
+    if status != 200:
+        return {"metrics_ok": False, "metrics_note": f"/metrics answered HTTP {status}"}
+    frames = metric_sum(text, "frametap_frames_total", direction="c2s", opcode="PRODUCE")
+    if frames is None:
+        return {"metrics_ok": False,
+                "metrics_note": 'no frametap_frames_total{direction="c2s",opcode="PRODUCE"} sample'}
+    ok = frames >= result["requests"] and frames >= result.get("completed_total", 0)
+    return {"frames_c2s_produce": int(frames), "metrics_ok": ok}
+
+
+def progress_line(sc: Scenario, rep: int, repeats: int, r: dict) -> str:
+    parts = [f"[{sc.key} {rep + 1}/{repeats}] {r['proxy']:<11}",
+             f"rps={r['rps']:>11,.0f}", f"p50={r['p50_us']:>6}us", f"p99={r['p99_us']:>6}us",
+             f"client_cpu={r['client_cpu_pct']:5.1f}%"]
+    if "proxy_cpu_pct" in r:
+        parts.append(f"proxy_cpu={r['proxy_cpu_pct']:5.1f}%")
+    if "server_cpu_pct" in r:
+        parts.append(f"server_cpu={r['server_cpu_pct']:5.1f}%")
+    if "frames_c2s_produce" in r:
+        verdict = "ok" if r["metrics_ok"] else "TOO FEW"
+        parts.append(f"frames_c2s={r['frames_c2s_produce']:,} (client {r['requests']:,}: {verdict})")
+    elif "metrics_note" in r:
+        parts.append(f"METRICS CHECK FAILED: {r['metrics_note']}")
+    if r.get("errors"):
+        parts.append(f"CLIENT ERRORS={r['errors']}")
+    return "  ".join(parts)
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
+    out: dict = {"scenario": sc.key, "title": sc.title, "kind": sc.kind, "target": sc.target,
+                 "conns": sc.conns, "depth": sc.depth, "size": sc.size, "proxies": {}}
+    for which in proxies:
+        mine = [r for r in runs if r["proxy"] == which]
+        out["proxies"][which] = {
+            "runs": len(mine),
+            "rps": [r["rps"] for r in mine],
+            "p50_us": [r["p50_us"] for r in mine],
+            "p99_us": [r["p99_us"] for r in mine],
+            "client_cpu_pct": [r["client_cpu_pct"] for r in mine],
+            "proxy_cpu_pct": [r.get("proxy_cpu_pct") for r in mine],
+            "server_cpu_pct": [r.get("server_cpu_pct") for r in mine],
+            "median_rps": median([r["rps"] for r in mine]),
+            "median_p50_us": median([r["p50_us"] for r in mine]),
+            "median_p99_us": median([r["p99_us"] for r in mine]),
+            "median_client_cpu_pct": median([r["client_cpu_pct"] for r in mine]),
+            "metrics_ok": all(r.get("metrics_ok", True) for r in mine),
+            "client_errors": sum(r.get("errors", 0) for r in mine),
+        }
+    if PASSTHROUGH in out["proxies"] and FRAMETAP in out["proxies"]:
+        base, ft = out["proxies"][PASSTHROUGH], out["proxies"][FRAMETAP]
+        checks = {}
+        if sc.kind == "throughput":
+            ratio = ft["median_rps"] / base["median_rps"] if base["median_rps"] else float("nan")
+            checks["rps"] = {"ratio": ratio, "target": f">= {sc.target}", "pass": ratio >= sc.target}
+        else:
+            for key in ("p50_us", "p99_us"):
+                b = base["median_" + key]
+                ratio = ft["median_" + key] / b if b else float("nan")
+                checks[key] = {"ratio": ratio, "target": f"<= {sc.target}", "pass": ratio <= sc.target}
+        checks["metrics"] = {"pass": ft["metrics_ok"]}
+        out["checks"] = checks
+    return out
+
+
+def print_summary(summaries: list[dict]) -> list[str]:
+    failed = []
+    log("")
+    log("=" * 78)
+    log("Summary (medians over repeats; per-run values in brackets)")
+    log("=" * 78)
+    for s in summaries:
+        log(f"({s['scenario']}) {s['title']}")
+        for which, p in s["proxies"].items():
+            runs = lambda key, fmt: ", ".join(fmt.format(v) for v in p[key])  # noqa: E731
+            log(f"    {which:<11} rps {p['median_rps']:>11,.0f} [{runs('rps', '{:,.0f}')}]")
+            log(f"    {'':<11} p50 {p['median_p50_us']:>8.0f} us [{runs('p50_us', '{}')}]"
+                f"   p99 {p['median_p99_us']:>8.0f} us [{runs('p99_us', '{}')}]")
+            cpu = lambda key: ", ".join("-" if v is None else f"{v:.0f}%" for v in p[key])  # noqa: E731
+            log(f"    {'':<11} client cpu {p['median_client_cpu_pct']:.1f}% "
+                f"[{runs('client_cpu_pct', '{:.1f}%')}]   proxy cpu [{cpu('proxy_cpu_pct')}]"
+                f"   server cpu [{cpu('server_cpu_pct')}]")
+        for name, c in s.get("checks", {}).items():
+            verdict = "PASS" if c["pass"] else "FAIL"
+            if not c["pass"]:
+                failed.append(f"{s['scenario']}:{name}")
+            if name == "metrics":
+                log(f"    frametap metrics saw every request: {verdict}")
+            else:
+                log(f"    frametap/passthrough {name} ratio {c['ratio']:.3f} (target {c['target']}): {verdict}")
+    return failed
+
+
+def write_chart(summaries: list[dict], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        return "matplotlib not importable: chart skipped (pip install matplotlib)"
+    panels = []
+    for s in summaries:
+        if s["kind"] == "throughput":
+            panels.append((s, "rps", "requests/s"))
+        else:
+            panels.append((s, "p50_us", "p50 latency (us)"))
+            panels.append((s, "p99_us", "p99 latency (us)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.8), squeeze=False)
+    colors = {PASSTHROUGH: "#8c8c8c", FRAMETAP: "#1f77b4"}
+    for ax, (s, key, label) in zip(axes[0], panels):
+        names = list(s["proxies"])
+        meds = [s["proxies"][n]["median_" + key] for n in names]
+        lo = [m - min(s["proxies"][n][key]) for n, m in zip(names, meds)]
+        hi = [max(s["proxies"][n][key]) - m for n, m in zip(names, meds)]
+        ax.bar(names, meds, yerr=[lo, hi], capsize=4, color=[colors.get(n, "#ff7f0e") for n in names])
+        title = f"({s['scenario']}) {s['title']}"
+        check = s.get("checks", {}).get(key if key != "rps" else "rps")
+        if check:
+            title += f"\nratio {check['ratio']:.2f} {'PASS' if check['pass'] else 'FAIL'}"
+        ax.set_title(title, fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+        ax.tick_params(labelsize=8)
+    fig.suptitle("frametap vs pass-through (median, whiskers = min/max of repeats)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"chart: {path}"
+
+
+def run_parser_bench(quick: bool) -> dict | None:
+    log("")
+    log("Parser microbenchmark (bench/parser_bench.py)")
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        json_path = Path(tmp.name)
+    argv = [sys.executable, str(BENCH_DIR / "parser_bench.py"), "--json-out", str(json_path)]
+    if quick:
+        argv.append("--quick")
+    res = subprocess.run(argv, text=True, capture_output=True)
+    for line in res.stdout.splitlines():
+        log("    " + line)
+    if res.returncode != 0 and res.stderr.strip():
+        log("    " + res.stderr.strip().replace("\n", "\n    "))
+    try:
+        data = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        data = {"error": f"parser_bench exited {res.returncode} without results"}
+    finally:
+        json_path.unlink(missing_ok=True)
+    return data
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, help="runs per scenario and proxy (default 3)")
+    ap.add_argument("--seconds", type=float, help="measured seconds per run (default 5)")
+    ap.add_argument("--warmup", type=float, help="unmeasured seconds before each run (default 1)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke check: defaults become 1 repeat x 2 s, 0.5 s warmup")
+    ap.add_argument("--scenarios", default="a,b,c", help="comma list of scenarios to run (default a,b,c)")
+    ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP}",
+                    help="comma list from passthrough,frametap (default both)")
+    ap.add_argument("--skip-parser", action="store_true", help="do not run bench/parser_bench.py")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when any target FAILs")
+    ap.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.json", help="results JSON path")
+    args = ap.parse_args(argv)
+    defaults = (1, 2.0, 0.5) if args.quick else (3, 5.0, 1.0)
+    for name, value in zip(("repeat", "seconds", "warmup"), defaults):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+    proxies = [p.strip() for p in args.proxies.split(",") if p.strip()]
+    bad = set(proxies) - {PASSTHROUGH, FRAMETAP}
+    if bad or not proxies:
+        ap.error(f"--proxies: unknown {sorted(bad)}; choose from passthrough,frametap")
+    keys = [k.strip() for k in args.scenarios.split(",") if k.strip()]
+    scenarios = [s for s in SCENARIOS if s.key in keys]
+    if len(scenarios) != len(keys):
+        ap.error(f"--scenarios: choose from {','.join(s.key for s in SCENARIOS)}")
+    if args.repeat < 1 or args.seconds <= 0 or args.warmup < 0:
+        ap.error("--repeat must be >= 1, --seconds > 0, --warmup >= 0")
+
+    try:
+        return run(args, proxies, scenarios)
+    except BenchError as exc:
+        log(f"\nrun_bench: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        log("\nrun_bench: interrupted")
+        return 130
+
+
+def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario]) -> int:
+    frametap_cwd, framing_file = None, None
+    if FRAMETAP in proxies:
+        frametap_cwd, framing_file = locate_frametap()
+    if PASSTHROUGH in proxies:
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            raise BenchError(f"uvloop is not installed for {sys.executable}: pip install uvloop") from None
+    if shutil.which("taskset") is None:
+        log("warning: taskset not found; processes will not be pinned to cpus")
+    if (os.cpu_count() or 1) < 2:
+        log("warning: fewer than 2 cpus; pinning to cpu 1 will fail")
+
+    workdir = Path(tempfile.mkdtemp(prefix="frametap-bench-"))
+    flyload = build_flyload(workdir)
+    server_port = free_port()
+    server_log = workdir / "flyload-server.log"
+    with open(server_log, "wb") as out:
+        server = subprocess.Popen(pinned(LOAD_CPU, [str(flyload), "server", "--host", "127.0.0.1",
+                                                    "--port", str(server_port)]),
+                                  stdout=out, stderr=subprocess.STDOUT)
+    started = time.time()
+    runs: list[dict] = []
+    try:
+        wait_port(server_port, server, 10, "flyload server", server_log)
+        env = Env(flyload, server_port, server.pid, args.seconds, args.warmup, workdir, frametap_cwd)
+        log(f"python {platform.python_version()} ({sys.executable}); flyload in {workdir}")
+        if framing_file:
+            kind = "PURE-PYTHON (not compiled!)" if ".py " in framing_file + " " else "compiled"
+            log(f"frametap ({kind}): {framing_file}")
+        log(f"{args.repeat} repeat(s) x {args.seconds:g} s (+{args.warmup:g} s warmup); "
+            f"proxy on cpu {PROXY_CPU}, flyload server+client on cpu {LOAD_CPU}; "
+            f"loadavg {os.getloadavg()[0]:.2f}")
+        log("")
+        for sc in scenarios:
+            log(f"({sc.key}) {sc.title}")
+            for rep in range(args.repeat):
+                # alternate who goes first so slow drift hits both sides alike
+                order = proxies if rep % 2 == 0 else list(reversed(proxies))
+                for which in order:
+                    r = one_run(env, sc, which, rep)
+                    runs.append(r)
+                    log("  " + progress_line(sc, rep, args.repeat, r))
+    finally:
+        stop(server)
+
+    summaries = [summarize(sc, [r for r in runs if r["scenario"] == sc.key], proxies) for sc in scenarios]
+    failed = print_summary(summaries)
+
+    parser = None if args.skip_parser else run_parser_bench(args.quick)
+    if parser and parser.get("pass") is False:
+        failed.append("parser")
+
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "duration_s": round(time.time() - started, 1),
+        "config": {"repeat": args.repeat, "seconds": args.seconds, "warmup": args.warmup,
+                   "proxies": proxies, "scenarios": [sc.key for sc in scenarios],
+                   "proxy_cpu": PROXY_CPU, "load_cpu": LOAD_CPU},
+        "environment": {"python": sys.version.split()[0], "executable": sys.executable,
+                        "platform": platform.platform(), "cpus": os.cpu_count(),
+                        "loadavg": os.getloadavg(), "frametap_framing": framing_file},
+        "summary": summaries,
+        "runs": runs,
+        "parser_bench": parser,
+        "failed": failed,
+    }
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    log("")
+    log(f"results: {args.output}")
+    log(write_chart(summaries, args.output.parent / "latest.png"))
+    shutil.rmtree(workdir, ignore_errors=True)
+    log("")
+    log("OVERALL: " + ("PASS" if not failed else "FAIL (" + ", ".join(failed) + ")"))
+    return 1 if failed and args.strict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

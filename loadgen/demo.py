@@ -1,0 +1,240 @@
+"""``frametap demo``: reference server + proxy + headless Locust run + per-opcode report.
+
+Every process it starts is its own child and is stopped on exit, Ctrl-C included.
+"""
+
+import argparse
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+
+from loadgen import locustfile, promread
+
+PROTOCOL_SETUPS = {
+    # protocol -> (reference server args, locust user classes)
+    "flymq": (["serve", "flymq"], ["FlyMQProducer", "FlyMQConsumer"]),
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, what, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+def wait_ready(url, proc, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"proxy exited with status {proc.returncode}")
+        try:
+            promread.fetch(url, timeout=1)
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise RuntimeError(f"proxy not ready at {url} within {timeout:.0f}s")
+
+
+class Processes:
+    """Children started by the demo; stop() terminates them all (then kills stragglers)."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, name, argv, **kw):
+        proc = subprocess.Popen(argv, **kw)
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self):
+        for _, p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 10
+        for _, p in reversed(self.procs):
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def read_locust_stats(path):
+    rows = {}
+    if not os.path.exists(path):
+        return rows
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            rows[(row["Type"], row["Name"])] = row
+    return rows
+
+
+def fmt_ms(seconds):
+    if seconds != seconds:          # NaN
+        return "-"
+    return f"{seconds * 1000:.2f}"
+
+
+def report(metrics_text, locust_rows, seconds, out=sys.stdout):
+    """Per-opcode table: proxy view (from /metrics) next to Locust's view."""
+    ops = promread.per_opcode(metrics_text)
+    names = sorted(op for op, v in ops.items() if v["requests"] or v["timeouts"])
+    width = max([len(n) for n in names] + [8])
+    peak = max([ops[n]["requests"] for n in names] + [1])
+    head = (f"{'opcode':<{width}}  {'proxy req':>10} {'err':>5} {'p50 ms':>7} {'p99 ms':>7}"
+            f"  {'locust req':>10} {'fail':>5} {'p50 ms':>7} {'p99 ms':>7}  requests/s")
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for n in names:
+        v = ops[n]
+        lrow = next((r for (t, name), r in locust_rows.items() if name == n), None)
+        lreq = lrow["Request Count"] if lrow else "-"
+        lfail = lrow["Failure Count"] if lrow else "-"
+        l50 = lrow["50%"] if lrow else "-"
+        l99 = lrow["99%"] if lrow else "-"
+        bar = "#" * max(1, round(30 * v["requests"] / peak)) if v["requests"] else ""
+        print(f"{n:<{width}}  {v['requests']:>10.0f} {v['errors']:>5.0f} {fmt_ms(v['p50']):>7}"
+              f" {fmt_ms(v['p99']):>7}  {lreq:>10} {lfail:>5} {l50:>7} {l99:>7}  "
+              f"{v['requests'] / seconds:>8.0f} {bar}", file=out)
+    total = sum(ops[n]["requests"] for n in names)
+    agg = locust_rows.get(("", "Aggregated"), {})
+    print("-" * len(head), file=out)
+    print(f"{'total':<{width}}  {total:>10.0f} {'':>5} {'':>7} {'':>7}  "
+          f"{agg.get('Request Count', '-'):>10} {agg.get('Failure Count', '-'):>5}", file=out)
+    return ops
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="frametap demo",
+        description="Start the reference server(s), a frametap proxy in front of them, run a "
+                    "headless Locust load through the proxy, then print a per-opcode table "
+                    "read from the proxy's /metrics beside Locust's own totals.")
+    p.add_argument("--seconds", type=int, default=20, help="length of the Locust run (20)")
+    p.add_argument("--users", type=int, default=8, help="Locust users (8)")
+    p.add_argument("--service-time", default="1ms±0.5ms",
+                   help="reference server service time per request (1ms±0.5ms)")
+    p.add_argument("--protocols", default=",".join(PROTOCOL_SETUPS),
+                   help="comma list of protocols to include (default: all available)")
+    p.add_argument("--out", default=None, help="directory for Locust CSVs and the metrics "
+                   "scrape (default: a temporary directory)")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    for p in protocols:
+        if p not in PROTOCOL_SETUPS:
+            print(f"frametap demo: --protocols: {p!r} is not available "
+                  f"(expected: {', '.join(PROTOCOL_SETUPS)})", file=sys.stderr)
+            return 2
+    if args.seconds < 1 or args.users < 1:
+        print("frametap demo: --seconds and --users must be >= 1", file=sys.stderr)
+        return 2
+    out = args.out or tempfile.mkdtemp(prefix="frametap-demo-")
+    os.makedirs(out, exist_ok=True)
+    procs = Processes()
+    frametap = [sys.executable, "-m", "proxy"]
+    status = 1
+    try:
+        admin = free_port()
+        routes, hosts = [], {}
+        for proto in protocols:
+            server_args, _ = PROTOCOL_SETUPS[proto]
+            sport, pport = free_port(), free_port()
+            print(f"[demo] starting reference {proto} server on 127.0.0.1:{sport} "
+                  f"(service time {args.service_time})", flush=True)
+            srv = procs.start(f"{proto} server", frametap + server_args + [
+                "--listen", f"127.0.0.1:{sport}", "--service-time", args.service_time,
+                "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
+            wait_port(sport, srv, f"{proto} server")
+            routes.append(f'[[routes]]\nname = "{proto}"\nprotocol = "{proto}"\n'
+                          f'listen = "127.0.0.1:{pport}"\nupstream = "127.0.0.1:{sport}"\n')
+            hosts[proto] = f"127.0.0.1:{pport}"
+        cfg = os.path.join(out, "frametap.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[admin]\nlisten = "127.0.0.1:{admin}"\n\n' + "\n".join(routes))
+        print(f"[demo] starting proxy (config {cfg}); metrics at "
+              f"http://127.0.0.1:{admin}/metrics", flush=True)
+        proxy = procs.start("proxy", frametap + ["proxy", "-c", cfg, "--log-level", "warning"])
+        metrics_url = f"http://127.0.0.1:{admin}/metrics"
+        wait_ready(f"http://127.0.0.1:{admin}/readyz", proxy)
+
+        loads = []
+        for proto in protocols:
+            _, classes = PROTOCOL_SETUPS[proto]
+            env = dict(os.environ, FRAMETAP_PROTOCOLS=proto)
+            print(f"[demo] Locust: {args.users} users ({', '.join(classes)}) for "
+                  f"{args.seconds}s through the proxy at {hosts[proto]}", flush=True)
+            loads.append(procs.start(f"locust {proto}", [
+                sys.executable, "-m", "locust", "-f", locustfile.__file__, "--headless",
+                "-u", str(args.users), "-r", str(args.users), "-t", f"{args.seconds}s",
+                "--host", hosts[proto], "--csv", os.path.join(out, proto), "--only-summary",
+                "--loglevel", "WARNING", "--stop-timeout", "5", *classes],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        started = time.time()
+        while any(p.poll() is None for p in loads):
+            time.sleep(2)
+            try:
+                text = promread.fetch(metrics_url)
+            except (urllib.error.URLError, OSError):
+                continue
+            n = promread.sample_sum(text, "frametap_request_duration_seconds_count")
+            el = time.time() - started
+            print(f"[demo] {el:5.1f}s / {args.seconds}s  proxy has seen {n:,.0f} answered "
+                  f"requests ({n / max(el, 0.1):,.0f}/s)", flush=True)
+        for p in loads:
+            if p.returncode != 0:
+                err = p.stderr.read().strip().splitlines()
+                print(f"[demo] Locust exited with {p.returncode}: {err[-1] if err else ''}",
+                      file=sys.stderr)
+        time.sleep(0.5)
+        text = promread.fetch(metrics_url)
+        with open(os.path.join(out, "metrics.txt"), "w") as f:
+            f.write(text)
+        print()
+        rows = {}
+        for proto in protocols:
+            rows.update(read_locust_stats(os.path.join(out, f"{proto}_stats.csv")))
+        ops = report(text, rows, args.seconds)
+        errs = promread.sample_sum(text, "frametap_protocol_errors_total")
+        unmatched = promread.sample_sum(text, "frametap_unmatched_responses_total")
+        total = sum(v["requests"] for v in ops.values())
+        print(f"\nprotocol errors: {errs:.0f}   unmatched responses: {unmatched:.0f}   "
+              f"output: {out}")
+        status = 0 if total > 0 and errs == 0 and unmatched == 0 else 1
+        if status:
+            print("[demo] FAILED: the proxy saw no answered requests, or protocol errors",
+                  file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\n[demo] interrupted; stopping everything", file=sys.stderr)
+        status = 130
+    except RuntimeError as exc:
+        print(f"[demo] {exc}", file=sys.stderr)
+    finally:
+        procs.stop()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
