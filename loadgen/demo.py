@@ -4,7 +4,7 @@ Every process it starts is its own child and is stopped on exit, Ctrl-C included
 """
 
 import argparse
-import csv
+import json
 import os
 import signal
 import socket
@@ -78,14 +78,33 @@ class Processes:
                 p.wait()
 
 
-def read_locust_stats(path):
+def locust_totals(json_text):
+    """Locust's final ``--json`` stats -> {name: {requests, failures, p50, p99}} (ms).
+
+    (Its ``--csv`` stats file is written periodically and can miss the last seconds.)
+    """
     rows = {}
-    if not os.path.exists(path):
+    try:
+        entries = json.loads(json_text or "[]")
+    except ValueError:
         return rows
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            rows[(row["Type"], row["Name"])] = row
+    for e in entries:
+        times = sorted((float(k), v) for k, v in e.get("response_times", {}).items())
+        rows[e["name"]] = {"requests": e["num_requests"], "failures": e["num_failures"],
+                           "p50": _percentile(times, 0.5), "p99": _percentile(times, 0.99)}
     return rows
+
+
+def _percentile(times, q):
+    total = sum(n for _, n in times)
+    if not total:
+        return float("nan")
+    acc = 0
+    for ms, n in times:
+        acc += n
+        if acc >= q * total:
+            return ms
+    return times[-1][0]
 
 
 def fmt_ms(seconds):
@@ -106,20 +125,21 @@ def report(metrics_text, locust_rows, seconds, out=sys.stdout):
     print("-" * len(head), file=out)
     for n in names:
         v = ops[n]
-        lrow = next((r for (t, name), r in locust_rows.items() if name == n), None)
-        lreq = lrow["Request Count"] if lrow else "-"
-        lfail = lrow["Failure Count"] if lrow else "-"
-        l50 = lrow["50%"] if lrow else "-"
-        l99 = lrow["99%"] if lrow else "-"
+        lrow = locust_rows.get(n)
+        lreq = lrow["requests"] if lrow else "-"
+        lfail = lrow["failures"] if lrow else "-"
+        l50 = f"{lrow['p50']:.0f}" if lrow else "-"
+        l99 = f"{lrow['p99']:.0f}" if lrow else "-"
         bar = "#" * max(1, round(30 * v["requests"] / peak)) if v["requests"] else ""
         print(f"{n:<{width}}  {v['requests']:>10.0f} {v['errors']:>5.0f} {fmt_ms(v['p50']):>7}"
               f" {fmt_ms(v['p99']):>7}  {lreq:>10} {lfail:>5} {l50:>7} {l99:>7}  "
               f"{v['requests'] / seconds:>8.0f} {bar}", file=out)
     total = sum(ops[n]["requests"] for n in names)
-    agg = locust_rows.get(("", "Aggregated"), {})
+    ltotal = sum(r["requests"] for r in locust_rows.values())
+    lfail = sum(r["failures"] for r in locust_rows.values())
     print("-" * len(head), file=out)
     print(f"{'total':<{width}}  {total:>10.0f} {'':>5} {'':>7} {'':>7}  "
-          f"{agg.get('Request Count', '-'):>10} {agg.get('Failure Count', '-'):>5}", file=out)
+          f"{ltotal:>10} {lfail:>5}", file=out)
     return ops
 
 
@@ -135,7 +155,7 @@ def build_parser():
                    help="reference server service time per request (1ms±0.5ms)")
     p.add_argument("--protocols", default=",".join(PROTOCOL_SETUPS),
                    help="comma list of protocols to include (default: all available)")
-    p.add_argument("--out", default=None, help="directory for Locust CSVs and the metrics "
+    p.add_argument("--out", default=None, help="directory for the proxy config and the final metrics "
                    "scrape (default: a temporary directory)")
     return p
 
@@ -189,12 +209,12 @@ def main(argv=None):
             loads.append(procs.start(f"locust {proto}", [
                 sys.executable, "-m", "locust", "-f", locustfile.__file__, "--headless",
                 "-u", str(args.users), "-r", str(args.users), "-t", f"{args.seconds}s",
-                "--host", hosts[proto], "--csv", os.path.join(out, proto), "--only-summary",
-                "--loglevel", "WARNING", "--stop-timeout", "5", *classes],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+                "--host", hosts[proto], "--json", "--only-summary",
+                "--loglevel", "WARNING", *classes],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         started = time.time()
         while any(p.poll() is None for p in loads):
-            time.sleep(2)
+            time.sleep(2)   # Locust's --json goes to a pipe read at the end: it stays small
             try:
                 text = promread.fetch(metrics_url)
             except (urllib.error.URLError, OSError):
@@ -203,9 +223,12 @@ def main(argv=None):
             el = time.time() - started
             print(f"[demo] {el:5.1f}s / {args.seconds}s  proxy has seen {n:,.0f} answered "
                   f"requests ({n / max(el, 0.1):,.0f}/s)", flush=True)
+        rows = {}
         for p in loads:
+            stdout, stderr = p.communicate()
+            rows.update(locust_totals(stdout))
             if p.returncode != 0:
-                err = p.stderr.read().strip().splitlines()
+                err = stderr.strip().splitlines()
                 print(f"[demo] Locust exited with {p.returncode}: {err[-1] if err else ''}",
                       file=sys.stderr)
         time.sleep(0.5)
@@ -213,9 +236,6 @@ def main(argv=None):
         with open(os.path.join(out, "metrics.txt"), "w") as f:
             f.write(text)
         print()
-        rows = {}
-        for proto in protocols:
-            rows.update(read_locust_stats(os.path.join(out, f"{proto}_stats.csv")))
         ops = report(text, rows, args.seconds)
         errs = promread.sample_sum(text, "frametap_protocol_errors_total")
         unmatched = promread.sample_sum(text, "frametap_unmatched_responses_total")

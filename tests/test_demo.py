@@ -1,0 +1,52 @@
+"""`frametap demo`: runs end to end, reports per opcode, and leaves no process behind."""
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def ports_in(output):
+    return [int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", output)]
+
+
+def assert_all_closed(ports):
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_demo_runs_and_reports(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "proxy", "demo", "--seconds", "3", "--users", "2",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()
+            if line[:1].isupper() and len(line.split()) >= 9}
+    assert int(rows["PRODUCE"][1]) > 0 and int(rows["FETCH"][1]) > 0
+    # proxy's count and Locust's count differ at most by requests cut off at the stop
+    assert abs(int(rows["PRODUCE"][1]) - int(rows["PRODUCE"][5])) <= 4
+    assert "protocol errors: 0   unmatched responses: 0" in r.stdout
+    assert (tmp_path / "metrics.txt").read_text().count("frametap_frames_total") > 2
+    assert_all_closed(ports_in(r.stdout))
+
+
+def test_demo_cleans_up_on_ctrl_c(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "proxy", "demo", "--seconds", "60",
+                          "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen = ""
+    deadline = time.time() + 60
+    while "Locust:" not in seen and time.time() < deadline:
+        seen += p.stdout.readline()
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    rest, _ = p.communicate(timeout=30)
+    assert p.returncode == 130, seen + rest
+    assert "interrupted" in rest
+    assert_all_closed(ports_in(seen))
