@@ -14,7 +14,8 @@ import tempfile
 import time
 import urllib.error
 
-from loadgen import locustfile, promread
+from loadgen import promread
+from proxy.cli import locustfile_path
 
 PROTOCOL_SETUPS = {
     # protocol -> (reference server args, locust user classes)
@@ -207,7 +208,7 @@ def main(argv=None):
             print(f"[demo] Locust: {args.users} users ({', '.join(classes)}) for "
                   f"{args.seconds}s through the proxy at {hosts[proto]}", flush=True)
             loads.append(procs.start(f"locust {proto}", [
-                sys.executable, "-m", "locust", "-f", locustfile.__file__, "--headless",
+                sys.executable, "-m", "locust", "-f", locustfile_path(), "--headless",
                 "-u", str(args.users), "-r", str(args.users), "-t", f"{args.seconds}s",
                 "--host", hosts[proto], "--json", "--only-summary",
                 "--loglevel", "WARNING", *classes],

@@ -6,6 +6,7 @@ never a traceback.
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -98,9 +99,14 @@ def cmd_serve(args):
 
 
 def cmd_load(args):
-    from loadgen import locustfile
-    argv = ["locust", "-f", locustfile.__file__] + args.args
+    argv = ["locust", "-f", locustfile_path()] + args.args
     os.execvp(sys.executable, [sys.executable, "-m"] + argv)
+
+
+def locustfile_path():
+    """Path of the packaged locustfile, without importing it (importing Locust
+    gevent-patches the whole process)."""
+    return importlib.util.find_spec("loadgen.locustfile").origin
 
 
 def cmd_demo(args):

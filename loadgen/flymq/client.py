@@ -1,0 +1,242 @@
+"""Synchronous FlyMQ client over a plain ``socket`` (gevent-patchable, used by Locust).
+
+One request in flight at a time, as in the reference SDK: FlyMQ has no correlation id, so
+the response to a request is simply the next frame on the connection (DESIGN.md, "FlyMQ").
+Payload layouts are those of :mod:`proxy.protocols.flymq.codec`.
+
+Errors:
+
+* an ERROR (0xFF) response raises :class:`FlyMQServerError` (the connection stays usable);
+* a failed AUTH raises :class:`FlyMQAuthError` (a ``FlyMQServerError``);
+* a malformed or unexpected response raises :class:`FlyMQCodecError`, and a socket
+  error or timeout raises ``OSError``; after either the connection is closed, because
+  the request/response pairing can no longer be trusted, and later calls raise
+  ``ConnectionError``.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from proxy.protocols.flymq.codec import (
+    AuthRequest,
+    AuthResponse,
+    CommitRequest,
+    CommitResponse,
+    ConsumeRequest,
+    ConsumeResponse,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
+    ErrorResponse,
+    FetchRequest,
+    FetchResponse,
+    FlyMQCodecError,
+    ListTopicsRequest,
+    ListTopicsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    ProduceRequest,
+    RecordMetadata,
+    SubscribeRequest,
+    SubscribeResponse,
+    decode_header,
+    encode_frame,
+)
+from proxy.protocols.flymq.opcodes import (ERROR, FLAG_BINARY, HEADER_SIZE, MAX_FRAME_BYTES,
+                                           opcode_name)
+
+__all__ = ["FlyMQClient", "FlyMQServerError", "FlyMQAuthError", "parse_host"]
+
+DEFAULT_PORT = 9092
+
+
+def parse_host(host: str | None) -> tuple[str, int]:
+    """``flymq://h:p``, ``h:p`` or ``h`` -> ``(h, p)``; ValueError otherwise."""
+    if not host:
+        raise ValueError("FlyMQ users need a host: run Locust with --host HOST:PORT "
+                         "(or flymq://HOST:PORT)")
+    text = host.strip()
+    if "://" in text:
+        scheme, _, text = text.partition("://")
+        if scheme.lower() != "flymq":
+            raise ValueError(f"host {host!r}: expected scheme flymq:// (or HOST:PORT)")
+    text = text.rstrip("/")
+    if text.startswith("["):  # [v6]:port
+        addr, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        addr, _, port_text = text.partition(":")
+    else:
+        addr, port_text = text, ""
+    if not addr:
+        raise ValueError(f"host {host!r}: expected HOST:PORT")
+    if not port_text:
+        return addr, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
+        raise ValueError(f"host {host!r}: port {port_text!r} is not 1..65535")
+    return addr, int(port_text)
+
+
+class FlyMQServerError(Exception):
+    """The server answered with ERROR (0xFF); ``str(exc)`` is its message."""
+
+    def __init__(self, message: str, opcode: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.opcode = opcode  # the request opcode that failed
+
+
+class FlyMQAuthError(FlyMQServerError):
+    """AUTH was answered with success = false."""
+
+
+class FlyMQClient:
+    """Blocking FlyMQ client; one TCP connection, one request in flight.
+
+    ``last_request_bytes`` / ``last_response_bytes`` hold the frame sizes (header
+    included) of the most recent exchange, for load-test accounting.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float | None = 10.0,
+                 max_frame_bytes: int = MAX_FRAME_BYTES):
+        self.host = host
+        self.port = int(port)
+        self.timeout = timeout
+        self.max_frame_bytes = max_frame_bytes
+        self.last_request_bytes = 0
+        self.last_response_bytes = 0
+        self._sock: socket.socket | None = socket.create_connection((host, self.port), timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        addr = self._sock.getsockname()
+        self.local_address = (f"[{addr[0]}]:{addr[1]}" if ":" in addr[0]
+                              else f"{addr[0]}:{addr[1]}")
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:  # pragma: no cover
+                pass
+
+    def __enter__(self) -> "FlyMQClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _recv_exactly(self, n: int) -> bytes:
+        sock = self._sock
+        chunks = []
+        left = n
+        while left:
+            chunk = sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise ConnectionError(
+                    f"flymq: connection to {self.host}:{self.port} closed by the server "
+                    f"({n - left} of {n} bytes received)")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def request(self, opcode: int, payload: bytes = b"",
+                flags: int = FLAG_BINARY) -> tuple[int, int, bytes]:
+        """Send one frame and return the response frame as ``(opcode, flags, payload)``.
+
+        ERROR responses are returned, not raised, at this level.
+        """
+        if self._sock is None:
+            raise ConnectionError(f"flymq: client for {self.host}:{self.port} is closed")
+        frame = encode_frame(opcode, payload, flags)
+        try:
+            self._sock.sendall(frame)
+            header = self._recv_exactly(HEADER_SIZE)
+            _magic, _version, resp_opcode, resp_flags, length = decode_header(
+                header, self.max_frame_bytes)
+            resp_payload = self._recv_exactly(length) if length else b""
+        except BaseException:
+            # Half-done exchange: the next frame on this socket can't be paired safely.
+            self.close()
+            raise
+        self.last_request_bytes = len(frame)
+        self.last_response_bytes = HEADER_SIZE + length
+        return resp_opcode, resp_flags, resp_payload
+
+    def _call(self, message, response_cls):
+        opcode = message.OPCODE
+        resp_opcode, _flags, payload = self.request(opcode, message.encode())
+        if resp_opcode == ERROR:
+            try:
+                text = ErrorResponse.decode(payload).message
+            except FlyMQCodecError as exc:
+                text = f"undecodable ERROR response: {exc}"
+            raise FlyMQServerError(text, opcode)
+        if resp_opcode != opcode:
+            self.close()
+            raise FlyMQCodecError(
+                f"flymq: expected a {opcode_name(opcode)} response, got opcode "
+                f"0x{resp_opcode:02X} ({opcode_name(resp_opcode)})", "mismatch")
+        try:
+            return response_cls.decode(payload)
+        except FlyMQCodecError:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ operations
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None,
+                partition: int = -1) -> RecordMetadata:
+        """PRODUCE one record; returns where it was stored."""
+        return self._call(ProduceRequest(topic, value, key, partition), RecordMetadata)
+
+    def consume(self, topic: str, partition: int, offset: int) -> ConsumeResponse:
+        """CONSUME the record at ``offset`` (``.key``, ``.value``)."""
+        return self._call(ConsumeRequest(topic, partition, offset), ConsumeResponse)
+
+    def fetch(self, topic: str, partition: int, offset: int,
+              max_messages: int = 100) -> FetchResponse:
+        """FETCH up to ``max_messages`` records (``.messages``, ``.next_offset``)."""
+        return self._call(FetchRequest(topic, partition, offset, max_messages), FetchResponse)
+
+    def create_topic(self, topic: str, partitions: int = 1) -> CreateTopicResponse:
+        """CREATE_TOPIC; ``.success`` is false (not an exception) when it already exists."""
+        return self._call(CreateTopicRequest(topic, partitions), CreateTopicResponse)
+
+    def metadata(self, topic: str) -> MetadataResponse:
+        """METADATA: partition count and per-partition high-water offsets."""
+        return self._call(MetadataRequest(topic), MetadataResponse)
+
+    def subscribe(self, topic: str, group: str, partition: int = 0,
+                  mode: str = "earliest") -> int:
+        """SUBSCRIBE; returns the starting offset."""
+        return self._call(SubscribeRequest(topic, group, partition, mode),
+                          SubscribeResponse).offset
+
+    def commit(self, topic: str, group: str, partition: int, offset: int) -> bool:
+        """COMMIT a consumer-group offset; returns the server's success flag."""
+        return self._call(CommitRequest(topic, group, partition, offset),
+                          CommitResponse).success
+
+    def list_topics(self) -> list[str]:
+        """LIST_TOPICS."""
+        return self._call(ListTopicsRequest(), ListTopicsResponse).topics
+
+    def delete_topic(self, topic: str) -> DeleteTopicResponse:
+        """DELETE_TOPIC; ``.success`` is false when the topic does not exist."""
+        return self._call(DeleteTopicRequest(topic), DeleteTopicResponse)
+
+    def auth(self, user: str, password: str) -> AuthResponse:
+        """AUTH; raises :class:`FlyMQAuthError` when the server refuses."""
+        resp = self._call(AuthRequest(user, password), AuthResponse)
+        if not resp.success:
+            raise FlyMQAuthError(resp.error or "authentication failed", AuthRequest.OPCODE)
+        return resp

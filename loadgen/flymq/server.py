@@ -1,0 +1,633 @@
+"""Reference FlyMQ server (asyncio, uvloop when installed) for load runs and tests.
+
+No real FlyMQ broker is installable here (DESIGN.md, "Protocol notes"), so this in-memory
+server is what ``frametap serve flymq``, the demo and the tests talk to. It implements
+the core opcodes of ../specs/flymq-binary.md with the payload layouts of
+:mod:`proxy.protocols.flymq.codec`:
+
+* Topics hold partitions; each partition is an append-only log whose offsets start at 0.
+  PRODUCE with partition -1 picks ``crc32(key) % partitions`` for keyed records and
+  round-robin otherwise, and returns real RecordMetadata (offset, ms timestamp, key_size -1
+  when there is no key). PRODUCE to a missing topic creates it with 1 partition.
+* CONSUME returns the record at an offset (ERROR when the offset is not in the log);
+  FETCH returns up to ``max_messages`` records from an offset plus the next offset.
+* CREATE_TOPIC / DELETE_TOPIC / LIST_TOPICS / METADATA manage topics; SUBSCRIBE (modes
+  ``earliest``, ``latest``, ``commit``) and COMMIT keep consumer-group offsets.
+* AUTH checks the configured users; with ``require_auth`` every other request before a
+  successful AUTH gets ERROR.
+* Responses echo the request opcode; failures come back as ERROR (0xFF) with the spec's
+  body (bool false + string message). Unknown or unimplemented opcodes get ERROR too.
+* A bad magic byte or a payload length over the limit: one log line, that connection is
+  closed, the server carries on.
+* Service time: each response is held back by a sample of the configured distribution
+  (:mod:`loadgen.servicetime`), measured from when the request was read; responses on one
+  connection still leave in request order.
+* Retention: each partition keeps about ``retention_messages`` records (up to 10% more;
+  the oldest are dropped in chunks, offsets are never reused) so long load runs do not
+  exhaust memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import logging
+import signal
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Mapping
+
+from loadgen.servicetime import ServiceTime, parse_service_time
+from proxy.protocols.flymq.codec import (
+    AuthResponse,
+    CommitResponse,
+    ConsumeResponse,
+    CreateTopicResponse,
+    DeleteTopicResponse,
+    ErrorResponse,
+    FetchedMessage,
+    FetchResponse,
+    FlyMQCodecError,
+    ListTopicsResponse,
+    MetadataResponse,
+    RecordMetadata,
+    REQUEST_TYPES,
+    SubscribeResponse,
+    decode_header,
+    encode_frame,
+)
+from proxy.protocols.flymq.opcodes import (
+    AUTH,
+    COMMIT,
+    CONSUME,
+    CREATE_TOPIC,
+    DELETE_TOPIC,
+    ERROR,
+    FETCH,
+    HEADER_SIZE,
+    LIST_TOPICS,
+    MAX_FRAME_BYTES,
+    METADATA,
+    PRODUCE,
+    SUBSCRIBE,
+    VERSION,
+    opcode_name,
+)
+
+__all__ = ["FlyMQServer", "FlyMQServerThread", "main", "new_event_loop"]
+
+log = logging.getLogger("frametap.flymq.server")
+
+DEFAULT_ROLES = ("admin",)
+MAX_PARTITIONS = 1024
+MAX_FETCH_MESSAGES = 10_000
+MAX_FETCH_BYTES = 8 * 1024 * 1024  # keep FETCH responses well under MAX_MESSAGE_SIZE
+MAX_ERROR_TEXT = 1000
+SUBSCRIBE_MODES = ("earliest", "latest", "commit")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop when uvloop is installed, else the default asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class _RequestError(Exception):
+    """Turns into an ERROR (0xFF) response with this message."""
+
+
+class _Partition:
+    __slots__ = ("records", "base")
+
+    def __init__(self):
+        self.records: list[tuple[bytes | None, bytes, int]] = []  # (key, value, ts_ms)
+        self.base = 0  # offset of records[0]; grows when retention drops old records
+
+    @property
+    def high_watermark(self) -> int:
+        return self.base + len(self.records)
+
+
+class _Topic:
+    __slots__ = ("name", "partitions", "next_rr")
+
+    def __init__(self, name: str, partitions: int):
+        self.name = name
+        self.partitions = [_Partition() for _ in range(partitions)]
+        self.next_rr = 0
+
+
+class _ConnState:
+    __slots__ = ("peer", "user", "roles")
+
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.user: str | None = None
+        self.roles: list[str] = []
+
+
+def _normalize_users(users) -> dict[str, tuple[str, list[str]]]:
+    result: dict[str, tuple[str, list[str]]] = {}
+    if not users:
+        return result
+    if not isinstance(users, Mapping):
+        raise ValueError(f"users must be a mapping of name -> password, got {type(users).__name__}")
+    for name, value in users.items():
+        if isinstance(value, str):
+            result[name] = (value, list(DEFAULT_ROLES))
+        else:
+            password, roles = value
+            result[name] = (password, list(roles))
+    return result
+
+
+class FlyMQServer:
+    """In-memory FlyMQ broker on one listening socket (see the module docstring).
+
+    ``users`` maps a user name to a password, or to ``(password, roles)``; users given a
+    bare password get the role ``admin``. ``service_time`` is a :class:`ServiceTime` or
+    its text (``"2ms±1ms"``).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, users=None,
+                 service_time: ServiceTime | str | None = None, require_auth: bool = False,
+                 max_frame_bytes: int = MAX_FRAME_BYTES, retention_messages: int = 100_000):
+        self.host = host
+        self.port = port
+        self.users = _normalize_users(users)
+        if isinstance(service_time, str):
+            service_time = parse_service_time(service_time)
+        self.service_time = None if service_time is None or service_time.is_zero else service_time
+        self.require_auth = require_auth
+        self.max_frame_bytes = max_frame_bytes
+        if retention_messages < 1:
+            raise ValueError(f"retention_messages must be >= 1, got {retention_messages}")
+        self.retention_messages = retention_messages
+        self.topics: dict[str, _Topic] = {}
+        # (group, topic, partition) -> committed offset
+        self.committed: dict[tuple[str, str, int], int] = {}
+        self.requests_served = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers = {
+            PRODUCE: self._produce,
+            CONSUME: self._consume,
+            FETCH: self._fetch,
+            CREATE_TOPIC: self._create_topic,
+            DELETE_TOPIC: self._delete_topic,
+            LIST_TOPICS: self._list_topics,
+            METADATA: self._metadata,
+            SUBSCRIBE: self._subscribe,
+            COMMIT: self._commit,
+            AUTH: self._auth,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Bind and start accepting; sets :attr:`port` to the bound port."""
+        self._server = await asyncio.start_server(self._handle_connection, self.host,
+                                                  self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("flymq server listening on %s:%d", self.host, self.port)
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        await self._server.serve_forever()
+
+    async def close(self) -> None:
+        """Stop listening and close every client connection."""
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+            except asyncio.TimeoutError:  # pragma: no cover - defensive
+                pass
+            self._server = None
+
+    # ------------------------------------------------------------------ connections
+
+    async def _handle_connection(self, reader: asyncio.StreamReader,
+                                 writer: asyncio.StreamWriter) -> None:
+        peername = writer.get_extra_info("peername")
+        peer = f"{peername[0]}:{peername[1]}" if peername else "?"
+        conn = _ConnState(peer)
+        self._writers.add(writer)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue | None = None
+        delayed_writer = None
+        if self.service_time is not None:
+            queue = asyncio.Queue()
+            delayed_writer = asyncio.ensure_future(self._write_delayed(queue, writer))
+        abort = False
+        try:
+            while True:
+                header = await reader.readexactly(HEADER_SIZE)
+                try:
+                    _magic, version, opcode, _flags, length = decode_header(
+                        header, self.max_frame_bytes)
+                except FlyMQCodecError as exc:
+                    log.warning("flymq server: closing connection from %s: %s", peer, exc)
+                    abort = True
+                    break
+                payload = await reader.readexactly(length) if length else b""
+                received = loop.time()
+                resp_opcode, resp_payload = self.handle_request(conn, version, opcode, payload)
+                frame = encode_frame(resp_opcode, resp_payload)
+                if queue is None:
+                    writer.write(frame)
+                    if writer.transport.get_write_buffer_size() > 256 * 1024:
+                        await writer.drain()
+                else:
+                    queue.put_nowait((received + self.service_time.sample(), frame))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            abort = True
+        except Exception:  # never let one connection take the server down
+            log.exception("flymq server: error on connection from %s", peer)
+            abort = True
+        finally:
+            if delayed_writer is not None:
+                if abort:
+                    delayed_writer.cancel()
+                else:
+                    queue.put_nowait(None)
+                try:
+                    await delayed_writer
+                except (asyncio.CancelledError, Exception):
+                    pass
+            self._writers.discard(writer)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, OSError, asyncio.CancelledError):
+                pass
+
+    @staticmethod
+    async def _write_delayed(queue: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
+        """Send queued responses in order, each no earlier than its due time."""
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            due, frame = item
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            writer.write(frame)
+            await writer.drain()
+
+    # ------------------------------------------------------------------ requests
+
+    def handle_request(self, conn: _ConnState, version: int, opcode: int,
+                       payload: bytes) -> tuple[int, bytes]:
+        """Process one request; returns the response ``(opcode, payload)``."""
+        self.requests_served += 1
+        if version != VERSION:
+            return self._error(f"unsupported protocol version 0x{version:02X} "
+                               f"(expected 0x{VERSION:02X})")
+        handler = self._handlers.get(opcode)
+        if handler is None:
+            name = opcode_name(opcode)
+            if name.startswith("unknown_"):
+                return self._error(f"unknown opcode 0x{opcode:02X}")
+            return self._error(f"unsupported opcode 0x{opcode:02X} ({name})")
+        if self.require_auth and conn.user is None and opcode != AUTH:
+            return self._error(f"authentication required before {opcode_name(opcode)}: "
+                               f"send AUTH first")
+        try:
+            request = REQUEST_TYPES[opcode].decode(payload)
+        except FlyMQCodecError as exc:
+            return self._error(f"bad {opcode_name(opcode)} request: {exc}")
+        try:
+            response = handler(conn, request)
+        except _RequestError as exc:
+            return self._error(str(exc))
+        return opcode, response.encode()
+
+    @staticmethod
+    def _error(message: str) -> tuple[int, bytes]:
+        return ERROR, ErrorResponse(message[:MAX_ERROR_TEXT]).encode()
+
+    def _get_partition(self, topic_name: str, partition: int) -> _Partition:
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            raise _RequestError(f"unknown topic {topic_name!r}")
+        if not 0 <= partition < len(topic.partitions):
+            raise _RequestError(f"topic {topic_name!r} has no partition {partition} "
+                                f"(partitions 0..{len(topic.partitions) - 1})")
+        return topic.partitions[partition]
+
+    def _create(self, name: str, partitions: int) -> _Topic:
+        topic = _Topic(name, partitions)
+        self.topics[name] = topic
+        return topic
+
+    @staticmethod
+    def _check_topic_name(name: str) -> str | None:
+        if not name:
+            return "topic name must not be empty"
+        if len(name) > 249:
+            return f"topic name is {len(name)} characters (max 249)"
+        return None
+
+    def _produce(self, conn, req) -> RecordMetadata:
+        topic = self.topics.get(req.topic)
+        if topic is None:
+            problem = self._check_topic_name(req.topic)
+            if problem:
+                raise _RequestError(problem)
+            topic = self._create(req.topic, 1)  # auto-create, 1 partition
+        n = len(topic.partitions)
+        if req.partition == -1:
+            if req.key:
+                index = zlib.crc32(req.key) % n
+            else:
+                index = topic.next_rr % n
+                topic.next_rr += 1
+        elif 0 <= req.partition < n:
+            index = req.partition
+        else:
+            raise _RequestError(f"topic {req.topic!r} has no partition {req.partition} "
+                                f"(partitions 0..{n - 1}, or -1 for auto)")
+        part = topic.partitions[index]
+        ts_ms = time.time_ns() // 1_000_000
+        offset = part.high_watermark
+        part.records.append((req.key, req.value, ts_ms))
+        excess = len(part.records) - self.retention_messages
+        if excess > 0 and excess >= max(1, self.retention_messages // 10):
+            # Drop in chunks of ~10% so trimming stays amortised O(1) per record.
+            del part.records[:excess]
+            part.base += excess
+        return RecordMetadata(req.topic, index, offset, ts_ms,
+                              len(req.key) if req.key else -1, len(req.value))
+
+    def _consume(self, conn, req) -> ConsumeResponse:
+        part = self._get_partition(req.topic, req.partition)
+        if not part.base <= req.offset < part.high_watermark:
+            raise _RequestError(
+                f"offset {req.offset} out of range for {req.topic!r} partition "
+                f"{req.partition} (valid {part.base}..{part.high_watermark - 1})"
+                if part.high_watermark > part.base else
+                f"offset {req.offset} out of range for {req.topic!r} partition "
+                f"{req.partition} (partition is empty, next offset {part.high_watermark})")
+        key, value, _ts = part.records[req.offset - part.base]
+        return ConsumeResponse(value, key)
+
+    def _fetch(self, conn, req) -> FetchResponse:
+        part = self._get_partition(req.topic, req.partition)
+        if req.max_messages <= 0:
+            raise _RequestError(f"max_messages must be > 0, got {req.max_messages}")
+        hw = part.high_watermark
+        if req.offset > hw:
+            raise _RequestError(f"offset {req.offset} is beyond the end of {req.topic!r} "
+                                f"partition {req.partition} (next offset {hw})")
+        start = max(req.offset, part.base)
+        end = min(hw, start + min(req.max_messages, MAX_FETCH_MESSAGES))
+        messages = []
+        size = 0
+        offset = start
+        for key, value, _ts in part.records[start - part.base:end - part.base]:
+            size += len(value) + (len(key) if key else 0) + 16
+            if messages and size > MAX_FETCH_BYTES:
+                break
+            messages.append(FetchedMessage(offset, value, key))
+            offset += 1
+        return FetchResponse(messages, offset)
+
+    def _create_topic(self, conn, req) -> CreateTopicResponse:
+        problem = self._check_topic_name(req.topic)
+        if problem:
+            return CreateTopicResponse(False, problem)
+        if req.topic in self.topics:
+            return CreateTopicResponse(False, f"topic {req.topic!r} already exists")
+        if not 1 <= req.partitions <= MAX_PARTITIONS:
+            return CreateTopicResponse(
+                False, f"partitions must be 1..{MAX_PARTITIONS}, got {req.partitions}")
+        self._create(req.topic, req.partitions)
+        return CreateTopicResponse(True, f"topic {req.topic!r} created with "
+                                         f"{req.partitions} partition(s)")
+
+    def _delete_topic(self, conn, req) -> DeleteTopicResponse:
+        if self.topics.pop(req.topic, None) is None:
+            return DeleteTopicResponse(False, f"unknown topic {req.topic!r}")
+        for key in [k for k in self.committed if k[1] == req.topic]:
+            del self.committed[key]
+        return DeleteTopicResponse(True, f"topic {req.topic!r} deleted")
+
+    def _list_topics(self, conn, req) -> ListTopicsResponse:
+        return ListTopicsResponse(sorted(self.topics))
+
+    def _metadata(self, conn, req) -> MetadataResponse:
+        topic = self.topics.get(req.topic)
+        if topic is None:
+            raise _RequestError(f"unknown topic {req.topic!r}")
+        return MetadataResponse(req.topic, [p.high_watermark for p in topic.partitions])
+
+    def _subscribe(self, conn, req) -> SubscribeResponse:
+        part = self._get_partition(req.topic, req.partition)
+        if req.mode == "earliest":
+            return SubscribeResponse(part.base)
+        if req.mode == "latest":
+            return SubscribeResponse(part.high_watermark)
+        if req.mode == "commit":
+            committed = self.committed.get((req.group, req.topic, req.partition))
+            return SubscribeResponse(part.base if committed is None else committed)
+        raise _RequestError(f"bad subscribe mode {req.mode!r} "
+                            f"(expected one of {', '.join(SUBSCRIBE_MODES)})")
+
+    def _commit(self, conn, req) -> CommitResponse:
+        topic = self.topics.get(req.topic)
+        if topic is None or not 0 <= req.partition < len(topic.partitions) or not req.group:
+            return CommitResponse(False)
+        self.committed[(req.group, req.topic, req.partition)] = req.offset
+        return CommitResponse(True)
+
+    def _auth(self, conn, req) -> AuthResponse:
+        entry = self.users.get(req.username)
+        if entry is not None and hmac.compare_digest(entry[0].encode("utf-8"),
+                                                     req.password.encode("utf-8")):
+            conn.user, conn.roles = req.username, list(entry[1])
+            return AuthResponse(True, "", req.username, list(entry[1]))
+        log.info("flymq server: failed AUTH for user %r from %s", req.username, conn.peer)
+        return AuthResponse(False, "invalid username or password", req.username, [])
+
+
+class FlyMQServerThread:
+    """Run a :class:`FlyMQServer` on its own event loop in a background thread.
+
+    For tests and the demo::
+
+        with FlyMQServerThread(service_time="1ms") as srv:
+            client = FlyMQClient("127.0.0.1", srv.port)
+    """
+
+    def __init__(self, **server_kwargs):
+        self.server = FlyMQServer(**server_kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return f"{self.server.host}:{self.server.port}"
+
+    def start(self, timeout: float = 10.0) -> "FlyMQServerThread":
+        self._thread = threading.Thread(target=self._run, name="flymq-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("flymq server thread did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            try:
+                loop.run_until_complete(self.server.start())
+            except BaseException as exc:
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.server.close())
+            # Let connection handlers see their closed sockets and finish.
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=2))
+        finally:
+            loop.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "FlyMQServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------- command line
+
+def _listen_arg(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected HOST:PORT with PORT 0..65535, e.g. 127.0.0.1:9092")
+    return host.strip("[]"), int(port_text)
+
+
+def _user_arg(text: str) -> tuple[str, str]:
+    name, sep, password = text.partition(":")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(
+            f"{name or text!r}: expected NAME:PASSWORD")
+    return name, password
+
+
+def _service_time_arg(text: str) -> ServiceTime:
+    try:
+        return parse_service_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return int(text)
+
+
+def build_parser(prog: str = "frametap serve flymq") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run the in-memory reference FlyMQ server until SIGINT/SIGTERM.")
+    parser.add_argument("--listen", type=_listen_arg, default=("127.0.0.1", 9092),
+                        metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092)")
+    parser.add_argument("--service-time", type=_service_time_arg, default=None,
+                        metavar="DIST",
+                        help="delay each response: '0', '500us', '2ms±1ms', '2ms+-1ms', 'exp:2ms'")
+    parser.add_argument("--user", type=_user_arg, action="append", default=[],
+                        metavar="NAME:PASSWORD", help="accept this user in AUTH (repeatable)")
+    parser.add_argument("--require-auth", action="store_true",
+                        help="refuse every request before a successful AUTH")
+    parser.add_argument("--max-frame-bytes", type=_positive_int, default=MAX_FRAME_BYTES,
+                        metavar="N", help=f"payload length limit (default {MAX_FRAME_BYTES})")
+    parser.add_argument("--retention-messages", type=_positive_int, default=100_000,
+                        metavar="N", help="records kept per partition (default 100000)")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+async def _serve(server: FlyMQServer) -> None:
+    await server.start()
+    print(f"flymq: listening on {server.host}:{server.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``frametap serve flymq`` entry point; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = args.listen
+    if args.require_auth and not args.user:
+        print("frametap serve flymq: --require-auth needs at least one --user NAME:PASSWORD",
+              file=sys.stderr)
+        return 2
+    server = FlyMQServer(host, port, users=dict(args.user), service_time=args.service_time,
+                         require_auth=args.require_auth, max_frame_bytes=args.max_frame_bytes,
+                         retention_messages=args.retention_messages)
+    try:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            runner.run(_serve(server))
+    except OSError as exc:
+        print(f"frametap serve flymq: cannot listen on {host}:{port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2  # a port in use is a user error (DESIGN.md, "Command line")
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

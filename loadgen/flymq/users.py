@@ -1,0 +1,260 @@
+"""Locust users for FlyMQ: a producer and a consumer-group member.
+
+Host: Locust's ``--host`` as ``flymq://HOST:PORT``, ``HOST:PORT`` or ``HOST`` (port 9092).
+
+Every request fires ``environment.events.request`` with ``request_type="flymq"``, ``name``
+= the spec's opcode name (``PRODUCE``, ``FETCH``, ...), ``response_time`` in ms measured with
+``perf_counter()``, ``response_length`` = response frame bytes, and failures through
+``exception=`` (ERROR responses, socket errors, timeouts). A connection that failed is
+re-opened on the next request.
+
+Settings (environment variables, read when a user starts):
+
+==============================  =========================================  ==================
+variable                        meaning                                    default
+==============================  =========================================  ==================
+FRAMETAP_FLYMQ_TOPICS           comma-separated topics to use              orders,payments,clickstream
+FRAMETAP_FLYMQ_PARTITIONS       partitions when creating a topic           3
+FRAMETAP_FLYMQ_MESSAGE_SIZE     value size in bytes                        512
+FRAMETAP_FLYMQ_KEYS             distinct message keys (``user-00042``)     1000
+FRAMETAP_FLYMQ_GROUP            consumer group of FlyMQConsumer            frametap-load
+FRAMETAP_FLYMQ_FETCH_MAX        max_messages per FETCH                     100
+FRAMETAP_FLYMQ_COMMIT_EVERY     COMMIT after this many FETCHes             10
+FRAMETAP_FLYMQ_METADATA_EVERY   producer: ~1 METADATA per this many        50
+                                PRODUCEs (task weight ratio)
+FRAMETAP_FLYMQ_USER /           when set, AUTH with these after connect    (none)
+FRAMETAP_FLYMQ_PASSWORD
+FRAMETAP_FLYMQ_TIMEOUT          socket timeout in seconds                  10
+==============================  =========================================  ==================
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import string
+import time
+from dataclasses import dataclass
+from time import perf_counter
+
+from locust import User, between, task
+
+from loadgen.flymq.client import FlyMQClient, FlyMQServerError, parse_host
+
+__all__ = ["FlyMQUser", "FlyMQProducer", "FlyMQConsumer", "FlyMQSettings", "parse_host"]
+
+def _env_int(name: str, default: int, minimum: int = 1) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
+    return value
+
+
+def _env_float(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
+    return value
+
+
+@dataclass
+class FlyMQSettings:
+    """The FRAMETAP_FLYMQ_* settings (see the module docstring)."""
+
+    topics: list[str]
+    partitions: int = 3
+    message_size: int = 512
+    keys: int = 1000
+    group: str = "frametap-load"
+    fetch_max: int = 100
+    commit_every: int = 10
+    user: str | None = None
+    password: str | None = None
+    timeout: float = 10.0
+
+    @classmethod
+    def from_env(cls) -> "FlyMQSettings":
+        topics_text = os.environ.get("FRAMETAP_FLYMQ_TOPICS", "orders,payments,clickstream")
+        topics = [t.strip() for t in topics_text.split(",") if t.strip()]
+        if not topics:
+            raise ValueError(f"FRAMETAP_FLYMQ_TOPICS={topics_text!r}: expected a "
+                             f"comma-separated list of topic names")
+        return cls(
+            topics=topics,
+            partitions=_env_int("FRAMETAP_FLYMQ_PARTITIONS", 3),
+            message_size=_env_int("FRAMETAP_FLYMQ_MESSAGE_SIZE", 512, minimum=0),
+            keys=_env_int("FRAMETAP_FLYMQ_KEYS", 1000),
+            group=os.environ.get("FRAMETAP_FLYMQ_GROUP", "").strip() or "frametap-load",
+            fetch_max=_env_int("FRAMETAP_FLYMQ_FETCH_MAX", 100),
+            commit_every=_env_int("FRAMETAP_FLYMQ_COMMIT_EVERY", 10),
+            user=os.environ.get("FRAMETAP_FLYMQ_USER") or None,
+            password=os.environ.get("FRAMETAP_FLYMQ_PASSWORD", ""),
+            timeout=_env_float("FRAMETAP_FLYMQ_TIMEOUT", 10.0),
+        )
+
+
+class FlyMQUser(User):
+    """Abstract Locust user owning one :class:`FlyMQClient` (plain socket)."""
+
+    abstract = True
+    wait_time = between(0.001, 0.01)
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        self.client: FlyMQClient | None = None
+        self.settings: FlyMQSettings | None = None
+        self._address: tuple[str, int] | None = None
+        self.last_exception: Exception | None = None
+
+    def on_start(self) -> None:
+        self.settings = FlyMQSettings.from_env()
+        self._address = parse_host(self.host)
+        self._timed(None, lambda c: None)  # connect (and AUTH) now; reported only on failure
+
+    def on_stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def _connect(self) -> FlyMQClient:
+        """The open client, (re)connecting and authenticating when needed."""
+        client = self.client
+        if client is None or client.closed:
+            host, port = self._address
+            client = FlyMQClient(host, port, timeout=self.settings.timeout)
+            self.client = client
+            if self.settings.user:
+                ok = self._timed("AUTH",
+                                 lambda c: c.auth(self.settings.user, self.settings.password),
+                                 client=client)
+                if ok is None:
+                    client.close()  # retried on the next request
+        return client
+
+    def _timed(self, name: str | None, call, client: FlyMQClient | None = None):
+        """Run ``call(client)`` and report it to Locust as request ``name``.
+
+        Returns the call's result, or None when it failed (the failure is reported).
+        ``name=None`` only connects and reports nothing unless the connection fails.
+        """
+        start = perf_counter()
+        exc = None
+        result = None
+        try:
+            if client is None:
+                client = self._connect()
+            result = call(client)
+        except Exception as e:  # noqa: BLE001 - every failure is reported to Locust
+            exc = e
+        self.last_exception = exc
+        if name is None and exc is None:
+            return None
+        response_time = (perf_counter() - start) * 1000.0
+        length = 0
+        if client is not None and (exc is None or isinstance(exc, FlyMQServerError)):
+            length = client.last_response_bytes
+        self.environment.events.request.fire(
+            request_type="flymq",
+            name=name or "CONNECT",
+            response_time=response_time,
+            response_length=length,
+            exception=exc,
+            context={},
+        )
+        return None if exc is not None else result
+
+
+_PAD_ALPHABET = (string.ascii_letters + string.digits).encode()
+_EVENTS = ("order_created", "order_paid", "item_viewed", "cart_updated", "refund_issued")
+
+
+class FlyMQProducer(FlyMQUser):
+    """Produces keyed JSON-like events of FRAMETAP_FLYMQ_MESSAGE_SIZE bytes to the topics,
+    with an occasional METADATA lookup."""
+
+    _sequence = itertools.count()
+
+    def on_start(self) -> None:
+        super().on_start()
+        self._rng = random.Random()
+        self._pad = bytes(self._rng.choice(_PAD_ALPHABET) for _ in range(4096))
+        for topic in self.settings.topics:
+            # success=False ("already exists") is a normal answer, not a failure
+            self._timed("CREATE_TOPIC",
+                        lambda c, t=topic: c.create_topic(t, self.settings.partitions))
+
+    def _make_value(self, key: bytes, topic: str) -> bytes:
+        head = (b'{"event":"%s","topic":"%s","key":"%s","seq":%d,"ts_ms":%d,"pad":"' % (
+            self._rng.choice(_EVENTS).encode(), topic.encode(), key, next(self._sequence),
+            time.time_ns() // 1_000_000))
+        size = self.settings.message_size
+        pad_len = size - len(head) - 2
+        if pad_len < 0:
+            return (head + b'"}')[:size]
+        pad = (self._pad * (pad_len // len(self._pad) + 1))[:pad_len]
+        return head + pad + b'"}'
+
+    @task(50)
+    def produce(self) -> None:
+        topic = self._rng.choice(self.settings.topics)
+        key = b"user-%05d" % self._rng.randrange(self.settings.keys)
+        value = self._make_value(key, topic)
+        self._timed("PRODUCE", lambda c: c.produce(topic, value, key))
+
+    @task(1)
+    def metadata(self) -> None:
+        topic = self._rng.choice(self.settings.topics)
+        self._timed("METADATA", lambda c: c.metadata(topic))
+
+
+class FlyMQConsumer(FlyMQUser):
+    """One consumer-group member: SUBSCRIBE once (mode ``commit``) to one partition, then
+    a FETCH loop with a COMMIT every FRAMETAP_FLYMQ_COMMIT_EVERY fetches."""
+
+    _instances = itertools.count()
+
+    def on_start(self) -> None:
+        super().on_start()
+        s = self.settings
+        index = next(self._instances)
+        self.topic = s.topics[index % len(s.topics)]
+        self._timed("CREATE_TOPIC", lambda c: c.create_topic(self.topic, s.partitions))
+        meta = self._timed("METADATA", lambda c: c.metadata(self.topic))
+        partitions = meta.partitions if meta is not None and meta.partitions else 1
+        self.partition = (index // len(s.topics)) % partitions
+        offset = self._timed("SUBSCRIBE",
+                             lambda c: c.subscribe(self.topic, s.group, self.partition, "commit"))
+        self.offset = offset if offset is not None else 0
+        self.fetches = 0
+        self.consumed = 0
+
+    @task
+    def poll(self) -> None:
+        s = self.settings
+        resp = self._timed("FETCH",
+                           lambda c: c.fetch(self.topic, self.partition, self.offset, s.fetch_max))
+        if resp is None:
+            if isinstance(self.last_exception, FlyMQServerError):
+                # e.g. offset out of range after the topic was re-created: restart from
+                # the log start (the server clamps offsets below it)
+                self.offset = 0
+            return
+        self.offset = resp.next_offset
+        self.consumed += len(resp.messages)
+        self.fetches += 1
+        if self.fetches % s.commit_every == 0:
+            self._timed("COMMIT",
+                        lambda c: c.commit(self.topic, s.group, self.partition, self.offset))

@@ -1,0 +1,90 @@
+"""A real headless Locust run of the packaged locustfile against the reference server."""
+
+import csv
+import os
+import subprocess
+import sys
+
+from loadgen.flymq.server import FlyMQServerThread
+
+# Locust is only ever imported in subprocesses: importing it here would gevent-patch the
+# pytest process (and every test after this one).
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_locust(port, csv_prefix, extra_env=None, users=4, duration="3s"):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra_env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
+         "-u", str(users), "-r", str(users), "-t", duration, "--host", f"127.0.0.1:{port}",
+         "--csv", str(csv_prefix), "--only-summary", "--loglevel", "WARNING"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _stats(csv_prefix):
+    with open(f"{csv_prefix}_stats.csv", newline="") as f:
+        return {(row["Type"], row["Name"]): row for row in csv.DictReader(f)}
+
+
+def test_headless_locust_run_produces_and_fetches_without_failures(tmp_path):
+    with FlyMQServerThread() as srv:
+        proc = _run_locust(srv.port, tmp_path / "run",
+                           {"FRAMETAP_FLYMQ_MESSAGE_SIZE": "300", "FRAMETAP_FLYMQ_TOPICS": "a,b"})
+        topics = sorted(srv.server.topics)
+        stored = sum(p.high_watermark for t in srv.server.topics.values()
+                     for p in t.partitions)
+        value_sizes = {len(value) for t in srv.server.topics.values()
+                       for p in t.partitions for _key, value, _ts in p.records}
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = _stats(tmp_path / "run")
+    produce = stats[("flymq", "PRODUCE")]
+    fetch = stats[("flymq", "FETCH")]
+    assert int(produce["Request Count"]) > 0
+    assert int(fetch["Request Count"]) > 0
+    total = stats[("", "Aggregated")]
+    assert int(total["Failure Count"]) == 0
+    assert int(total["Request Count"]) >= int(produce["Request Count"]) + int(fetch["Request Count"])
+    # the PRODUCEs reached the server, with the configured topics and size (Locust's
+    # CSV can be a second behind the end of the run, so it is a lower bound)
+    assert topics == ["a", "b"]
+    assert stored >= int(produce["Request Count"])
+    assert value_sizes == {300}
+    # consumers really read records (an empty FETCH response is 8 + 4 + 8 = 20 bytes)
+    assert float(fetch["Average Content Size"]) > 20
+    assert float(produce["Average Content Size"]) == 8 + 2 + 1 + 4 + 8 + 8 + 4 + 4
+
+
+def test_failures_are_reported_through_exception(tmp_path):
+    # A server that demands AUTH: every request fails with ERROR, and Locust must count
+    # those as failures (not successes) under the opcode name.
+    with FlyMQServerThread(users={"u": "p"}, require_auth=True) as srv:
+        proc = _run_locust(srv.port, tmp_path / "fail", users=2, duration="2s")
+    assert proc.returncode != 0
+    stats = _stats(tmp_path / "fail")
+    assert int(stats[("", "Aggregated")]["Failure Count"]) > 0
+    assert int(stats[("flymq", "PRODUCE")]["Failure Count"]) == int(
+        stats[("flymq", "PRODUCE")]["Request Count"]) > 0
+    with open(tmp_path / "fail_failures.csv", newline="") as f:
+        assert "authentication required" in f.read()
+
+
+def _list_users(protocols):
+    env = dict(os.environ, FRAMETAP_PROTOCOLS=protocols)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py",
+                           "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_locustfile_protocol_selection():
+    default = _list_users("")
+    assert default.returncode == 0, default.stderr
+    assert "FlyMQProducer" in default.stdout and "FlyMQConsumer" in default.stdout
+    assert "FlyMQUser" not in default.stdout  # abstract base is not offered
+    assert "FlyMQProducer" in _list_users(" FlyMQ ").stdout
+    bad = _list_users("flymq,kafka")
+    assert bad.returncode != 0
+    assert "unknown protocol 'kafka'" in bad.stdout + bad.stderr

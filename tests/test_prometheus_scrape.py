@@ -1,0 +1,435 @@
+"""A real Prometheus scrapes a real proxy process; the Grafana dashboard's queries run on it.
+
+Stack (all subprocesses on 127.0.0.1, free ports): the reference FlyMQ server, the proxy
+(``python -m proxy proxy --protocol flymq ... --admin ...``) and ``prometheus`` (Debian
+package ``prometheus``) scraping the proxy's admin port every second. PRODUCE requests go
+through the proxy with the sync FlyMQClient, and Prometheus' HTTP API must then report
+exactly those frames. Every PromQL expression of grafana/dashboards/frametap.json is run
+against that Prometheus (a syntax error or unknown function fails), and every frametap_*
+metric the dashboard names must be one the proxy exposes (DESIGN.md, "Prometheus metrics").
+
+Without the prometheus binary the Prometheus tests skip, or fail when FRAMETAP_CI is set.
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from loadgen.flymq.client import FlyMQClient
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+GRAFANA = ROOT / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "frametap.json"
+FRAMETAP = [sys.executable, "-m", "proxy"]
+ROUTE = "fly"                  # --name of the proxy's route
+JOB = "frametap"
+TOPIC = "scrape-test"
+N_REQUESTS = 50
+MISSING = "prometheus not installed: .ci/run installs it with apt-get"
+
+# Every metric family the dashboard may use: DESIGN.md's contract plus the extra
+# frametap_connections_rejected_total. (The test also checks the proxy exposes them.)
+CONTRACT = {
+    "frametap_frames_total", "frametap_frame_bytes_total", "frametap_messages_total",
+    "frametap_bytes_total", "frametap_request_duration_seconds", "frametap_responses_total",
+    "frametap_requests_in_flight", "frametap_request_timeouts_total",
+    "frametap_unmatched_responses_total", "frametap_protocol_errors_total",
+    "frametap_connections_active", "frametap_connections_total",
+    "frametap_upstream_connect_failures_total", "frametap_upstream_connect_duration_seconds",
+    "frametap_framelog_records_total", "frametap_framelog_dropped_total",
+    "frametap_connections_rejected_total",
+}
+CONTRACT_LABELS = {"route", "protocol", "direction", "opcode", "outcome", "status", "reason",
+                   "le", "job", "instance"}
+
+# Grafana variables -> what they expand to for a single route/protocol.
+VARIABLES = {
+    "route": ROUTE,
+    "protocol": "flymq",
+    "__rate_interval": "1m",
+    "__interval": "15s",
+    "__range": "5m",
+    "__range_s": "300",
+    "__range_ms": "300000",
+    "__interval_ms": "15000",
+}
+VAR_RE = re.compile(r"\$\{(\w+)(?::[\w]+)?\}|\$(\w+)|\[\[(\w+)\]\]")
+
+
+def prometheus_binary():
+    """Path of the prometheus binary; skip (or fail under FRAMETAP_CI) without it."""
+    path = shutil.which("prometheus") or (
+        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
+    if path is None:
+        if os.environ.get("FRAMETAP_CI"):
+            pytest.fail(MISSING)
+        pytest.skip(MISSING)
+    return path
+
+
+def http_get(url, timeout=2.0):
+    """(status, body) of a GET; HTTP errors return their status and body too."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def wait_port(port, proc, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not start listening on {port}")
+        time.sleep(0.05)
+
+
+def wait_http(url, proc, what, logfile, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if http_get(url, timeout=1)[0] == 200:
+                return
+        except (urllib.error.URLError, OSError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log = Path(logfile).read_text(errors="replace")[-3000:] if logfile else ""
+            raise AssertionError(f"{what} not ready at {url}:\n{log}")
+        time.sleep(0.1)
+
+
+def stop(proc):
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def proxy_stack(tmp_path_factory):
+    """Reference FlyMQ server + proxy process with an admin listener."""
+    tmp = tmp_path_factory.mktemp("proxy")
+    server = proxy = None
+    try:
+        up_port = free_port()
+        server_log = open(tmp / "server.log", "w")
+        server = subprocess.Popen(FRAMETAP + ["serve", "flymq", "--listen", f"127.0.0.1:{up_port}"],
+                                  stdout=server_log, stderr=subprocess.STDOUT, cwd=ROOT)
+        wait_port(up_port, server, "flymq server")
+
+        port, admin = free_port(), free_port()
+        proxy_log = tmp / "proxy.log"
+        proxy = subprocess.Popen(
+            FRAMETAP + ["proxy", "--protocol", "flymq", "--name", ROUTE,
+                        "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{up_port}",
+                        "--admin", f"127.0.0.1:{admin}"],
+            stdout=open(proxy_log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
+        wait_http(f"http://127.0.0.1:{admin}/readyz", proxy, "proxy", proxy_log)
+        yield {"port": port, "admin": admin, "upstream": up_port}
+    finally:
+        stop(proxy)
+        stop(server)
+
+
+@pytest.fixture(scope="module")
+def prometheus(proxy_stack, tmp_path_factory):
+    """A real Prometheus scraping the proxy's admin port every second."""
+    binary = prometheus_binary()
+    tmp = tmp_path_factory.mktemp("prom")
+    web = free_port()
+    cfg = tmp / "prom.yml"
+    cfg.write_text(f"""\
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: {JOB}
+    scrape_interval: 1s
+    scrape_timeout: 1s
+    metrics_path: /metrics
+    static_configs:
+      - targets: ['127.0.0.1:{proxy_stack["admin"]}']
+""")
+    log = tmp / "prometheus.log"
+    proc = None
+    try:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{web}", "--log.level=warn"],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=tmp)
+        base = f"http://127.0.0.1:{web}"
+        wait_http(base + "/-/ready", proc, "prometheus", log)
+        prom = Prom(base)
+        # the target must be scraped once before traffic, so rates have a baseline
+        prom.wait_value(f'up{{job="{JOB}"}}', lambda v: v == 1, "up == 1")
+        yield prom
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def traffic(proxy_stack, prometheus):
+    """N_REQUESTS PRODUCE requests through the proxy, in two halves seen by Prometheus."""
+    sel = f'frametap_frames_total{{route="{ROUTE}",direction="c2s",opcode="PRODUCE"}}'
+    with FlyMQClient("127.0.0.1", proxy_stack["port"]) as client:
+        half = N_REQUESTS // 2
+        for i in range(half):
+            client.produce(TOPIC, b"value-%d" % i)
+        # a scrape between the halves gives rate() two distinct points
+        prometheus.wait_value(sel, lambda v: v == half, f"{half} PRODUCE frames")
+        for i in range(half, N_REQUESTS):
+            client.produce(TOPIC, b"value-%d" % i)
+    prometheus.wait_value(sel, lambda v: v == N_REQUESTS, f"{N_REQUESTS} PRODUCE frames")
+    return N_REQUESTS
+
+
+class Prom:
+    """Tiny client for Prometheus' HTTP API."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def api(self, path, params):
+        url = f"{self.base}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
+        status, body = http_get(url, timeout=5)
+        try:
+            return json.loads(body)
+        except ValueError:
+            return {"status": "error", "error": f"HTTP {status}: {body[:500]}"}
+
+    def query(self, expr):
+        return self.api("query", {"query": expr})
+
+    def scalar(self, expr):
+        """The single value of an instant query, or None when there is no single series."""
+        r = self.query(expr)
+        assert r["status"] == "success", (expr, r)
+        res = r["data"]["result"]
+        if r["data"]["resultType"] == "scalar":
+            return float(res[1])
+        if len(res) != 1:
+            return None
+        return float(res[0]["value"][1])
+
+    def wait_value(self, expr, ok, what, timeout=15.0):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = self.scalar(expr)
+            if last is not None and ok(last):
+                return last
+            time.sleep(0.2)
+        raise AssertionError(f"Prometheus: timed out waiting for {what}: {expr} = {last}")
+
+
+# --------------------------------------------------------------------------- dashboard
+
+def load_dashboard():
+    return json.loads(DASHBOARD.read_text())
+
+
+def all_panels(dash):
+    for p in dash["panels"]:
+        yield p
+        yield from p.get("panels", [])       # collapsed rows hold their panels
+
+
+def dashboard_exprs(dash):
+    """[(panel title, refId, expr)] for every query target of every panel."""
+    out = []
+    for p in all_panels(dash):
+        for t in p.get("targets", []):
+            if t.get("expr"):
+                out.append((p.get("title", ""), t.get("refId", ""), t["expr"]))
+    return out
+
+
+def variable_queries(dash):
+    """[(name, query string)] of the query-type template variables."""
+    out = []
+    for v in dash["templating"]["list"]:
+        if v.get("type") == "query":
+            q = v.get("query")
+            out.append((v["name"], q["query"] if isinstance(q, dict) else q))
+    return out
+
+
+def substitute(expr):
+    def repl(m):
+        name = m.group(1) or m.group(2) or m.group(3)
+        if name not in VARIABLES:
+            raise AssertionError(f"unknown dashboard variable ${name} in {expr!r}")
+        return VARIABLES[name]
+    return VAR_RE.sub(repl, expr)
+
+
+def metric_names(expr):
+    """frametap_* identifiers in an expression (metric names; labels never start so)."""
+    return set(re.findall(r"\b(frametap_[a-zA-Z0-9_:]+)", expr))
+
+
+def exposed_families(text):
+    """Metric family names (with their sample-name forms) in Prometheus exposition text."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE ") or line.startswith("# HELP "):
+            names.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            names.add(re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0))
+    return names
+
+
+def family_of(name):
+    for suffix in ("_bucket", "_count", "_sum", "_total", "_created"):
+        if name.endswith(suffix):
+            yield name[: -len(suffix)]
+    yield name
+
+
+# --------------------------------------------------------------------------- tests
+
+def test_prometheus_scrapes_proxy(proxy_stack, prometheus, traffic):
+    assert prometheus.scalar(
+        f'frametap_frames_total{{direction="c2s",opcode="PRODUCE"}}') == traffic
+    assert prometheus.scalar(f'up{{job="{JOB}"}}') == 1
+    # every request was answered: as many s2c PRODUCE frames and histogram observations
+    assert prometheus.scalar(
+        f'frametap_frames_total{{direction="s2c",opcode="PRODUCE"}}') == traffic
+    assert prometheus.scalar(
+        'sum(frametap_request_duration_seconds_count{opcode="PRODUCE"})') == traffic
+    assert prometheus.scalar('frametap_connections_total') >= 1
+    q = prometheus.scalar(
+        "histogram_quantile(0.99, sum by (le) (frametap_request_duration_seconds_bucket))")
+    assert q is not None and math.isfinite(q) and 0 < q <= 10, q
+
+
+def test_dashboard_queries_run_on_prometheus(prometheus, traffic):
+    dash = load_dashboard()
+    exprs = dashboard_exprs(dash)
+    assert len(exprs) >= 20
+    failures, results = [], {}
+    for title, ref, expr in exprs:
+        q = substitute(expr)
+        r = prometheus.query(q)
+        if r.get("status") != "success":
+            failures.append(f"{title} [{ref}]: {q}\n    -> {r.get('errorType')}: {r.get('error')}")
+        else:
+            results[(title, ref)] = r["data"]["result"]
+    assert not failures, "dashboard queries rejected by Prometheus:\n" + "\n".join(failures)
+
+    # the core panels show the traffic that just went through
+    rps = {s["metric"].get("opcode"): float(s["value"][1])
+           for s in results[("Requests/s by opcode", "A")]}
+    assert rps.get("PRODUCE", 0) > 0, rps
+    frames = {s["metric"].get("direction") for s in results[("Frames/s by direction", "A")]}
+    assert frames == {"c2s", "s2c"}, frames
+    active = results[("Active connections", "A")]
+    assert active and active[0]["metric"].get("route") == ROUTE, active
+
+
+def test_dashboard_variables_resolve(prometheus, traffic):
+    dash = load_dashboard()
+    expected = {"route": ROUTE, "protocol": "flymq"}
+    found = {}
+    for name, query in variable_queries(dash):
+        m = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\s*\)\s*", query)
+        assert m, f"variable {name}: expected label_values(selector, label), got {query!r}"
+        selector, label = substitute(m.group(1)), m.group(2)
+        r = prometheus.api(f"label/{label}/values", {"match[]": selector})
+        assert r.get("status") == "success", (name, selector, r)
+        found[name] = r["data"]
+    for name, value in expected.items():
+        assert value in found.get(name, []), (name, found)
+
+
+def test_dashboard_uses_only_exposed_contract_metrics(proxy_stack):
+    status, text = http_get(f"http://127.0.0.1:{proxy_stack['admin']}/metrics", timeout=5)
+    assert status == 200
+    exposed = exposed_families(text)
+    dash = load_dashboard()
+    names = set()
+    for _, _, expr in dashboard_exprs(dash):
+        names |= metric_names(expr)
+    for _, query in variable_queries(dash):
+        names |= metric_names(query)
+    assert len(names) >= 14, names
+    unknown = sorted(n for n in names if not any(f in exposed for f in family_of(n)))
+    assert not unknown, f"dashboard uses metrics the proxy does not expose: {unknown}"
+    # ...and each is a contract family, in the form Prometheus stores it
+    off_contract = sorted(n for n in names
+                          if n not in CONTRACT and not any(f in CONTRACT for f in family_of(n)))
+    assert not off_contract, f"dashboard metrics outside DESIGN.md's contract: {off_contract}"
+    for n in names:
+        if n.startswith(("frametap_request_duration_seconds", "frametap_upstream_connect_duration")):
+            assert n.endswith(("_bucket", "_count", "_sum")), f"histogram used bare: {n}"
+
+
+def test_dashboard_labels_and_datasource():
+    dash = load_dashboard()
+    assert 36 <= dash["schemaVersion"] <= 41
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    ds = variables["datasource"]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+    assert {"route", "protocol"} <= set(variables)
+    for name in ("route", "protocol"):
+        assert "label_values" in json.dumps(variables[name]["query"])
+    for p in all_panels(dash):
+        if p.get("type") == "row":
+            continue
+        assert p["datasource"]["uid"] in ("${datasource}", "$datasource"), p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] in ("${datasource}", "$datasource"), p["title"]
+    # only contract labels in selectors and grouping clauses
+    for title, _, expr in dashboard_exprs(dash):
+        labels = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", expr))
+        for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            labels |= {x.strip() for x in group.split(",") if x.strip()}
+        assert labels <= CONTRACT_LABELS, (title, labels - CONTRACT_LABELS)
+    ids = [p["id"] for p in all_panels(dash)]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+
+
+def test_example_prometheus_config_is_valid():
+    text = (GRAFANA / "prometheus.yml").read_text()
+    assert "job_name: frametap" in text and "127.0.0.1:9400" in text
+    assert re.search(r"scrape_interval:\s*5s", text)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("FRAMETAP_CI"):
+            pytest.fail(MISSING)
+        pytest.skip(MISSING)
+    r = subprocess.run([promtool, "check", "config", str(GRAFANA / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_grafana_provisioning_files():
+    ds = (GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    assert "apiVersion: 1" in ds and "type: prometheus" in ds
+    dp = (GRAFANA / "provisioning" / "dashboards" / "frametap.yml").read_text()
+    assert "apiVersion: 1" in dp and "type: file" in dp and "path:" in dp
