@@ -28,8 +28,16 @@ cdef struct Pending:
     int32_t slot             # opcode slot of the request
     int32_t expired          # 1 once counted as a timeout; the late answer is not observed
 
+cdef struct MapEntry:
+    uint64_t key             # correlation id, publishing id, ...
+    int32_t tag              # namespace of key (protocol-defined: direction, publisher id)
+    int32_t used             # 1 when the entry holds a pending request
+    Pending p
+
 cdef struct DirState:
     int64_t remaining        # bytes of the current frame still to pass (payload)
+    int body                 # 1: pass the rest of this frame to on_body() (protocol sets it)
+    int capture              # 1: hold this whole frame and forward rewrite()'s result instead
     int64_t frame_start      # stream offset where the current frame began
     int64_t offset           # stream offset of the next byte to be fed
     Py_ssize_t have          # header bytes held in hdr (only when a header spans reads)
@@ -92,6 +100,21 @@ cdef class FrameParser:
     cdef int64_t now_ns                 # one clock read per feed() call
     cdef readonly object error          # FrameError after a fatal protocol error, else None
     cdef readonly bint closed
+    cdef public object options          # the route's [routes.options] table (dict)
+
+    # Rewriting (address rewriting): with hold[d] set, a header split across reads is
+    # not forwarded until complete, so the frame can still be captured; feed() then
+    # leaves the bytes to forward in ``output`` (a list) instead of "forward data".
+    cdef bint hold[2]
+    cdef public object output           # list of bytes to forward for the last feed(), or None
+    cdef list captured                  # per direction: bytearray of the frame being captured
+
+    # Correlation by key (RabbitMQ Stream, RocketMQ...): open addressing, linear
+    # probing, backward-shift deletion; grows to map_limit entries.
+    cdef MapEntry* map
+    cdef Py_ssize_t map_cap             # power of two
+    cdef Py_ssize_t map_len
+    cdef public Py_ssize_t map_limit
 
     # FIFO of requests awaiting their responses (ring buffer, grows to fifo_limit)
     cdef Pending* fifo
@@ -102,6 +125,10 @@ cdef class FrameParser:
 
     cpdef Py_ssize_t feed(self, int direction, object data) except -1
     cdef Py_ssize_t _feed(self, int d, const uint8_t* buf, Py_ssize_t n) except -1
+    cdef Py_ssize_t _feed_rewriting(self, int d, object data, const uint8_t* buf,
+                                    Py_ssize_t n) except -1
+    cdef object _rewrite(self, int d)
+    cdef int _map_grow(self) except -1
 
     # Protocol hook, called once per frame at a frame boundary with `avail` (>= need)
     # contiguous bytes starting at the frame's first byte.  Returns the frame's total
@@ -109,7 +136,14 @@ cdef class FrameParser:
     # fail() recorded a fatal error; -2 propagates a Python exception.
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2
 
+    # Body hook for frames flagged st[d].body: the frame's bytes after its header
+    # (need bytes), in arrival order, in pieces.  on_body_end() follows the last piece.
+    cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1
+    cdef int on_body_end(self, int d) except -1
+
     cdef int fail(self, int d, int reason, str message) except -1
+    cdef int map_put(self, int32_t tag, uint64_t key, int32_t slot) except -1
+    cdef int map_take(self, int32_t tag, uint64_t key, Pending* out) noexcept
     cdef int fifo_push(self, int32_t slot, int64_t key) except -1
     cdef Pending* fifo_pop(self) noexcept
     cdef void settle(self, Pending* p, int outcome) noexcept

@@ -13,7 +13,7 @@ from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint64_t
 
 from proxy.errors import frame_error_class
 from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
-                                  DEFAULT_FIFO_LIMIT)
+                                  DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT)
 from proxy.framing_common import R_OVERFLOW, R_TRUNCATED
 
 cdef extern from "<time.h>" nogil:
@@ -190,7 +190,9 @@ cdef class FrameParser:
     feed(direction, data) accepts any slice of the stream (one byte, many frames,
     a frame's middle) and returns how many bytes were valid: len(data) normally,
     or the offset where a frame with a fatal error begins (then ``error`` is set and
-    the connection should be closed after forwarding the valid prefix).
+    the connection should be closed after forwarding the valid prefix).  When the
+    protocol rewrote or held bytes, ``output`` holds the list of bytes to forward
+    instead of ``data[:returned]``.
     """
 
     def __cinit__(self, RouteStats stats, *args, **kwargs):
@@ -200,39 +202,46 @@ cdef class FrameParser:
         if self.fifo is NULL:
             raise MemoryError()
         self.fifo_limit = DEFAULT_FIFO_LIMIT
+        self.map_limit = DEFAULT_MAP_LIMIT
+        self.captured = [None, None]
         memset(self.st, 0, sizeof(self.st))
 
     def __dealloc__(self):
         PyMem_Free(self.fifo)
+        PyMem_Free(self.map)
 
-    def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0):
+    def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
+                 options=None):
         if max_frame_bytes is not None:
             self.max_frame_bytes = max_frame_bytes
         self.timeout_ns = <int64_t>(request_timeout * 1e9)
         self.st[0].need = self.header_size
         self.st[1].need = self.header_size
+        self.options = options or {}
 
     # ---- hot path -----------------------------------------------------------
 
     cpdef Py_ssize_t feed(self, int direction, object data) except -1:
         cdef Py_buffer view
-        cdef const uint8_t* buf
-        cdef Py_ssize_t n, r
+        cdef Py_ssize_t r
         if direction != 0 and direction != 1:
             raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
-        if PyBytes_Check(data):
+        if PyBytes_Check(data) and not self.hold[direction]:
             return self._feed(direction, <const uint8_t*>PyBytes_AS_STRING(data),
                               PyBytes_GET_SIZE(data))
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
         try:
-            r = self._feed(direction, <const uint8_t*>view.buf, view.len)
+            if self.hold[direction]:
+                r = self._feed_rewriting(direction, data, <const uint8_t*>view.buf, view.len)
+            else:
+                r = self._feed(direction, <const uint8_t*>view.buf, view.len)
         finally:
             PyBuffer_Release(&view)
         return r
 
     cdef Py_ssize_t _feed(self, int d, const uint8_t* buf, Py_ssize_t n) except -1:
         cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t pos = 0, take
+        cdef Py_ssize_t pos = 0, take, hs
         cdef int64_t r, chunk_start = s.offset
         if self.error is not None or self.closed:
             return 0
@@ -244,16 +253,28 @@ cdef class FrameParser:
                 take = n - pos
                 if take > s.remaining:
                     take = s.remaining
+                if s.body:
+                    self.on_body(d, buf + pos, take)
                 s.remaining -= take
                 pos += take
+                if s.remaining == 0 and s.body:
+                    s.body = 0
+                    self.on_body_end(d)
                 continue
             if s.have == 0:
                 s.frame_start = chunk_start + pos
                 if n - pos >= s.need:          # header contiguous in this read: no copy
                     r = self.on_header(d, buf + pos, n - pos)
                     if r > 0:
+                        hs = s.need
                         s.need = self.header_size
-                        if r <= n - pos:
+                        if s.body:             # the body streams through on_body()
+                            pos += hs
+                            s.remaining = r - hs
+                            if s.remaining == 0:
+                                s.body = 0
+                                self.on_body_end(d)
+                        elif r <= n - pos:
                             pos += r
                         else:
                             s.remaining = r - (n - pos)
@@ -276,13 +297,155 @@ cdef class FrameParser:
                 s.remaining = r - s.have
                 s.have = 0
                 s.need = self.header_size
+                if s.body and s.remaining == 0:
+                    s.body = 0
+                    self.on_body_end(d)
             elif r < 0:
                 take = <Py_ssize_t>(s.frame_start - chunk_start)
                 return take if take > 0 else 0
         return n
 
+    cdef Py_ssize_t _feed_rewriting(self, int d, object data, const uint8_t* buf,
+                                    Py_ssize_t n) except -1:
+        """_feed() for a direction that may capture frames (hold[d]): builds ``output``.
+
+        Slower than _feed() only when a frame is captured or a header spans reads.
+        """
+        cdef DirState* s = &self.st[d]
+        cdef Py_ssize_t pos = 0, take, hs, emit = 0, held
+        cdef int64_t r, chunk_start = s.offset
+        cdef list out = []
+        self.output = out
+        if self.error is not None or self.closed:
+            return 0
+        mv = memoryview(data).cast("B")
+        s.offset += n
+        self.now_ns = monotonic_ns()
+        self.stats.relayed[d] += n
+        held = s.have                          # header bytes withheld from earlier reads
+        while pos < n:
+            if s.remaining > 0:
+                take = n - pos
+                if take > s.remaining:
+                    take = s.remaining
+                if s.capture:
+                    self.captured[d] += mv[pos:pos + take]
+                    emit = pos + take
+                elif s.body:
+                    self.on_body(d, buf + pos, take)
+                s.remaining -= take
+                pos += take
+                if s.remaining == 0:
+                    if s.capture:
+                        s.capture = 0
+                        out.append(self._rewrite(d))
+                    elif s.body:
+                        s.body = 0
+                        self.on_body_end(d)
+                continue
+            if s.have == 0:
+                s.frame_start = chunk_start + pos
+                if n - pos >= s.need:
+                    r = self.on_header(d, buf + pos, n - pos)
+                    if r > 0:
+                        hs = s.need
+                        s.need = self.header_size
+                        if s.capture:
+                            if emit < pos:
+                                out.append(bytes(mv[emit:pos]))
+                            take = r if r <= n - pos else n - pos
+                            self.captured[d] = bytearray(mv[pos:pos + take])
+                            s.remaining = r - take
+                            pos += take
+                            emit = pos
+                            if s.remaining == 0:
+                                s.capture = 0
+                                out.append(self._rewrite(d))
+                        elif s.body:
+                            pos += hs
+                            s.remaining = r - hs
+                            if s.remaining == 0:
+                                s.body = 0
+                                self.on_body_end(d)
+                        elif r <= n - pos:
+                            pos += r
+                        else:
+                            s.remaining = r - (n - pos)
+                            pos = n
+                        continue
+                    if r == 0:
+                        continue
+                    if emit < pos:
+                        out.append(bytes(mv[emit:pos]))
+                    return pos
+            take = s.need - s.have
+            if take > n - pos:
+                take = n - pos
+            memcpy(s.hdr + s.have, buf + pos, take)
+            s.have += take
+            pos += take
+            if s.have < s.need:
+                # incomplete header at the end of this read: withhold its bytes
+                hs = <Py_ssize_t>(s.frame_start - chunk_start)
+                if hs < 0:
+                    hs = 0
+                if emit < hs:
+                    out.append(bytes(mv[emit:hs]))
+                emit = n
+                break
+            r = self.on_header(d, s.hdr, s.have)
+            if r > 0:
+                hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
+                if s.capture:
+                    if hs > emit:
+                        out.append(bytes(mv[emit:hs]))
+                    self.captured[d] = bytearray(s.hdr[:s.have])
+                    emit = pos
+                elif held:
+                    # release the withheld header bytes ahead of this read's bytes
+                    out.append(bytes(s.hdr[:held]))
+                held = 0
+                s.remaining = r - s.have
+                s.have = 0
+                s.need = self.header_size
+                if s.remaining == 0:
+                    if s.capture:
+                        s.capture = 0
+                        out.append(self._rewrite(d))
+                    elif s.body:
+                        s.body = 0
+                        self.on_body_end(d)
+            elif r < 0:
+                take = <Py_ssize_t>(s.frame_start - chunk_start)
+                take = take if take > 0 else 0
+                if emit < take:
+                    out.append(bytes(mv[emit:take]))
+                return take
+        if emit < n:
+            out.append(bytes(mv[emit:n]))
+        return n
+
+    cdef object _rewrite(self, int d):
+        frame = bytes(self.captured[d])
+        self.captured[d] = None
+        return self.rewrite(d, frame)
+
+    def set_hold(self, int d, bint on):
+        """Enable frame capture in direction ``d`` (see rewrite())."""
+        self.hold[d] = on
+
+    def rewrite(self, int d, bytes frame):
+        """A captured frame, whole; returns the bytes to forward in its place."""
+        return frame
+
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         raise NotImplementedError("protocol parsers override on_header")
+
+    cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
+        return 0
+
+    cdef int on_body_end(self, int d) except -1:
+        return 0
 
     # ---- helpers for protocols ---------------------------------------------
 
@@ -339,6 +502,91 @@ cdef class FrameParser:
             self.stats.observe(p.slot, outcome, self.now_ns - p.t_ns)
             self.stats.in_flight -= 1
 
+    # ---- correlation map ------------------------------------------------------
+
+    cdef int map_put(self, int32_t tag, uint64_t key, int32_t slot) except -1:
+        """Remember a request under (tag, key); a duplicate key replaces the older one."""
+        cdef Py_ssize_t i, mask
+        cdef MapEntry* e
+        if self.map_len * 2 >= self.map_cap:
+            if self.map_cap >= self.map_limit * 2:
+                self.stats.error(C2S, _reason_overflow)   # bounded: drop, and say so
+                return 0
+            self._map_grow()
+        mask = self.map_cap - 1
+        i = _mix(tag, key) & mask
+        while True:
+            e = &self.map[i]
+            if not e.used:
+                e.used = 1
+                e.tag = tag
+                e.key = key
+                self.map_len += 1
+                self.stats.in_flight += 1
+                break
+            if e.tag == tag and e.key == key:
+                if not e.p.expired:                 # the older one can never be answered
+                    self.stats.timeouts[e.p.slot] += 1
+                else:
+                    self.stats.in_flight += 1
+                break
+            i = (i + 1) & mask
+        e.p.t_ns = self.now_ns
+        e.p.key = <int64_t>key
+        e.p.slot = slot
+        e.p.expired = 0
+        return 0
+
+    cdef int map_take(self, int32_t tag, uint64_t key, Pending* out) noexcept:
+        """Remove the request under (tag, key) into ``out``; 0 when there is none."""
+        cdef Py_ssize_t i, j, k, mask
+        cdef MapEntry* e
+        if self.map_len == 0:
+            return 0
+        mask = self.map_cap - 1
+        i = _mix(tag, key) & mask
+        while True:
+            e = &self.map[i]
+            if not e.used:
+                return 0
+            if e.tag == tag and e.key == key:
+                break
+            i = (i + 1) & mask
+        out[0] = e.p
+        # backward-shift deletion keeps probe chains intact without tombstones
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if not self.map[j].used:
+                break
+            k = _mix(self.map[j].tag, self.map[j].key) & mask
+            if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
+                self.map[i] = self.map[j]
+                i = j
+        self.map[i].used = 0
+        self.map_len -= 1
+        return 1
+
+    cdef int _map_grow(self) except -1:
+        cdef Py_ssize_t old_cap = self.map_cap, i, j, mask
+        cdef MapEntry* old = self.map
+        cdef Py_ssize_t new_cap = old_cap * 2 if old_cap else 64
+        self.map = <MapEntry*>PyMem_Malloc(new_cap * sizeof(MapEntry))
+        if self.map is NULL:
+            self.map = old
+            raise MemoryError()
+        memset(self.map, 0, new_cap * sizeof(MapEntry))
+        self.map_cap = new_cap
+        mask = new_cap - 1
+        for i in range(old_cap):
+            if old[i].used:
+                j = _mix(old[i].tag, old[i].key) & mask
+                while self.map[j].used:
+                    j = (j + 1) & mask
+                self.map[j] = old[i]
+        PyMem_Free(old)
+        return 0
+
     # ---- lifecycle ------------------------------------------------------------
 
     def expire(self, int64_t now=0):
@@ -358,6 +606,13 @@ cdef class FrameParser:
             self.stats.timeouts[p.slot] += 1
             self.stats.in_flight -= 1
             n += 1
+        for i in range(self.map_cap):
+            p = &self.map[i].p
+            if self.map[i].used and not p.expired and now - p.t_ns >= self.timeout_ns:
+                p.expired = 1
+                self.stats.timeouts[p.slot] += 1
+                self.stats.in_flight -= 1
+                n += 1
         return n
 
     def close(self):
@@ -374,6 +629,13 @@ cdef class FrameParser:
                 self.stats.timeouts[p.slot] += 1
                 self.stats.in_flight -= 1
         self.fifo_len = 0
+        for i in range(self.map_cap):
+            p = &self.map[i].p
+            if self.map[i].used and not p.expired:
+                self.stats.timeouts[p.slot] += 1
+                self.stats.in_flight -= 1
+            self.map[i].used = 0
+        self.map_len = 0
         if self.error is None:
             for d in range(2):
                 if self.st[d].have > 0 or self.st[d].remaining > 0:
@@ -382,4 +644,12 @@ cdef class FrameParser:
     @property
     def pending(self):
         """Number of requests awaiting a response (expired ones included)."""
-        return self.fifo_len
+        return self.fifo_len + self.map_len
+
+
+cdef inline uint64_t _mix(int32_t tag, uint64_t key) noexcept:
+    # splitmix64 finalizer: spreads sequential ids over the table
+    cdef uint64_t z = key + (<uint64_t>tag << 56) + 0x9E3779B97F4A7C15ULL
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)

@@ -25,8 +25,11 @@ REASONS = (
     "in_flight_overflow",  # 5: more pending requests than fifo_limit
     "response_mismatch",   # 6: response opcode differs from its request's
     "bad_header",          # 7: malformed header fields
+    "unknown_command",     # 8: opcode/key the protocol does not define (frame forwarded)
+    "bad_body",            # 9: body fields inconsistent with the frame size
 )
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
-    R_MISMATCH, R_BAD_HEADER = range(8)
+    R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY = range(10)
 
 DEFAULT_FIFO_LIMIT = 65536
+DEFAULT_MAP_LIMIT = 262144     # pending keyed requests per connection (e.g. unconfirmed publishes)

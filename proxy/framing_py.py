@@ -9,7 +9,8 @@ import time
 from proxy.errors import frame_error_class
 from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS,
-                                  DEFAULT_FIFO_LIMIT, R_OVERFLOW, R_TRUNCATED, C2S)
+                                  DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
+                                  R_TRUNCATED, C2S)
 
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
@@ -145,7 +146,7 @@ class RouteStats:
 
 
 class _Dir:
-    __slots__ = ("remaining", "frame_start", "offset", "hdr", "need")
+    __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "body", "capture")
 
     def __init__(self, need):
         self.remaining = 0
@@ -153,6 +154,8 @@ class _Dir:
         self.offset = 0
         self.hdr = bytearray()
         self.need = need
+        self.body = False
+        self.capture = False
 
 
 class Pending:
@@ -171,45 +174,83 @@ class FrameParser:
     header_size = 0
     max_frame_bytes = 0
 
-    def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0):
+    def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
         self.stats = stats
         if max_frame_bytes is not None:
             self.max_frame_bytes = max_frame_bytes
         self.timeout_ns = int(request_timeout * 1e9)
+        self.options = options or {}
         self.st = (_Dir(self.header_size), _Dir(self.header_size))
         self.fifo = []          # list used as a queue; head index avoids O(n) pops
         self.fifo_head = 0
         self.fifo_limit = DEFAULT_FIFO_LIMIT
+        self.map = {}           # (tag, key) -> Pending
+        self.map_limit = DEFAULT_MAP_LIMIT
+        self.hold = [False, False]
+        self.captured = [None, None]
+        self.output = None
         self.now_ns = 0
         self.error = None
         self.closed = False
 
+    def set_hold(self, d, on):
+        self.hold[d] = bool(on)
+
     def feed(self, direction, data):
         if direction not in (0, 1):
             raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
+        hold = self.hold[direction]
+        out = [] if hold else None
+        self.output = out
         if self.error is not None or self.closed:
             return 0
         s = self.st[direction]
+        d = direction
         mv = memoryview(data).cast("B")
         n = len(mv)
         chunk_start = s.offset
         s.offset += n
         self.now_ns = monotonic_ns()
-        self.stats.relayed[direction] += n
+        self.stats.relayed[d] += n
         pos = 0
+        emit = 0                 # start of this read's bytes not yet placed in ``out``
+        held = len(s.hdr) if hold else 0
         while pos < n:
             if s.remaining > 0:
                 take = min(n - pos, s.remaining)
+                if s.capture:
+                    self.captured[d] += mv[pos:pos + take]
+                    emit = pos + take
+                elif s.body:
+                    self.on_body(d, mv[pos:pos + take])
                 s.remaining -= take
                 pos += take
+                if s.remaining == 0:
+                    self._frame_done(d, out)
                 continue
             if not s.hdr:
                 s.frame_start = chunk_start + pos
                 if n - pos >= s.need:
-                    r = self.on_header(direction, mv[pos:], n - pos)
+                    r = self.on_header(d, mv[pos:], n - pos)
                     if r > 0:
+                        hs = s.need
                         s.need = self.header_size
-                        if r <= n - pos:
+                        if s.capture:
+                            if emit < pos:
+                                out.append(bytes(mv[emit:pos]))
+                            take = min(r, n - pos)
+                            self.captured[d] = bytearray(mv[pos:pos + take])
+                            s.remaining = r - take
+                            pos += take
+                            emit = pos
+                            if s.remaining == 0:
+                                self._frame_done(d, out)
+                        elif s.body:
+                            pos += hs
+                            s.remaining = r - hs
+                            if s.remaining == 0:
+                                self._frame_done(d, out)
+                        elif r <= n - pos:
                             pos += r
                         else:
                             s.remaining = r - (n - pos)
@@ -217,24 +258,68 @@ class FrameParser:
                         continue
                     if r == 0:
                         continue
+                    if out is not None and emit < pos:
+                        out.append(bytes(mv[emit:pos]))
                     return pos
             take = min(s.need - len(s.hdr), n - pos)
             s.hdr += mv[pos:pos + take]
             pos += take
             if len(s.hdr) < s.need:
+                if hold:         # withhold an incomplete header: it may start a capture
+                    hs = max(0, s.frame_start - chunk_start)
+                    if emit < hs:
+                        out.append(bytes(mv[emit:hs]))
+                    emit = n
                 break
             have = len(s.hdr)
-            r = self.on_header(direction, s.hdr, have)
+            r = self.on_header(d, s.hdr, have)
             if r > 0:
+                if hold:
+                    hs = s.frame_start - chunk_start
+                    if s.capture:
+                        if hs > emit:
+                            out.append(bytes(mv[emit:hs]))
+                        self.captured[d] = bytearray(s.hdr)
+                        emit = pos
+                    elif held:
+                        out.append(bytes(s.hdr[:held]))
+                    held = 0
                 s.remaining = r - have
                 s.hdr = bytearray()
                 s.need = self.header_size
+                if s.remaining == 0 and (s.capture or s.body):
+                    self._frame_done(d, out)
             elif r < 0:
-                return max(0, s.frame_start - chunk_start)
+                take = max(0, s.frame_start - chunk_start)
+                if out is not None and emit < take:
+                    out.append(bytes(mv[emit:take]))
+                return take
+        if out is not None and emit < n:
+            out.append(bytes(mv[emit:n]))
         return n
+
+    def _frame_done(self, d, out):
+        s = self.st[d]
+        if s.capture:
+            s.capture = False
+            frame = bytes(self.captured[d])
+            self.captured[d] = None
+            out.append(self.rewrite(d, frame))
+        elif s.body:
+            s.body = False
+            self.on_body_end(d)
+
+    def rewrite(self, d, frame):
+        return frame
 
     def on_header(self, d, h, avail):
         raise NotImplementedError("protocol parsers override on_header")
+
+    def on_body(self, d, chunk):
+        pass
+
+    def on_body_end(self, d):
+        pass
 
     def fail(self, d, reason, message):
         self.stats.error(d, reason)
@@ -263,10 +348,31 @@ class FrameParser:
             self.fifo_head = 0
         return p
 
+    def map_put(self, tag, key, slot):
+        k = (tag, key)
+        old = self.map.get(k)
+        if old is None:
+            if len(self.map) >= self.map_limit:
+                self.stats.error(C2S, R_OVERFLOW)
+                return
+            self.stats.in_flight += 1
+        elif not old.expired:
+            self.stats.timeouts[old.slot] += 1
+        else:
+            self.stats.in_flight += 1
+        self.map[k] = Pending(self.now_ns, key, slot)
+
+    def map_take(self, tag, key):
+        return self.map.pop((tag, key), None)
+
     def settle(self, p, outcome):
         if not p.expired:
             self.stats.observe(p.slot, outcome, self.now_ns - p.t_ns)
             self.stats.in_flight -= 1
+
+    def _pending(self):
+        yield from self.fifo[self.fifo_head:]
+        yield from self.map.values()
 
     def expire(self, now=0):
         now = now or monotonic_ns()
@@ -280,18 +386,25 @@ class FrameParser:
             self.stats.timeouts[p.slot] += 1
             self.stats.in_flight -= 1
             n += 1
+        for p in self.map.values():
+            if not p.expired and now - p.t_ns >= self.timeout_ns:
+                p.expired = True
+                self.stats.timeouts[p.slot] += 1
+                self.stats.in_flight -= 1
+                n += 1
         return n
 
     def close(self):
         if self.closed:
             return
         self.closed = True
-        for p in self.fifo[self.fifo_head:]:
+        for p in self._pending():
             if not p.expired:
                 self.stats.timeouts[p.slot] += 1
                 self.stats.in_flight -= 1
         self.fifo = []
         self.fifo_head = 0
+        self.map = {}
         if self.error is None:
             for d in range(2):
                 if self.st[d].hdr or self.st[d].remaining > 0:
@@ -299,4 +412,4 @@ class FrameParser:
 
     @property
     def pending(self):
-        return len(self.fifo) - self.fifo_head
+        return len(self.fifo) - self.fifo_head + len(self.map)

@@ -47,8 +47,12 @@ class Route:
             lambda: ClientSide(self), host, port, reuse_address=True, backlog=1024)
         self._sweeper = self.loop.create_task(self._sweep())
 
-    def new_parser(self):
-        return self.module.Parser(self.stats, self.max_frame_bytes, self.cfg.request_timeout)
+    def new_parser(self, local_address):
+        parser = self.module.Parser(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
+                                    self.cfg.options)
+        if hasattr(parser, "local_address"):
+            parser.local_address = local_address   # where this client reached us
+        return parser
 
     async def _sweep(self):
         """Count requests that waited longer than request_timeout (FIFO heads only)."""
@@ -56,8 +60,11 @@ class Route:
         while True:
             await asyncio.sleep(period)
             now = now_ns()
-            for conn in list(self.connections):
-                conn.parser.expire(now)
+            try:
+                for conn in list(self.connections):
+                    conn.parser.expire(now)
+            except Exception:                  # never let the sweeper die silently
+                log.exception("route %s: timeout sweep failed", self.cfg.name)
 
     def stop_accepting(self):
         if self.server is not None:
@@ -109,10 +116,10 @@ class ClientSide(asyncio.Protocol):
             self.closed = True
             transport.abort()
             return
+        self.parser = route.new_parser(transport.get_extra_info("sockname"))
         route.connections.add(self)
         route.stats.conn_total += 1
         route.stats.conn_active += 1
-        self.parser = route.new_parser()
         transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
         transport.pause_reading()          # nothing to relay to until upstream is up
         self.connect_task = route.loop.create_task(self._connect())
@@ -152,22 +159,28 @@ class ClientSide(asyncio.Protocol):
 
     def data_received(self, data):
         up = self.upstream
-        ok = self.parser.feed(0, data)
+        parser = self.parser
+        ok = parser.feed(0, data)
         if up is None:
             # uvloop may deliver a first read before our pause takes effect: keep it
             # (one read at most, since reading is paused again) until upstream is up.
             self.transport.pause_reading()
-            if ok:
+            if parser.output is not None:
+                self.early.extend(parser.output)
+            elif ok:
                 self.early.append(data[:ok] if ok < len(data) else data)
-            if ok < len(data):
+            if parser.error is not None:
                 self._protocol_error()
             return
-        if ok == len(data):
+        if parser.output is not None:          # the parser held back or rewrote bytes
+            up.transport.writelines(parser.output)
+        elif ok == len(data):
             up.transport.write(data)
             return
-        if ok:
+        elif ok:
             up.transport.write(data[:ok])
-        self._protocol_error()
+        if parser.error is not None:
+            self._protocol_error()
 
     def eof_received(self):
         self.client_eof = True
@@ -196,13 +209,17 @@ class ClientSide(asyncio.Protocol):
     # -- upstream events (called by UpstreamSide) ------------------------------
 
     def upstream_data(self, data):
-        ok = self.parser.feed(1, data)
-        if ok == len(data):
+        parser = self.parser
+        ok = parser.feed(1, data)
+        if parser.output is not None:
+            self.transport.writelines(parser.output)
+        elif ok == len(data):
             self.transport.write(data)
             return
-        if ok:
+        elif ok:
             self.transport.write(data[:ok])
-        self._protocol_error()
+        if parser.error is not None:
+            self._protocol_error()
 
     def upstream_eof_received(self):
         self.upstream_eof = True

@@ -41,14 +41,15 @@ cdef inline uint32_t be32(const uint8_t* p) noexcept:
 cdef class FlyMQParser(FrameParser):
     """Counts, sizes and FIFO-correlates FlyMQ frames of one proxied connection."""
 
-    def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0):
+    def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
+                 options=None):
         self.header_size = HEADER
         self.max_frame_bytes = MAX_FRAME_BYTES
         if stats.opcode_namer is None:
             stats.opcode_namer = opcode_name
         if stats.status_namer is None:
             stats.status_namer = status_name
-        FrameParser.__init__(self, stats, max_frame_bytes, request_timeout)
+        FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         cdef RouteStats st = self.stats

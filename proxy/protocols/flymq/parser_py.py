@@ -16,12 +16,13 @@ class FlyMQParser(FrameParser):
     header_size = HEADER_SIZE
     max_frame_bytes = MAX_FRAME_BYTES
 
-    def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0):
+    def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0,
+                 options=None):
         if stats.opcode_namer is None:
             stats.opcode_namer = opcode_name
         if stats.status_namer is None:
             stats.status_namer = status_name
-        super().__init__(stats, max_frame_bytes, request_timeout)
+        super().__init__(stats, max_frame_bytes, request_timeout, options)
 
     def on_header(self, d, h, avail):
         st = self.stats

@@ -1,0 +1,1 @@
+"""RabbitMQ Stream load-generation pieces: the in-memory reference broker."""
