@@ -6,6 +6,8 @@ from setuptools import Extension, setup
 EXTENSIONS = [
     Extension("proxy._framing", ["proxy/_framing.pyx"]),
     Extension("proxy.protocols.flymq._parser", ["proxy/protocols/flymq/_parser.pyx"]),
+    Extension("proxy.protocols.rabbitmq_stream._parser",
+              ["proxy/protocols/rabbitmq_stream/_parser.pyx"]),
 ]
 
 setup(

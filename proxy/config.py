@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from proxy.errors import ConfigError
 from proxy.protocols import IMPLEMENTED, KNOWN
+from proxy.protocols import load as load_protocol
 
 
 @dataclass
@@ -113,7 +114,10 @@ def route_from_table(table, index):
     options = table.get("options", {})
     if not isinstance(options, dict):
         raise ConfigError(f"{where}.options = {options!r}: expected a table")
-    if options:
+    module = load_protocol(protocol)
+    if hasattr(module, "validate_options"):
+        options = module.validate_options(options, where)
+    elif options:
         raise ConfigError(f"{where}.options: unknown key {next(iter(options))!r} "
                           f"({protocol} has no route options)")
     return RouteConfig(

@@ -50,8 +50,9 @@ class Route:
     def new_parser(self, local_address):
         parser = self.module.Parser(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
                                     self.cfg.options)
-        if hasattr(parser, "local_address"):
-            parser.local_address = local_address   # where this client reached us
+        if hasattr(parser, "local_address"):       # parsers that rewrite addresses
+            parser.local_address = local_address[:2] if local_address else None
+            parser.upstream_address = self.cfg.upstream
         return parser
 
     async def _sweep(self):

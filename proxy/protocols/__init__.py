@@ -1,7 +1,8 @@
 """Protocol registry: one sub-package per protocol (DESIGN.md, "Layout").
 
 Each implemented protocol module exposes ``NAME``, ``Parser`` (compiled or twin,
-per FRAMETAP_NO_EXTENSIONS), ``MAX_FRAME_BYTES`` and ``DEFAULT_PORT``.
+per FRAMETAP_NO_EXTENSIONS), ``MAX_FRAME_BYTES`` and ``DEFAULT_PORT``; those with route options also
+``validate_options(options, where) -> dict``.
 """
 
 import importlib
@@ -12,6 +13,7 @@ KNOWN = ("rocketmq", "fleximq", "flymq", "rabbitmq-stream", "ttheader")
 #: Protocols this build can parse, by module.
 IMPLEMENTED = {
     "flymq": "proxy.protocols.flymq",
+    "rabbitmq-stream": "proxy.protocols.rabbitmq_stream",
 }
 
 

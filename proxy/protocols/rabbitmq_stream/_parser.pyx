@@ -1,0 +1,326 @@
+# cython: language_level=3
+"""RabbitMQ Stream frame parser (compiled).  Twin: parser_py.py.
+
+Frame (PROTOCOL.adoc "Frame Structure"): Size u32 (bytes after it), Key u16 (bit 15 =
+response), Version u16, then CorrelationId u32 for request/response commands and, in
+most responses, ResponseCode u16.  Publish, PublishConfirm and PublishError carry one
+publishing id per message, so their bodies stream through on_body() and every message
+is paired with its confirm by (publisher id, publishing id).  A Metadata response can
+be captured whole and rewritten (address rewriting, see rewrite()).
+"""
+
+from libc.stdint cimport uint8_t, uint16_t, int16_t, uint32_t, int64_t, uint64_t
+from libc.string cimport memcpy
+
+from proxy._framing cimport (FrameParser, RouteStats, Pending, C2S, S2C,
+                             OUTCOME_OK, OUTCOME_ERROR)
+from proxy.framing_common import (R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_UNKNOWN,
+                                  R_BAD_BODY)
+from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, command_name,
+                                                       status_name)
+from proxy.protocols.rabbitmq_stream.rewrite import MetadataRewriter
+
+cdef enum:
+    HDR = 8                    # Size + Key + Version
+    K_PUBLISH = 2
+    K_CONFIRM = 3
+    K_ERROR = 4
+    K_DELIVER = 8
+    K_CREDIT = 9
+    K_STORE_OFFSET = 10
+    K_METADATA = 15
+    K_METADATA_UPDATE = 16
+    K_TUNE = 20
+    K_HEARTBEAT = 23
+    K_LAST = 28
+    RESP = 0x8000
+    ST_OK = 0x01
+    ST_SASL_CHALLENGE = 0x0A
+    TAG_TUNE = 2               # map tags: 0/1 = direction of an RPC request,
+    TAG_PUBLISHER = 256        # 2 = server's Tune, 256 + publisher id = a message
+    # body states
+    B_PUBID = 0
+    B_COUNT = 1
+    B_PID = 2
+    B_FILTER_LEN = 3
+    B_MSG_LEN = 4
+    B_CODE = 5
+    B_DONE = 6
+
+cdef int _r_large = R_TOO_LARGE
+cdef int _r_small = R_TOO_SMALL
+cdef int _r_header = R_BAD_HEADER
+cdef int _r_unknown = R_UNKNOWN
+cdef int _r_body = R_BAD_BODY
+
+
+cdef struct Body:
+    int kind                   # K_PUBLISH / K_CONFIRM / K_ERROR
+    int state
+    int version
+    int need                   # bytes of the fixed field being read
+    int have                   # of those, held in buf (field split across reads)
+    uint8_t buf[8]
+    int64_t skip               # bytes to pass over (a message, a filter value)
+    uint32_t left              # messages / ids still to read
+    uint32_t pubid
+    uint64_t pid
+    int slot                   # opcode slot of this frame
+
+
+cdef inline int header_need(int key, int version) noexcept:
+    """Header bytes a frame must show before it can be counted and correlated."""
+    cdef int cmd = key & 0x7FFF
+    if cmd == 0 or cmd > K_LAST:
+        return HDR
+    if key & RESP:
+        if cmd == K_CREDIT:
+            return HDR + 2                     # ResponseCode (no correlation id)
+        if cmd == K_TUNE:
+            return HDR + 8
+        if cmd == K_METADATA:
+            return HDR + 4                     # CorrelationId, no ResponseCode
+        return HDR + 6                         # CorrelationId + ResponseCode
+    if cmd == K_PUBLISH or cmd == K_CONFIRM or cmd == K_ERROR:
+        return HDR                             # the body streams through on_body()
+    if cmd == K_DELIVER:                       # SubscriptionId, [CommittedChunkId v2],
+        return HDR + 1 + (8 if version >= 2 else 0) + 8   # chunk header to NumRecords
+    if cmd == K_TUNE:
+        return HDR + 8                         # FrameMax, Heartbeat
+    if (cmd == K_CREDIT or cmd == K_STORE_OFFSET or cmd == K_HEARTBEAT
+            or cmd == K_METADATA_UPDATE):
+        return HDR                             # one-way commands
+    return HDR + 4                             # CorrelationId
+
+
+cdef inline uint16_t be16(const uint8_t* p) noexcept:
+    return (<uint16_t>p[0] << 8) | p[1]
+
+cdef inline uint32_t be32(const uint8_t* p) noexcept:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+cdef inline uint64_t be64(const uint8_t* p) noexcept:
+    return (<uint64_t>be32(p) << 32) | be32(p + 4)
+
+
+cdef class StreamParser(FrameParser):
+    """Counts, sizes and correlates the RabbitMQ Stream frames of one proxied connection."""
+
+    cdef Body b[2]
+    cdef int publish_slot
+    cdef int64_t tuned_max                 # frame max the client agreed in Tune (0: none)
+    cdef public object local_address       # (host, port) the client connected to
+    cdef public object upstream_address    # (host, port) of the route's upstream
+    cdef object rewriter                   # MetadataRewriter, or None
+
+    def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
+                 options=None):
+        self.header_size = 4
+        self.max_frame_bytes = MAX_FRAME_BYTES
+        if stats.opcode_namer is None:
+            stats.opcode_namer = command_name
+        if stats.status_namer is None:
+            stats.status_namer = status_name
+        FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
+        self.publish_slot = stats.opcode_slot(K_PUBLISH)
+        self.rewriter = MetadataRewriter.from_options(self.options)
+        if self.rewriter is not None:
+            self.set_hold(S2C, True)
+
+    cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
+        cdef RouteStats st = self.stats
+        cdef uint32_t size = be32(h)
+        cdef int64_t total = <int64_t>size + 4
+        cdef int key, cmd, version, slot, need
+        cdef uint32_t corr
+        cdef int code
+        cdef Pending p
+        if size > self.max_frame_bytes:
+            self.fail(d, _r_large, "frame size %d at offset %d exceeds the limit %d" % (
+                size, self.st[d].frame_start, self.max_frame_bytes))
+            return -1
+        if size < 4:                           # no room for Key + Version: skip it
+            st.error(d, _r_small)
+            return total
+        if avail < HDR:
+            self.st[d].need = HDR
+            return 0
+        key = be16(h + 4)
+        version = be16(h + 6)
+        cmd = key & 0x7FFF
+        need = header_need(key, version)
+        if need <= total and avail < need:     # decide only once the fields are here
+            self.st[d].need = need
+            return 0
+        # from here on: exactly once per frame
+        slot = st.slot_for(cmd)
+        st.frames[d][slot] += 1
+        st.frame_bytes[d][slot] += total
+        if self.tuned_max and total > self.tuned_max:
+            st.error(d, _r_large)              # the server closes such a connection
+        if cmd == 0 or cmd > K_LAST:
+            st.error(d, _r_unknown)
+            return total
+        if need > total:                       # too short for its own fixed fields
+            st.error(d, _r_header)
+            return total
+        if not key & RESP:
+            if cmd == K_PUBLISH or cmd == K_CONFIRM or cmd == K_ERROR:
+                self._start_body(d, cmd, version, slot)
+                self.st[d].need = HDR          # the body starts after Key + Version
+                self.st[d].body = 1
+            elif cmd == K_DELIVER:             # chunk header's NumRecords ends at need
+                st.messages[d][slot] += be32(h + need - 4)
+            elif cmd == K_TUNE:
+                self._tune(d, h, slot)
+            elif need == HDR + 4:              # a request with a correlation id
+                self.map_put(d, be32(h + HDR), slot)
+            return total
+        if cmd == K_CREDIT:                    # ResponseCode u16, SubscriptionId u8
+            st.response(slot, be16(h + HDR))
+            return total
+        if cmd == K_TUNE:
+            self._tune(d, h, slot)
+            return total
+        corr = be32(h + HDR)
+        code = ST_OK if cmd == K_METADATA else be16(h + HDR + 4)
+        if self.map_take(1 - d, corr, &p):     # the request went the other way
+            st.response(p.slot, code)
+            self.settle(&p, OUTCOME_OK if code == ST_OK or code == ST_SASL_CHALLENGE
+                        else OUTCOME_ERROR)
+        else:
+            st.unmatched += 1
+        if cmd == K_METADATA and d == S2C and self.rewriter is not None:
+            self.st[d].capture = 1
+        return total
+
+    cdef int _tune(self, int d, const uint8_t* h, int slot) except -1:
+        """The server proposes Tune (a request, s2c); the client's Tune answers it."""
+        cdef Pending p
+        cdef uint32_t frame_max
+        if d == S2C:
+            self.map_put(TAG_TUNE, 0, slot)
+        else:
+            frame_max = be32(h + HDR)
+            if frame_max:
+                self.tuned_max = frame_max
+            if self.map_take(TAG_TUNE, 0, &p):
+                self.stats.response(p.slot, ST_OK)
+                self.settle(&p, OUTCOME_OK)
+        return 0
+
+    cdef int _start_body(self, int d, int kind, int version, int slot) except -1:
+        cdef Body* b = &self.b[d]
+        b.kind = kind
+        b.version = version
+        b.state = B_PUBID
+        b.need = 1
+        b.have = 0
+        b.skip = 0
+        b.left = 0
+        b.slot = slot
+        return 0
+
+    cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
+        cdef Body* b = &self.b[d]
+        cdef Py_ssize_t i = 0, take
+        cdef const uint8_t* f
+        while i < n:
+            if b.skip > 0:
+                take = n - i
+                if take > b.skip:
+                    take = b.skip
+                b.skip -= take
+                i += take
+                continue
+            if b.state == B_DONE:
+                b.state = B_DONE + 1           # bytes after the declared entries
+                break
+            if b.state > B_DONE:
+                break
+            if b.have == 0 and n - i >= b.need:
+                f = p + i                      # field contiguous: read in place
+                i += b.need
+            else:
+                take = b.need - b.have
+                if take > n - i:
+                    take = n - i
+                memcpy(b.buf + b.have, p + i, take)
+                b.have += take
+                i += take
+                if b.have < b.need:
+                    break
+                b.have = 0
+                f = b.buf
+            self._field(d, b, f)
+        return 0
+
+    cdef int _field(self, int d, Body* b, const uint8_t* f) except -1:
+        cdef RouteStats st = self.stats
+        cdef Pending p
+        cdef int16_t flen
+        cdef int code
+        if b.state == B_PUBID:
+            b.pubid = f[0]
+            b.state = B_COUNT
+            b.need = 4
+        elif b.state == B_COUNT:
+            b.left = be32(f)
+            if b.kind == K_PUBLISH:
+                st.messages[d][b.slot] += b.left
+            b.state = B_PID if b.left else B_DONE
+            b.need = 8
+        elif b.state == B_PID:
+            b.pid = be64(f)
+            if b.kind == K_PUBLISH:
+                self.map_put(TAG_PUBLISHER + b.pubid, b.pid, self.publish_slot)
+                if b.version >= 2:
+                    b.state = B_FILTER_LEN
+                    b.need = 2
+                else:
+                    b.state = B_MSG_LEN
+                    b.need = 4
+            elif b.kind == K_CONFIRM:
+                if self.map_take(TAG_PUBLISHER + b.pubid, b.pid, &p):
+                    st.response(p.slot, ST_OK)
+                    self.settle(&p, OUTCOME_OK)
+                else:
+                    st.unmatched += 1
+                self._next_entry(b)
+            else:
+                b.state = B_CODE
+                b.need = 2
+        elif b.state == B_FILTER_LEN:
+            flen = <int16_t>be16(f)
+            if flen > 0:
+                b.skip = flen
+            b.state = B_MSG_LEN
+            b.need = 4
+        elif b.state == B_MSG_LEN:
+            b.skip = be32(f)
+            self._next_entry(b)
+        elif b.state == B_CODE:
+            code = be16(f)
+            if self.map_take(TAG_PUBLISHER + b.pubid, b.pid, &p):
+                st.response(p.slot, code)
+                self.settle(&p, OUTCOME_ERROR)
+            else:
+                st.unmatched += 1
+            self._next_entry(b)
+        return 0
+
+    cdef inline void _next_entry(self, Body* b) noexcept:
+        b.left -= 1
+        b.state = B_PID if b.left else B_DONE
+        b.need = 8
+
+    cdef int on_body_end(self, int d) except -1:
+        cdef Body* b = &self.b[d]
+        if b.state != B_DONE or b.skip > 0 or b.have:
+            self.stats.error(d, _r_body)       # the frame ended before its entries did
+        return 0
+
+    def rewrite(self, int d, bytes frame):
+        """Re-frame a Metadata response with broker addresses mapped to frametap listeners."""
+        return self.rewriter.rewrite(frame, self.local_address, self.upstream_address,
+                                     self.stats)

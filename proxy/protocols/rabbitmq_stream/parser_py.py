@@ -1,0 +1,234 @@
+"""RabbitMQ Stream frame parser, pure-Python twin of _parser.pyx (same behaviour, same API)."""
+
+from proxy.framing_common import (C2S, S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
+                                  R_UNKNOWN, R_BAD_BODY)
+from proxy.framing_py import FrameParser
+from proxy.protocols.rabbitmq_stream.constants import (
+    MAX_FRAME_BYTES, PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR, DELIVER, CREDIT, STORE_OFFSET,
+    HEARTBEAT, METADATA_UPDATE, METADATA, TUNE, OK, SASL_CHALLENGE, command_name, status_name)
+from proxy.protocols.rabbitmq_stream.rewrite import MetadataRewriter
+
+HDR = 8
+RESP = 0x8000
+LAST = 28
+ONE_WAY = (CREDIT, STORE_OFFSET, HEARTBEAT, METADATA_UPDATE)
+TAG_TUNE = 2
+TAG_PUBLISHER = 256
+B_PUBID, B_COUNT, B_PID, B_FILTER_LEN, B_MSG_LEN, B_CODE, B_DONE = range(7)
+
+
+def header_need(key, version):
+    """Header bytes a frame must show before it can be counted and correlated."""
+    cmd = key & 0x7FFF
+    if cmd == 0 or cmd > LAST:
+        return HDR
+    if key & RESP:
+        if cmd == CREDIT:
+            return HDR + 2
+        if cmd == TUNE:
+            return HDR + 8
+        if cmd == METADATA:
+            return HDR + 4
+        return HDR + 6
+    if cmd in (PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR) or cmd in ONE_WAY:
+        return HDR
+    if cmd == DELIVER:
+        return HDR + 1 + (8 if version >= 2 else 0) + 8
+    if cmd == TUNE:
+        return HDR + 8
+    return HDR + 4
+
+
+def be(b, start, n):
+    return int.from_bytes(b[start:start + n], "big")
+
+
+class _Body:
+    __slots__ = ("kind", "state", "version", "need", "buf", "skip", "left", "pubid", "pid",
+                 "slot")
+
+    def __init__(self, kind, version, slot):
+        self.kind = kind
+        self.version = version
+        self.slot = slot
+        self.state = B_PUBID
+        self.need = 1
+        self.buf = bytearray()
+        self.skip = 0
+        self.left = 0
+        self.pubid = 0
+        self.pid = 0
+
+
+class StreamParser(FrameParser):
+    """Counts, sizes and correlates the RabbitMQ Stream frames of one proxied connection."""
+
+    header_size = 4
+    max_frame_bytes = MAX_FRAME_BYTES
+
+    def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
+        if stats.opcode_namer is None:
+            stats.opcode_namer = command_name
+        if stats.status_namer is None:
+            stats.status_namer = status_name
+        super().__init__(stats, max_frame_bytes, request_timeout, options)
+        self.publish_slot = stats.opcode_slot(PUBLISH)
+        self.tuned_max = 0
+        self.local_address = None
+        self.upstream_address = None
+        self.b = [None, None]
+        self.rewriter = MetadataRewriter.from_options(self.options)
+        if self.rewriter is not None:
+            self.set_hold(S2C, True)
+
+    def on_header(self, d, h, avail):
+        st = self.stats
+        size = be(h, 0, 4)
+        total = size + 4
+        if size > self.max_frame_bytes:
+            self.fail(d, R_TOO_LARGE, "frame size %d at offset %d exceeds the limit %d" % (
+                size, self.st[d].frame_start, self.max_frame_bytes))
+            return -1
+        if size < 4:
+            st.error(d, R_TOO_SMALL)
+            return total
+        if avail < HDR:
+            self.st[d].need = HDR
+            return 0
+        key = be(h, 4, 2)
+        version = be(h, 6, 2)
+        cmd = key & 0x7FFF
+        need = header_need(key, version)
+        if need <= total and avail < need:
+            self.st[d].need = need
+            return 0
+        slot = st.slot_for(cmd)
+        st.frames[d][slot] += 1
+        st.frame_bytes[d][slot] += total
+        if self.tuned_max and total > self.tuned_max:
+            st.error(d, R_TOO_LARGE)
+        if cmd == 0 or cmd > LAST:
+            st.error(d, R_UNKNOWN)
+            return total
+        if need > total:
+            st.error(d, R_BAD_HEADER)
+            return total
+        if not key & RESP:
+            if cmd in (PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR):
+                self.b[d] = _Body(cmd, version, slot)
+                self.st[d].need = HDR          # the body starts after Key + Version
+                self.st[d].body = True
+            elif cmd == DELIVER:
+                st.messages[d][slot] += be(h, need - 4, 4)
+            elif cmd == TUNE:
+                self._tune(d, h, slot)
+            elif need == HDR + 4:
+                self.map_put(d, be(h, HDR, 4), slot)
+            return total
+        if cmd == CREDIT:
+            st.response(slot, be(h, HDR, 2))
+            return total
+        if cmd == TUNE:
+            self._tune(d, h, slot)
+            return total
+        corr = be(h, HDR, 4)
+        code = OK if cmd == METADATA else be(h, HDR + 4, 2)
+        p = self.map_take(1 - d, corr)
+        if p is not None:
+            st.response(p.slot, code)
+            self.settle(p, 0 if code in (OK, SASL_CHALLENGE) else 1)
+        else:
+            st.unmatched += 1
+        if cmd == METADATA and d == S2C and self.rewriter is not None:
+            self.st[d].capture = True
+        return total
+
+    def _tune(self, d, h, slot):
+        if d == S2C:
+            self.map_put(TAG_TUNE, 0, slot)
+        else:
+            frame_max = be(h, HDR, 4)
+            if frame_max:
+                self.tuned_max = frame_max
+            p = self.map_take(TAG_TUNE, 0)
+            if p is not None:
+                self.stats.response(p.slot, OK)
+                self.settle(p, 0)
+
+    def on_body(self, d, chunk):
+        b = self.b[d]
+        i, n = 0, len(chunk)
+        while i < n:
+            if b.skip > 0:
+                take = min(b.skip, n - i)
+                b.skip -= take
+                i += take
+                continue
+            if b.state >= B_DONE:
+                b.state = B_DONE + 1
+                break
+            take = min(b.need - len(b.buf), n - i)
+            b.buf += chunk[i:i + take]
+            i += take
+            if len(b.buf) < b.need:
+                break
+            f = bytes(b.buf)
+            b.buf = bytearray()
+            self._field(d, b, f)
+
+    def _field(self, d, b, f):
+        st = self.stats
+        if b.state == B_PUBID:
+            b.pubid = f[0]
+            b.state, b.need = B_COUNT, 4
+        elif b.state == B_COUNT:
+            b.left = be(f, 0, 4)
+            if b.kind == PUBLISH:
+                st.messages[d][b.slot] += b.left
+            b.state, b.need = (B_PID if b.left else B_DONE), 8
+        elif b.state == B_PID:
+            b.pid = be(f, 0, 8)
+            if b.kind == PUBLISH:
+                self.map_put(TAG_PUBLISHER + b.pubid, b.pid, self.publish_slot)
+                b.state, b.need = (B_FILTER_LEN, 2) if b.version >= 2 else (B_MSG_LEN, 4)
+            elif b.kind == PUBLISH_CONFIRM:
+                p = self.map_take(TAG_PUBLISHER + b.pubid, b.pid)
+                if p is not None:
+                    st.response(p.slot, OK)
+                    self.settle(p, 0)
+                else:
+                    st.unmatched += 1
+                self._next_entry(b)
+            else:
+                b.state, b.need = B_CODE, 2
+        elif b.state == B_FILTER_LEN:
+            flen = int.from_bytes(f[:2], "big", signed=True)
+            if flen > 0:
+                b.skip = flen
+            b.state, b.need = B_MSG_LEN, 4
+        elif b.state == B_MSG_LEN:
+            b.skip = be(f, 0, 4)
+            self._next_entry(b)
+        elif b.state == B_CODE:
+            p = self.map_take(TAG_PUBLISHER + b.pubid, b.pid)
+            if p is not None:
+                st.response(p.slot, be(f, 0, 2))
+                self.settle(p, 1)
+            else:
+                st.unmatched += 1
+            self._next_entry(b)
+
+    @staticmethod
+    def _next_entry(b):
+        b.left -= 1
+        b.state, b.need = (B_PID if b.left else B_DONE), 8
+
+    def on_body_end(self, d):
+        b = self.b[d]
+        if b.state != B_DONE or b.skip > 0 or b.buf:
+            self.stats.error(d, R_BAD_BODY)
+        self.b[d] = None
+
+    def rewrite(self, d, frame):
+        return self.rewriter.rewrite(frame, self.local_address, self.upstream_address,
+                                     self.stats)

@@ -1,0 +1,318 @@
+"""RabbitMQ Stream parser on both twins: golden conversations, every split point,
+publish->confirm per message, Deliver records, server-initiated requests, rewriting,
+and bad input (unknown key, tiny/huge sizes, unmatched correlation ids)."""
+
+import os
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from proxy import framing_py
+from proxy.protocols.rabbitmq_stream import constants as K
+from proxy.protocols.rabbitmq_stream import parser_py
+from proxy.protocols.rabbitmq_stream.codec import (PublishedMessage, PublishingError,
+                                                   build_chunk, decode_metadata_response,
+                                                   encode_command, encode_frame,
+                                                   encode_metadata_response)
+
+IMPLS = {"py-parser": (framing_py.RouteStats, parser_py.StreamParser)}
+if not os.environ.get("FRAMETAP_NO_EXTENSIONS"):
+    from proxy import _framing
+    from proxy.protocols.rabbitmq_stream import _parser
+    IMPLS["c-parser"] = (_framing.RouteStats, _parser.StreamParser)
+
+C2S, S2C = 0, 1
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    return IMPLS[request.param]
+
+
+def make(impl, **kw):
+    RouteStats, Parser = impl
+    stats = RouteStats("rs", "rabbitmq-stream")
+    return stats, Parser(stats, **kw)
+
+
+def req(key, **f):
+    return encode_command(key, **f)
+
+
+def resp(key, **f):
+    return encode_command(key, response=True, **f)
+
+
+def publish(pubid, ids, size=100, version=1):
+    msgs = [PublishedMessage(i, b"m" * size, "f" if version >= 2 else None) for i in ids]
+    return encode_command(K.PUBLISH, version=version, publisher_id=pubid, messages=msgs)
+
+
+def deliver(n_records, version=1):
+    chunk = build_chunk([b"r%d" % i for i in range(n_records)], first_offset=0,
+                        timestamp=1700000000000)
+    fields = {"subscription_id": 1, "chunk": chunk}
+    if version >= 2:
+        fields["committed_chunk_id"] = 0
+    return encode_command(K.DELIVER, version=version, **fields)
+
+
+# The connection sequence of a client that publishes 3 + 2 messages and consumes them.
+C2S_FRAMES = [
+    req(K.PEER_PROPERTIES, correlation_id=1, properties={"product": "test"}),
+    req(K.SASL_HANDSHAKE, correlation_id=2),
+    req(K.SASL_AUTHENTICATE, correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest"),
+    encode_command(K.TUNE, frame_max=1048576, heartbeat=60),          # client's answer
+    req(K.OPEN, correlation_id=4, virtual_host="/"),
+    req(K.DECLARE_PUBLISHER, correlation_id=5, publisher_id=7, reference=None, stream="s"),
+    publish(7, [1, 2, 3]),
+    publish(7, [4, 5], version=2),
+    req(K.SUBSCRIBE, correlation_id=6, subscription_id=1, stream="s", offset_type=1,
+        credit=10, properties={}),
+    req(K.CREDIT, subscription_id=1, credit=1),
+    req(K.STORE_OFFSET, reference="app", stream="s", offset=4),
+    req(K.HEARTBEAT),
+    resp(K.CLOSE, correlation_id=9, code=K.OK),                       # answers server Close
+]
+S2C_FRAMES = [
+    resp(K.PEER_PROPERTIES, correlation_id=1, code=K.OK, properties={}),
+    resp(K.SASL_HANDSHAKE, correlation_id=2, code=K.OK, mechanisms=["PLAIN"]),
+    resp(K.SASL_AUTHENTICATE, correlation_id=3, code=K.OK),
+    encode_command(K.TUNE, frame_max=1048576, heartbeat=60),          # server proposes
+    resp(K.OPEN, correlation_id=4, code=K.OK, properties={}),
+    resp(K.DECLARE_PUBLISHER, correlation_id=5, code=K.OK),
+    req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[1, 2]),
+    req(K.PUBLISH_ERROR, publisher_id=7, errors=[PublishingError(3, K.PUBLISHER_DOES_NOT_EXIST)]),
+    req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[4, 5]),
+    resp(K.SUBSCRIBE, correlation_id=6, code=K.OK),
+    deliver(3),
+    deliver(2, version=2),
+    resp(K.CREDIT, code=K.SUBSCRIPTION_ID_DOES_NOT_EXIST, subscription_id=9),
+    req(K.CLOSE, correlation_id=9, code=K.OK, reason="bye"),            # server-initiated
+]
+C2S_STREAM = b"".join(C2S_FRAMES)
+S2C_STREAM = b"".join(S2C_FRAMES)
+
+
+def _at(frames, i):
+    return len(b"".join(frames[:i]))
+
+
+# Causal order: every request is fed before the response that answers it.
+SCHEDULE = [(C2S, 0, 3), (S2C, 0, 4), (C2S, 3, 9), (S2C, 4, 14), (C2S, 9, 13)]
+
+
+def feed_conversation(p, c2s_cuts=(), s2c_cuts=()):
+    for d, i, j in SCHEDULE:
+        frames, data, cuts = ((C2S_FRAMES, C2S_STREAM, c2s_cuts) if d == C2S
+                              else (S2C_FRAMES, S2C_STREAM, s2c_cuts))
+        _feed_range(p, d, data, _at(frames, i), _at(frames, j), cuts)
+
+
+def _feed_range(p, d, data, lo, hi, cuts):
+    points = [lo] + sorted(c for c in cuts if lo < c < hi) + [hi]
+    for a, b in zip(points, points[1:]):
+        assert p.feed(d, data[a:b]) == b - a
+
+
+def _feed(p, d, data, cuts):
+    _feed_range(p, d, data, 0, len(data), cuts)
+
+
+def counters(stats):
+    s = stats.snapshot()
+    return {k: s[k] for k in ("frames", "messages", "responses", "timeouts", "unmatched",
+                              "in_flight", "errors")} | {
+        "hist": {k: sum(v[0]) for k, v in s["hist"].items()}}
+
+
+def test_conversation(impl):
+    stats, p = make(impl)
+    feed_conversation(p)
+    c = counters(stats)
+    assert c["messages"] == {("c2s", "Publish"): 5, ("s2c", "Deliver"): 5}
+    assert c["responses"] == {
+        ("PeerProperties", "OK"): 1, ("SaslHandshake", "OK"): 1, ("SaslAuthenticate", "OK"): 1,
+        ("Tune", "OK"): 1, ("Open", "OK"): 1, ("DeclarePublisher", "OK"): 1,
+        ("Publish", "OK"): 4, ("Publish", "PUBLISHER_DOES_NOT_EXIST"): 1,
+        ("Subscribe", "OK"): 1, ("Credit", "SUBSCRIPTION_ID_DOES_NOT_EXIST"): 1,
+        ("Close", "OK"): 1}
+    assert c["hist"][("Publish", "ok")] == 4 and c["hist"][("Publish", "error")] == 1
+    assert c["hist"][("Close", "ok")] == 1          # server-initiated, answered c2s
+    assert c["hist"][("Tune", "ok")] == 1
+    assert c["unmatched"] == 0 and c["in_flight"] == 0 and c["errors"] == {}
+    assert c["frames"][("c2s", "Publish")] == 2 and c["frames"][("s2c", "Deliver")] == 2
+
+
+@pytest.fixture(scope="module")
+def reference():
+    stats, p = make(IMPLS["py-parser"])
+    feed_conversation(p)
+    return counters(stats)
+
+
+def test_every_split_point(impl, reference):
+    longest = max(len(C2S_STREAM), len(S2C_STREAM))
+    for cut in range(1, longest):
+        stats, p = make(impl)
+        feed_conversation(p, [cut], [cut])
+        assert counters(stats) == reference, f"cut at {cut}"
+
+
+def test_one_byte_at_a_time(impl, reference):
+    stats, p = make(impl)
+    feed_conversation(p, range(len(C2S_STREAM)), range(len(S2C_STREAM)))
+    assert counters(stats) == reference
+
+
+def test_publish_confirm_latency_per_message(impl):
+    import time
+    stats, p = make(impl)
+    p.feed(C2S, publish(1, range(10)))
+    assert stats.snapshot()["in_flight"] == 10
+    time.sleep(0.02)
+    p.feed(S2C, req(K.PUBLISH_CONFIRM, publisher_id=1, publishing_ids=list(range(10))))
+    counts, total = stats.snapshot()["hist"][("Publish", "ok")]
+    assert sum(counts) == 10 and total > 10 * 0.015
+    assert stats.snapshot()["in_flight"] == 0
+
+
+def test_confirm_for_other_publisher_is_unmatched(impl):
+    stats, p = make(impl)
+    p.feed(C2S, publish(1, [1]))
+    p.feed(S2C, req(K.PUBLISH_CONFIRM, publisher_id=2, publishing_ids=[1]))
+    assert stats.snapshot()["unmatched"] == 1 and stats.snapshot()["in_flight"] == 1
+
+
+def test_response_with_unknown_correlation_id(impl):
+    stats, p = make(impl)
+    assert p.feed(S2C, resp(K.OPEN, correlation_id=77, code=K.OK)) > 0
+    assert stats.snapshot()["unmatched"] == 1 and p.error is None
+
+
+def test_unknown_key_counted_and_forwarded(impl):
+    stats, p = make(impl)
+    f = encode_frame(0x0063, 1, b"\0\0\0\1")
+    nxt = req(K.HEARTBEAT)
+    assert p.feed(C2S, f + nxt) == len(f) + len(nxt) and p.error is None
+    s = stats.snapshot()
+    assert s["errors"] == {("c2s", "unknown_command"): 1}
+    assert s["frames"][("c2s", "unknown_99")] == 1 and s["frames"][("c2s", "Heartbeat")] == 1
+
+
+def test_size_below_minimum_skipped(impl):
+    stats, p = make(impl)
+    data = b"\0\0\0\2\xab\xcd" + req(K.HEARTBEAT)
+    assert p.feed(C2S, data) == len(data)
+    s = stats.snapshot()
+    assert s["errors"] == {("c2s", "frame_too_small"): 1}
+    assert s["frames"] == {("c2s", "Heartbeat"): 1}
+
+
+def test_size_over_limit_is_fatal_before_payload(impl):
+    stats, p = make(impl, max_frame_bytes=1000)
+    assert p.feed(C2S, b"\0\0\x03\xe9\0\x02\0\x01") == 0
+    assert p.error.reason == "frame_too_large" and "1001" in str(p.error)
+
+
+def test_size_over_tuned_frame_max_counted(impl):
+    stats, p = make(impl)
+    p.feed(S2C, encode_command(K.TUNE, frame_max=512, heartbeat=0))
+    p.feed(C2S, encode_command(K.TUNE, frame_max=512, heartbeat=0))
+    big = publish(1, [1], size=600)
+    assert p.feed(C2S, big) == len(big) and p.error is None   # the server closes, not us
+    assert stats.snapshot()["errors"] == {("c2s", "frame_too_large"): 1}
+
+
+def test_truncated_publish_body(impl):
+    stats, p = make(impl)
+    good = publish(1, [1, 2])
+    bad = bytearray(good)
+    bad[0:4] = (len(good) - 4 - 30).to_bytes(4, "big")            # frame ends mid-message
+    p.feed(C2S, bytes(bad[:len(good) - 30]) + req(K.HEARTBEAT))
+    s = stats.snapshot()
+    assert s["errors"] == {("c2s", "bad_body"): 1}
+    assert s["frames"][("c2s", "Heartbeat")] == 1                 # still in step
+
+
+def test_timeouts_and_close(impl):
+    from proxy.framing_py import now_ns
+    stats, p = make(impl, request_timeout=0.1)
+    p.feed(C2S, publish(1, [1, 2]) + req(K.OPEN, correlation_id=1, virtual_host="/"))
+    assert p.expire(now_ns() + 200_000_000) == 3
+    p.close()
+    s = stats.snapshot()
+    assert s["timeouts"] == {"Publish": 2, "Open": 1} and s["in_flight"] == 0
+
+
+def metadata(brokers, corr=5):
+    return encode_metadata_response(corr, brokers, [("s", K.OK, 0, [])])
+
+
+def test_metadata_rewriting_default_rule(impl):
+    stats, p = make(impl, options={})
+    p.local_address = ("127.0.0.1", 15553)
+    p.upstream_address = ("10.0.0.5", 5552)
+    p.feed(C2S, req(K.METADATA, correlation_id=5, streams=["s"]))
+    frame = metadata([(0, "rabbit-1", 5552)])
+    before, after = req(K.HEARTBEAT), req(K.HEARTBEAT)
+    assert p.feed(S2C, before + frame + after) == len(before + frame + after)
+    out = b"".join(p.output)
+    rewritten = out[len(before):len(out) - len(after)]
+    assert out.startswith(before) and out.endswith(after)
+    assert int.from_bytes(rewritten[:4], "big") == len(rewritten) - 4   # re-framed
+    _, brokers, streams = decode_metadata_response(rewritten[8:])
+    assert brokers == [(0, "127.0.0.1", 15553)] and streams == [("s", K.OK, 0, [])]
+    assert stats.snapshot()["responses"] == {("Metadata", "OK"): 1}
+
+
+def test_metadata_rewriting_split_everywhere(impl):
+    stats, p = make(impl, options={"advertise": {("r1", 5552): ("proxy", 6001),
+                                                 ("r2", 5552): ("proxy", 6002)}})
+    frame = metadata([(0, "r1", 5552), (1, "r2", 5552), (2, "r3", 5552)])
+    stream = req(K.HEARTBEAT) + frame + req(K.HEARTBEAT)
+    expected = None
+    for cut in [None] + list(range(1, len(stream))):
+        stats, p = make(impl, options={"advertise": {("r1", 5552): ("proxy", 6001),
+                                                     ("r2", 5552): ("proxy", 6002)}})
+        out = []
+        for a, b in ([(0, len(stream))] if cut is None else [(0, cut), (cut, len(stream))]):
+            p.feed(S2C, stream[a:b])
+            out.extend(p.output)
+        got = b"".join(out)
+        if expected is None:
+            expected = got
+            _, brokers, _ = decode_metadata_response(got[8 + 8:8 + len(got) - 16])
+            assert brokers == [(0, "proxy", 6001), (1, "proxy", 6002), (2, "r3", 5552)]
+        assert got == expected, f"cut at {cut}"
+
+
+def test_rewriting_off(impl):
+    stats, p = make(impl, options={"rewrite_metadata": False})
+    frame = metadata([(0, "rabbit-1", 5552)])
+    assert p.feed(S2C, frame) == len(frame) and p.output is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300), cut=st.integers(0, 300))
+def test_random_bytes_never_crash(data, cut):
+    for RouteStats, Parser in IMPLS.values():
+        stats = RouteStats("r", "rabbitmq-stream")
+        p = Parser(stats, max_frame_bytes=4096, options={})
+        for d in (C2S, S2C):
+            p.feed(d, data[:cut])
+            if p.error is None:
+                p.feed(d, data[cut:])
+        p.close()
+        assert stats.snapshot()["in_flight"] == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(1, len(C2S_STREAM) - 1), max_size=6))
+def test_twins_agree(cuts):
+    results = []
+    for impl in IMPLS.values():
+        stats, p = make(impl)
+        feed_conversation(p, cuts, cuts)
+        results.append(counters(stats))
+    assert all(r == results[0] for r in results)
