@@ -226,6 +226,8 @@ cdef class FrameParser:
         cdef Py_ssize_t r
         if direction != 0 and direction != 1:
             raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
+        if self.output is not None:
+            self.output = None                 # belongs to the previous call only
         if PyBytes_Check(data) and not self.hold[direction]:
             return self._feed(direction, <const uint8_t*>PyBytes_AS_STRING(data),
                               PyBytes_GET_SIZE(data))

@@ -316,3 +316,13 @@ def test_twins_agree(cuts):
         feed_conversation(p, cuts, cuts)
         results.append(counters(stats))
     assert all(r == results[0] for r in results)
+
+
+def test_output_belongs_to_one_call_only(impl):
+    """A rewritten s2c read must not leak into the next c2s read's output."""
+    stats, p = make(impl, options={})
+    p.local_address = ("127.0.0.1", 1)
+    p.feed(S2C, metadata([(0, "r", 5552)]))
+    assert p.output is not None
+    hb = req(K.HEARTBEAT)
+    assert p.feed(C2S, hb) == len(hb) and p.output is None
