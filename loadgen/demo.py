@@ -18,8 +18,12 @@ from loadgen import promread
 from proxy.cli import locustfile_path
 
 PROTOCOL_SETUPS = {
-    # protocol -> (reference server args, locust user classes)
-    "flymq": (["serve", "flymq"], ["FlyMQProducer", "FlyMQConsumer"]),
+    # protocol -> (reference server command, extra server args (format with the demo's
+    # options), locust user classes)
+    "flymq": (["serve", "flymq"], ["--service-time", "{service_time}"],
+              ["FlyMQProducer", "FlyMQConsumer"]),
+    "rabbitmq-stream": (["serve", "rabbitmq-stream"], [],
+                        ["StreamPublisher", "StreamConsumer"]),
 }
 
 
@@ -114,9 +118,9 @@ def fmt_ms(seconds):
     return f"{seconds * 1000:.2f}"
 
 
-def report(metrics_text, locust_rows, seconds, out=sys.stdout):
-    """Per-opcode table: proxy view (from /metrics) next to Locust's view."""
-    ops = promread.per_opcode(metrics_text)
+def report(metrics_text, locust_rows, seconds, route=None, out=sys.stdout):
+    """Per-opcode table of one route: proxy view (from /metrics) next to Locust's view."""
+    ops = promread.per_opcode(metrics_text, route)
     names = sorted(op for op, v in ops.items() if v["requests"] or v["timeouts"])
     width = max([len(n) for n in names] + [8])
     peak = max([ops[n]["requests"] for n in names] + [1])
@@ -181,13 +185,14 @@ def main(argv=None):
         admin = free_port()
         routes, hosts = [], {}
         for proto in protocols:
-            server_args, _ = PROTOCOL_SETUPS[proto]
+            server_cmd, extra, _ = PROTOCOL_SETUPS[proto]
+            extra = [a.format(service_time=args.service_time) for a in extra]
             sport, pport = free_port(), free_port()
             print(f"[demo] starting reference {proto} server on 127.0.0.1:{sport} "
-                  f"(service time {args.service_time})", flush=True)
-            srv = procs.start(f"{proto} server", frametap + server_args + [
-                "--listen", f"127.0.0.1:{sport}", "--service-time", args.service_time,
-                "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
+                  f"{' '.join(extra)}", flush=True)
+            srv = procs.start(f"{proto} server", frametap + server_cmd + [
+                "--listen", f"127.0.0.1:{sport}", *extra, "--log-level", "WARNING"],
+                stdout=subprocess.DEVNULL)
             wait_port(sport, srv, f"{proto} server")
             routes.append(f'[[routes]]\nname = "{proto}"\nprotocol = "{proto}"\n'
                           f'listen = "127.0.0.1:{pport}"\nupstream = "127.0.0.1:{sport}"\n')
@@ -203,7 +208,7 @@ def main(argv=None):
 
         loads = []
         for proto in protocols:
-            _, classes = PROTOCOL_SETUPS[proto]
+            _, _, classes = PROTOCOL_SETUPS[proto]
             env = dict(os.environ, FRAMETAP_PROTOCOLS=proto)
             print(f"[demo] Locust: {args.users} users ({', '.join(classes)}) for "
                   f"{args.seconds}s through the proxy at {hosts[proto]}", flush=True)
@@ -225,9 +230,9 @@ def main(argv=None):
             print(f"[demo] {el:5.1f}s / {args.seconds}s  proxy has seen {n:,.0f} answered "
                   f"requests ({n / max(el, 0.1):,.0f}/s)", flush=True)
         rows = {}
-        for p in loads:
+        for proto, p in zip(protocols, loads):
             stdout, stderr = p.communicate()
-            rows.update(locust_totals(stdout))
+            rows[proto] = locust_totals(stdout)
             if p.returncode != 0:
                 err = stderr.strip().splitlines()
                 print(f"[demo] Locust exited with {p.returncode}: {err[-1] if err else ''}",
@@ -237,11 +242,15 @@ def main(argv=None):
         with open(os.path.join(out, "metrics.txt"), "w") as f:
             f.write(text)
         print()
-        ops = report(text, rows, args.seconds)
+        total = 0
+        for proto in protocols:
+            print(f"== {proto} (route {proto}) ==")
+            ops = report(text, rows.get(proto, {}), args.seconds, route=proto)
+            total += sum(v["requests"] for v in ops.values())
+            print()
         errs = promread.sample_sum(text, "frametap_protocol_errors_total")
         unmatched = promread.sample_sum(text, "frametap_unmatched_responses_total")
-        total = sum(v["requests"] for v in ops.values())
-        print(f"\nprotocol errors: {errs:.0f}   unmatched responses: {unmatched:.0f}   "
+        print(f"protocol errors: {errs:.0f}   unmatched responses: {unmatched:.0f}   "
               f"output: {out}")
         status = 0 if total > 0 and errs == 0 and unmatched == 0 else 1
         if status:
