@@ -1,15 +1,18 @@
-"""FlyMQ parser microbenchmark: compiled FlyMQParser against its pure-Python twin.
+"""Parser microbenchmarks: each compiled parser against its pure-Python twin.
 
-Builds 4096 PRODUCE request frames (64-byte payload) and the 4096 matching
-response frames (35-byte RecordMetadata), cuts both streams into 64 KiB reads
-the way a socket delivers them (so frames straddle reads), and interleaves
-them causally: a response is fed only after its request.  Then times
-``parser.feed(direction, chunk)`` over that schedule, best of N trials, pinned
-to one cpu.  Request and response frames both count.
+flymq: 4096 PRODUCE request frames (64-byte payload) and the 4096 matching
+response frames (35-byte RecordMetadata).  rabbitmq-stream: 4096 Publish frames of
+10 messages x 100 B and one PublishConfirm (10 ids) per Publish, every message
+correlated publish->confirm.  Both streams are cut into 64 KiB reads the way a
+socket delivers them (so frames straddle reads) and interleaved causally: a
+response is fed only after its request.  Times ``parser.feed(direction, chunk)``
+over that schedule, best of N trials, pinned to one cpu.  Request and response
+frames both count.
 
-Targets: compiled >= 10 M frames/s, and >= 20x the pure-Python parser.
+Targets: flymq compiled >= 10 M frames/s; rabbitmq-stream >= 3 M frames/s; both
+>= 20x the pure-Python parser.
 
-    python bench/parser_bench.py [--quick] [--cpu 0] [--trials 5] [--json-out FILE]
+    python bench/parser_bench.py [--protocol flymq|rabbitmq-stream|all] [--quick]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ PAYLOAD = 64
 READ_SIZE = 64 * 1024
 
 TARGET_FPS = 10_000_000
+TARGET_FPS_STREAM = 3_000_000
 TARGET_RATIO = 20.0
 
 
@@ -50,12 +54,34 @@ def produce_response(offset: int) -> bytes:
     return frame(PRODUCE, b"\x00\x05bench" + struct.pack(">iQqii", 0, offset, 1705123456000, -1, 45))
 
 
-def build_schedule(n: int = FRAMES_PER_SIDE, size: int = PAYLOAD) -> tuple[list[tuple[int, bytes]], int]:
+def stream_frame(key: int, body: bytes) -> bytes:
+    """RabbitMQ Stream frame: Size u32, Key u16, Version u16 (PROTOCOL.adoc)."""
+    return struct.pack(">IHH", len(body) + 4, key, 1) + body
+
+
+def stream_publish(first_id: int, count: int = 10, size: int = 100) -> bytes:
+    body = struct.pack(">BI", 1, count) + b"".join(
+        struct.pack(">QI", first_id + i, size) + b"m" * size for i in range(count))
+    return stream_frame(2, body)
+
+
+def stream_confirm(first_id: int, count: int = 10) -> bytes:
+    return stream_frame(3, struct.pack(">BI", 1, count) + b"".join(
+        struct.pack(">Q", first_id + i) for i in range(count)))
+
+
+def build_schedule(n: int = FRAMES_PER_SIDE, size: int = PAYLOAD,
+                   protocol: str = "flymq") -> tuple[list[tuple[int, bytes]], int]:
     """(direction, chunk) reads: c2s in 64 KiB reads, each followed by the
     responses to every request completed so far (also in <= 64 KiB reads)."""
-    req = produce_request(size)
-    c2s = req * n
-    s2c = b"".join(produce_response(i) for i in range(n))
+    if protocol == "flymq":
+        req = produce_request(size)
+        c2s = req * n
+        s2c = b"".join(produce_response(i) for i in range(n))
+    else:
+        req = stream_publish(0)
+        c2s = b"".join(stream_publish(10 * i) for i in range(n))
+        s2c = b"".join(stream_confirm(10 * i) for i in range(n))
     resp_len = len(s2c) // n
     schedule: list[tuple[int, bytes]] = []
     sent_resp = 0
@@ -72,10 +98,10 @@ def build_schedule(n: int = FRAMES_PER_SIDE, size: int = PAYLOAD) -> tuple[list[
     return schedule, 2 * n
 
 
-def verify(parser_cls, stats_cls, schedule, frames_per_pass: int) -> None:
+def verify(parser_cls, stats_cls, schedule, frames_per_pass: int, protocol: str) -> None:
     """One untimed pass: every read must be accepted whole and, where the
-    stats expose ``snapshot()``, every frame counted."""
-    stats = stats_cls(route="bench", protocol="flymq")
+    stats expose ``snapshot()``, every frame counted and every request answered."""
+    stats = stats_cls(route="bench", protocol=protocol)
     parser = parser_cls(stats)
     for i, (direction, chunk) in enumerate(schedule):
         took = parser.feed(direction, chunk)
@@ -89,12 +115,18 @@ def verify(parser_cls, stats_cls, schedule, frames_per_pass: int) -> None:
         if counted != frames_per_pass:
             raise SystemExit(f"parser_bench: {parser_cls.__module__}.{parser_cls.__name__} counted "
                              f"{counted} frames, expected {frames_per_pass}")
+        snap = snapshot()
+        if snap["in_flight"] or snap["unmatched"] or snap["errors"]:
+            raise SystemExit(f"parser_bench: {parser_cls.__name__} left in_flight="
+                             f"{snap['in_flight']} unmatched={snap['unmatched']} "
+                             f"errors={snap['errors']}")
 
 
-def time_parser(parser_cls, stats_cls, schedule, frames_per_pass: int, trials: int, min_time: float) -> dict:
+def time_parser(parser_cls, stats_cls, schedule, frames_per_pass: int, trials: int,
+                min_time: float, protocol: str) -> dict:
     """Best-of-``trials`` frames/s; each trial feeds the schedule ``loops`` times."""
     def trial(loops: int) -> float:
-        parser = parser_cls(stats_cls(route="bench", protocol="flymq"))
+        parser = parser_cls(stats_cls(route="bench", protocol=protocol))
         feed = parser.feed
         gc.collect()
         gc.disable()
@@ -131,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per trial at least (default 0.3)")
     ap.add_argument("--quick", action="store_true", help="3 trials of >= 0.1 s")
     ap.add_argument("--json-out", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--protocol", default="all", choices=["all", "flymq", "rabbitmq-stream"],
+                    help="which parser to measure (default all)")
     args = ap.parse_args(argv)
     if args.quick:
         args.trials, args.min_time = 3, 0.1
@@ -155,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         from proxy.framing_py import RouteStats as PyRouteStats
         from proxy.protocols.flymq import FlyMQParser
         from proxy.protocols.flymq.parser_py import FlyMQParser as PyFlyMQParser
+        from proxy.protocols.rabbitmq_stream import StreamParser
+        from proxy.protocols.rabbitmq_stream.parser_py import StreamParser as PyStreamParser
     except ImportError as exc:
         result["error"] = f"cannot import frametap's parser: {exc}"
         print(f"parser_bench: {result['error']}\n  build/install frametap first (e.g. `pip install -e .`) "
@@ -167,41 +203,54 @@ def main(argv: list[str] | None = None) -> int:
     except (AttributeError, OSError) as exc:
         pinned = f"not pinned ({exc})"
 
-    schedule, frames_per_pass = build_schedule()
-    nbytes = sum(len(c) for _, c in schedule)
-    print(f"{FRAMES_PER_SIDE} requests ({PAYLOAD} B payload) + {FRAMES_PER_SIDE} responses, "
-          f"{nbytes:,} bytes in {len(schedule)} reads of <= 64 KiB; {pinned}")
+    benches = {
+        "flymq": (FlyMQParser, PyFlyMQParser, TARGET_FPS,
+                  f"{FRAMES_PER_SIDE} PRODUCE ({PAYLOAD} B payload) + {FRAMES_PER_SIDE} responses"),
+        "rabbitmq-stream": (StreamParser, PyStreamParser, TARGET_FPS_STREAM,
+                            f"{FRAMES_PER_SIDE} Publish (10 x 100 B) + {FRAMES_PER_SIDE} "
+                            "PublishConfirm (10 ids)"),
+    }
+    chosen = list(benches) if args.protocol == "all" else [args.protocol]
+    all_ok = True
+    result = {"pinned": pinned, "protocols": {}}
+    for protocol in chosen:
+        parser_cls, py_cls, target_fps, what = benches[protocol]
+        schedule, frames_per_pass = build_schedule(protocol=protocol)
+        nbytes = sum(len(c) for _, c in schedule)
+        print(f"[{protocol}] {what}, {nbytes:,} bytes in {len(schedule)} reads of <= 64 KiB; "
+              f"{pinned}")
+        compiled_ok = is_compiled(parser_cls) and parser_cls is not py_cls
+        if not compiled_ok:
+            print(f"WARNING: {parser_cls.__module__}.{parser_cls.__name__} is not the compiled parser")
+        verify(parser_cls, RouteStats, schedule, frames_per_pass, protocol)
+        verify(py_cls, PyRouteStats, schedule, frames_per_pass, protocol)
+        comp = time_parser(parser_cls, RouteStats, schedule, frames_per_pass, args.trials,
+                           args.min_time, protocol)
+        pure = time_parser(py_cls, PyRouteStats, schedule, frames_per_pass, args.trials,
+                           args.min_time, protocol)
+        ratio = comp["best_fps"] / pure["best_fps"]
+        fps_ok = comp["best_fps"] >= target_fps
+        ratio_ok = ratio >= TARGET_RATIO
 
-    compiled_ok = is_compiled(FlyMQParser) and FlyMQParser is not PyFlyMQParser
-    if not compiled_ok:
-        print(f"WARNING: proxy.protocols.flymq.FlyMQParser comes from "
-              f"{getattr(sys.modules.get(FlyMQParser.__module__), '__file__', '?')}: not the compiled parser")
+        def mbps(fps: float) -> float:
+            return fps / frames_per_pass * nbytes / 1e6
 
-    verify(FlyMQParser, RouteStats, schedule, frames_per_pass)
-    verify(PyFlyMQParser, PyRouteStats, schedule, frames_per_pass)
-
-    comp = time_parser(FlyMQParser, RouteStats, schedule, frames_per_pass, args.trials, args.min_time)
-    pure = time_parser(PyFlyMQParser, PyRouteStats, schedule, frames_per_pass, args.trials, args.min_time)
-    ratio = comp["best_fps"] / pure["best_fps"]
-    fps_ok = comp["best_fps"] >= TARGET_FPS
-    ratio_ok = ratio >= TARGET_RATIO
-
-    def mbps(fps: float) -> float:
-        return fps / frames_per_pass * nbytes / 1e6
-
-    print(f"compiled     {comp['best_fps'] / 1e6:8.2f} M frames/s  ({mbps(comp['best_fps']):,.0f} MB/s, "
-          f"best of {args.trials}, median {comp['median_fps'] / 1e6:.2f} M)")
-    print(f"pure-Python  {pure['best_fps'] / 1e6:8.2f} M frames/s  ({mbps(pure['best_fps']):,.0f} MB/s, "
-          f"best of {args.trials}, median {pure['median_fps'] / 1e6:.2f} M)")
-    print(f"compiled >= {TARGET_FPS / 1e6:.0f} M frames/s: {'PASS' if fps_ok else 'FAIL'}")
-    print(f"compiled / pure-Python = {ratio:.1f}x (target >= {TARGET_RATIO:.0f}x): "
-          f"{'PASS' if ratio_ok else 'FAIL'}")
-    result = {"compiled": comp, "pure_python": pure, "ratio": ratio, "frames_per_pass": frames_per_pass,
-              "bytes_per_pass": nbytes, "reads_per_pass": len(schedule), "pinned": pinned,
-              "compiled_parser_in_use": compiled_ok,
-              "targets": {"compiled_fps": TARGET_FPS, "ratio": TARGET_RATIO},
-              "pass": fps_ok and ratio_ok and compiled_ok}
-    return finish(0 if result["pass"] else 1)
+        print(f"  compiled     {comp['best_fps'] / 1e6:8.2f} M frames/s  ({mbps(comp['best_fps']):,.0f} MB/s, "
+              f"best of {args.trials}, median {comp['median_fps'] / 1e6:.2f} M)")
+        print(f"  pure-Python  {pure['best_fps'] / 1e6:8.2f} M frames/s  ({mbps(pure['best_fps']):,.0f} MB/s, "
+              f"best of {args.trials}, median {pure['median_fps'] / 1e6:.2f} M)")
+        print(f"  compiled >= {target_fps / 1e6:.0f} M frames/s: {'PASS' if fps_ok else 'FAIL'}")
+        print(f"  compiled / pure-Python = {ratio:.1f}x (target >= {TARGET_RATIO:.0f}x): "
+              f"{'PASS' if ratio_ok else 'FAIL'}")
+        ok = fps_ok and ratio_ok and compiled_ok
+        all_ok = all_ok and ok
+        result["protocols"][protocol] = {
+            "compiled": comp, "pure_python": pure, "ratio": ratio,
+            "frames_per_pass": frames_per_pass, "bytes_per_pass": nbytes,
+            "reads_per_pass": len(schedule), "compiled_parser_in_use": compiled_ok,
+            "targets": {"compiled_fps": target_fps, "ratio": TARGET_RATIO}, "pass": ok}
+    result["pass"] = all_ok
+    return finish(0 if all_ok else 1)
 
 
 if __name__ == "__main__":
