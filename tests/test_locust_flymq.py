@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_locust(port, csv_prefix, extra_env=None, users=4, duration="3s"):
-    env = dict(os.environ)
+    env = dict(os.environ, FRAMETAP_PROTOCOLS="flymq")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra_env or {})
     return subprocess.run(
