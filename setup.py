@@ -8,6 +8,7 @@ EXTENSIONS = [
     Extension("proxy.protocols.flymq._parser", ["proxy/protocols/flymq/_parser.pyx"]),
     Extension("proxy.protocols.rabbitmq_stream._parser",
               ["proxy/protocols/rabbitmq_stream/_parser.pyx"]),
+    Extension("proxy.protocols.rocketmq._parser", ["proxy/protocols/rocketmq/_parser.pyx"]),
 ]
 
 setup(

@@ -14,6 +14,7 @@ KNOWN = ("rocketmq", "fleximq", "flymq", "rabbitmq-stream", "ttheader")
 IMPLEMENTED = {
     "flymq": "proxy.protocols.flymq",
     "rabbitmq-stream": "proxy.protocols.rabbitmq_stream",
+    "rocketmq": "proxy.protocols.rocketmq",
 }
 
 

@@ -1,0 +1,430 @@
+# cython: language_level=3
+"""RocketMQ remoting frame parser (compiled).  Twin: parser_py.py.
+
+Frame (DESIGN.md "RocketMQ remoting"): length u32 (bytes after itself; route option
+``length_includes_self`` for peers that count it), header-length word u32 (high byte =
+serialization: 0 JSON, 1 ROCKETMQ binary; low 24 bits = header length), header, body.
+The header streams through on_body(): scanned in place when a read holds it whole,
+copied only when it spans reads.  Requests and responses pair by ``opaque`` in both
+directions (brokers send requests to clients too).  Batch sends and pull results
+count their messages by walking the body's totalSize fields.
+"""
+
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
+from libc.string cimport memcpy
+
+from proxy._framing cimport (FrameParser, RouteStats, Pending, C2S, S2C,
+                             OUTCOME_OK, OUTCOME_ERROR)
+from proxy.framing_common import (R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_BAD_BODY)
+from proxy.protocols.rocketmq import jsonscan
+from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
+                                              RouteRewriter, frame_opcode_name,
+                                              response_status_name)
+
+cdef enum:
+    HDR = 8
+    ST_JSON = 0
+    ST_BINARY = 1
+    BIN_HEADER_MIN = 13        # code u16, language u8, version u16, opaque i32, flag i32
+    F_RESPONSE = 1
+    F_ONEWAY = 2
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    SEND_MESSAGE_V2 = 310
+    SEND_BATCH_MESSAGE = 320
+    GET_ROUTEINFO_BY_TOPIC = 105
+    UNMATCHED_RESPONSE = 65535  # opcode of a response frame that matched no request
+    UNDECODABLE = 65534         # opcode of a frame whose header could not be read
+    SUCCESS = 0
+    P_HEADER = 0               # phases of a frame's body stream
+    P_SKIP = 1
+    P_MESSAGES = 2
+
+cdef int _r_large = R_TOO_LARGE
+cdef int _r_small = R_TOO_SMALL
+cdef int _r_header = R_BAD_HEADER
+cdef int _r_body = R_BAD_BODY
+
+
+cdef struct RState:
+    int64_t hlen               # header length of the current frame
+    int64_t hgot               # header bytes gathered in hbuf (split header only)
+    int stype                  # serialization type
+    int phase
+    int64_t total              # frame size
+    # message walker (batch sends, pull results): totalSize i32 then skip
+    int64_t wskip
+    uint8_t wbuf[4]
+    int whave
+    int wslot
+    int wdir
+
+
+cdef inline uint32_t be32(const uint8_t* p) noexcept:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+# ---- JSON scanning (same algorithm as jsonscan.py) --------------------------------
+
+cdef enum:
+    SCAN_OK = 0
+    SCAN_FALLBACK = 1
+    SCAN_ERROR = 2
+
+cdef inline bint is_ws(uint8_t c) noexcept:
+    return c == 0x20 or c == 0x09 or c == 0x0D or c == 0x0A
+
+cdef inline Py_ssize_t skip_ws(const uint8_t* b, Py_ssize_t i, Py_ssize_t n) noexcept:
+    while i < n and is_ws(b[i]):
+        i += 1
+    return i
+
+cdef Py_ssize_t string_end(const uint8_t* b, Py_ssize_t i, Py_ssize_t n, int* esc) noexcept:
+    """i at the opening quote: index after the closing quote, or -1."""
+    i += 1
+    while i < n:
+        if b[i] == 0x22:
+            return i + 1
+        if b[i] == 0x5C:
+            esc[0] = 1
+            i += 2
+            continue
+        if b[i] < 0x20:
+            return -1
+        i += 1
+    return -1
+
+cdef Py_ssize_t skip_value(const uint8_t* b, Py_ssize_t i, Py_ssize_t n) noexcept:
+    """Index after the value starting at (or after whitespace from) i, or -1."""
+    cdef int depth = 0, esc = 0
+    cdef Py_ssize_t j
+    i = skip_ws(b, i, n)
+    if i >= n:
+        return -1
+    if b[i] == 0x22:
+        return string_end(b, i, n, &esc)
+    if b[i] == 0x7B or b[i] == 0x5B:
+        while i < n:
+            if b[i] == 0x22:
+                i = string_end(b, i, n, &esc)
+                if i < 0:
+                    return -1
+                continue
+            if b[i] == 0x7B or b[i] == 0x5B:
+                depth += 1
+            elif b[i] == 0x7D or b[i] == 0x5D:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return -1
+    if n - i >= 4 and b[i] == 0x74 and b[i+1] == 0x72 and b[i+2] == 0x75 and b[i+3] == 0x65:
+        return i + 4                                   # true
+    if n - i >= 5 and b[i] == 0x66 and b[i+1] == 0x61 and b[i+2] == 0x6C and b[i+3] == 0x73 \
+            and b[i+4] == 0x65:
+        return i + 5                                   # false
+    if n - i >= 4 and b[i] == 0x6E and b[i+1] == 0x75 and b[i+2] == 0x6C and b[i+3] == 0x6C:
+        return i + 4                                   # null
+    j = i
+    while j < n and (b[j] == 0x2B or b[j] == 0x2D or b[j] == 0x2E or b[j] == 0x65
+                     or b[j] == 0x45 or (0x30 <= b[j] <= 0x39)):
+        j += 1
+    return j if j > i else -1
+
+cdef int key_slot(const uint8_t* k, Py_ssize_t n) noexcept:
+    if n == 4 and k[0] == 0x63 and k[1] == 0x6F and k[2] == 0x64 and k[3] == 0x65:
+        return 0                                       # code
+    if n == 6 and k[0] == 0x6F and k[1] == 0x70 and k[2] == 0x61 and k[3] == 0x71 \
+            and k[4] == 0x75 and k[5] == 0x65:
+        return 1                                       # opaque
+    if n == 4 and k[0] == 0x66 and k[1] == 0x6C and k[2] == 0x61 and k[3] == 0x67:
+        return 2                                       # flag
+    return -1
+
+cdef int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out) noexcept:
+    """Top-level code/opaque/flag into out[0..2]; SCAN_OK, SCAN_FALLBACK or SCAN_ERROR."""
+    cdef Py_ssize_t i, end, j, k
+    cdef int esc, slot
+    cdef int64_t v
+    cdef bint neg
+    out[0] = out[1] = out[2] = 0
+    i = skip_ws(b, 0, n)
+    if i >= n or b[i] != 0x7B:
+        return SCAN_ERROR
+    i = skip_ws(b, i + 1, n)
+    if i < n and b[i] == 0x7D:
+        return SCAN_OK if skip_ws(b, i + 1, n) == n else SCAN_ERROR
+    while True:
+        if i >= n or b[i] != 0x22:
+            return SCAN_ERROR
+        esc = 0
+        end = string_end(b, i, n, &esc)
+        if end < 0:
+            return SCAN_ERROR
+        if esc:
+            return SCAN_FALLBACK
+        slot = key_slot(b + i + 1, end - i - 2)
+        i = skip_ws(b, end, n)
+        if i >= n or b[i] != 0x3A:
+            return SCAN_ERROR
+        i = skip_ws(b, i + 1, n)
+        if slot < 0:
+            i = skip_value(b, i, n)
+            if i < 0:
+                return SCAN_ERROR
+        else:
+            j = i
+            neg = j < n and b[j] == 0x2D
+            if neg:
+                j += 1
+            k = j
+            v = 0
+            while k < n and 0x30 <= b[k] <= 0x39:
+                v = v * 10 + (b[k] - 0x30)
+                k += 1
+            if k == j or k - j > 18 or (k < n and (b[k] == 0x2E or b[k] == 0x65
+                                                    or b[k] == 0x45)):
+                return SCAN_FALLBACK
+            out[slot] = -v if neg else v
+            i = k
+        i = skip_ws(b, i, n)
+        if i < n and b[i] == 0x2C:
+            i = skip_ws(b, i + 1, n)
+            continue
+        if i < n and b[i] == 0x7D:
+            return SCAN_OK if skip_ws(b, i + 1, n) == n else SCAN_ERROR
+        return SCAN_ERROR
+
+
+cdef class RocketMQParser(FrameParser):
+    """Counts, sizes and correlates the RocketMQ remoting frames of one connection."""
+
+    cdef RState r[2]
+    cdef uint8_t* hbuf[2]                  # split headers only
+    cdef Py_ssize_t hcap[2]
+    cdef public int64_t max_header_bytes
+    cdef bint includes_self
+    cdef int route_pending                 # GET_ROUTEINFO_BY_TOPIC requests awaiting answers
+    cdef object rewriter
+    cdef set route_opaques
+    cdef public object local_address
+    cdef public object upstream_address
+
+    def __dealloc__(self):
+        PyMem_Free(self.hbuf[0])
+        PyMem_Free(self.hbuf[1])
+
+    def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
+                 options=None):
+        self.header_size = HDR
+        self.max_frame_bytes = MAX_FRAME_BYTES
+        if stats.opcode_namer is None:
+            stats.opcode_namer = frame_opcode_name
+        if stats.status_namer is None:
+            stats.status_namer = response_status_name
+        FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
+        self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
+        self.includes_self = self.options.get("length_includes_self", False)
+        self.rewriter = RouteRewriter.from_options(self.options)
+        self.route_opaques = set()
+        if self.rewriter is not None:
+            self.set_hold(S2C, True)
+
+    cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
+        cdef uint32_t length = be32(h)
+        cdef uint32_t hw = be32(h + 4)
+        cdef int64_t total = <int64_t>length if self.includes_self else <int64_t>length + 4
+        cdef int64_t hlen = hw & 0xFFFFFF
+        cdef int stype = hw >> 24
+        cdef RState* r = &self.r[d]
+        if total > self.max_frame_bytes:
+            self.fail(d, _r_large, "frame length %d at offset %d exceeds the limit %d" % (
+                total, self.st[d].frame_start, self.max_frame_bytes))
+            return -1
+        if total < HDR:
+            self.fail(d, _r_small, "frame length %d at offset %d is below the 8-byte minimum"
+                      " (is length_includes_self set right?)" % (total, self.st[d].frame_start))
+            return -1
+        if stype != ST_JSON and stype != ST_BINARY:
+            self.fail(d, _r_header, "serialization type %d at offset %d (expected 0 JSON or "
+                      "1 ROCKETMQ)" % (stype, self.st[d].frame_start))
+            return -1
+        if hlen > total - HDR:
+            self.fail(d, _r_header, "header length %d at offset %d is larger than the frame "
+                      "(%d bytes)" % (hlen, self.st[d].frame_start, total))
+            return -1
+        if hlen > self.max_header_bytes:
+            self.fail(d, _r_large, "header length %d at offset %d exceeds the limit %d" % (
+                hlen, self.st[d].frame_start, self.max_header_bytes))
+            return -1
+        r.hlen = hlen
+        r.hgot = 0
+        r.stype = stype
+        r.total = total
+        r.phase = P_HEADER
+        if d == S2C and self.route_pending and self.rewriter is not None:
+            self.st[d].capture = 1             # maybe route data: rewrite() decides
+            return total
+        self.st[d].body = 1
+        if hlen == 0:
+            self._header(d, h, 0)
+        return total
+
+    cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
+        cdef RState* r = &self.r[d]
+        cdef Py_ssize_t i = 0, take
+        if r.phase == P_HEADER:
+            if r.hgot == 0 and n >= r.hlen:    # header whole in this read: scan in place
+                self._header(d, p, r.hlen)
+                i = r.hlen
+            else:
+                take = r.hlen - r.hgot
+                if take > n:
+                    take = n
+                if r.hgot + take > self.hcap[d]:
+                    self._grow(d, r.hlen)
+                memcpy(self.hbuf[d] + r.hgot, p, take)
+                r.hgot += take
+                i = take
+                if r.hgot < r.hlen:
+                    return 0
+                self._header(d, self.hbuf[d], r.hlen)
+        if r.phase == P_MESSAGES and i < n:
+            self._walk(d, p + i, n - i)
+        return 0
+
+    cdef int _grow(self, int d, Py_ssize_t need) except -1:
+        cdef uint8_t* nb = <uint8_t*>PyMem_Realloc(self.hbuf[d], need)
+        if nb is NULL:
+            raise MemoryError()
+        self.hbuf[d] = nb
+        self.hcap[d] = need
+        return 0
+
+    cdef int _walk(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
+        """Count messages: each starts with totalSize i32 that includes itself."""
+        cdef RState* r = &self.r[d]
+        cdef Py_ssize_t i = 0, take
+        cdef uint32_t size
+        while i < n:
+            if r.wskip > 0:
+                take = n - i
+                if take > r.wskip:
+                    take = r.wskip
+                r.wskip -= take
+                i += take
+                continue
+            take = 4 - r.whave
+            if take > n - i:
+                take = n - i
+            memcpy(r.wbuf + r.whave, p + i, take)
+            r.whave += take
+            i += take
+            if r.whave < 4:
+                break
+            r.whave = 0
+            size = be32(r.wbuf)
+            if size < 4:
+                r.phase = P_SKIP
+                self.stats.error(d, _r_body)
+                return 0
+            self.stats.messages[r.wdir][r.wslot] += 1
+            r.wskip = size - 4
+        return 0
+
+    cdef int on_body_end(self, int d) except -1:
+        cdef RState* r = &self.r[d]
+        if r.phase == P_MESSAGES and (r.wskip > 0 or r.whave > 0):
+            self.stats.error(d, _r_body)       # the last message ran past the frame
+        return 0
+
+    cdef int _header(self, int d, const uint8_t* h, Py_ssize_t n) except -1:
+        """A whole header: decode code/opaque/flag, count, correlate, pick the body walk."""
+        cdef RouteStats st = self.stats
+        cdef RState* r = &self.r[d]
+        cdef int64_t f[3]
+        cdef int rc, slot, code, flag
+        cdef uint32_t opaque
+        cdef Pending p
+        r.phase = P_SKIP
+        if r.stype == ST_BINARY:
+            if n < BIN_HEADER_MIN:
+                self._bad_header(d)
+                return 0
+            f[0] = (<int>h[0] << 8) | h[1]
+            f[1] = <int32_t>be32(h + 5)
+            f[2] = <int32_t>be32(h + 9)
+        else:
+            rc = scan_json(h, n, f)
+            if rc == SCAN_FALLBACK:
+                try:
+                    f[0], f[1], f[2] = jsonscan._fallback(h[:n])
+                except ValueError:
+                    rc = SCAN_ERROR
+            if rc == SCAN_ERROR:
+                self._bad_header(d)
+                return 0
+        code = <int>f[0]
+        opaque = <uint32_t>f[1]
+        flag = <int>f[2]
+        if flag & F_RESPONSE:
+            # A response answers a request that went the other way.  A c2s frame with
+            # flag 1 that answers nothing is a Go client's oneway request (DESIGN.md).
+            if self.map_take(1 - d, opaque, &p):
+                slot = p.slot
+                st.frames[d][slot] += 1
+                st.frame_bytes[d][slot] += r.total
+                st.response(slot, code)
+                self.settle(&p, OUTCOME_OK if code == SUCCESS else OUTCOME_ERROR)
+                if st.slot_code[slot] == GET_ROUTEINFO_BY_TOPIC and self.route_pending:
+                    self.route_pending -= 1
+                if st.slot_code[slot] == PULL_MESSAGE and code == SUCCESS:
+                    self._start_walk(d, slot)
+                return 0
+            if d == S2C or flag & F_ONEWAY:
+                slot = st.slot_for(UNMATCHED_RESPONSE)
+                st.frames[d][slot] += 1
+                st.frame_bytes[d][slot] += r.total
+                st.unmatched += 1
+                return 0
+            flag = F_ONEWAY                    # Go's oneway request
+        slot = st.slot_for(code)
+        st.frames[d][slot] += 1
+        st.frame_bytes[d][slot] += r.total
+        if code == SEND_MESSAGE or code == SEND_MESSAGE_V2:
+            st.messages[d][slot] += 1
+        elif code == SEND_BATCH_MESSAGE:
+            self._start_walk(d, slot)
+        if not flag & F_ONEWAY:
+            self.map_put(d, opaque, slot)
+            if code == GET_ROUTEINFO_BY_TOPIC and d == C2S and self.rewriter is not None:
+                self.route_pending += 1
+                self.route_opaques.add(opaque)
+        return 0
+
+    cdef void _start_walk(self, int d, int slot) noexcept:
+        cdef RState* r = &self.r[d]
+        r.phase = P_MESSAGES
+        r.wskip = 0
+        r.whave = 0
+        r.wslot = slot
+        r.wdir = d
+
+    cdef void _bad_header(self, int d) noexcept:
+        cdef RouteStats st = self.stats
+        cdef int slot = st.slot_for(UNDECODABLE)
+        st.frames[d][slot] += 1
+        st.frame_bytes[d][slot] += self.r[d].total
+        st.error(d, _r_header)
+
+    def rewrite(self, int d, bytes frame):
+        """A captured s2c frame: account for it, then rewrite it if it is route data."""
+        cdef RState* r = &self.r[d]
+        cdef const uint8_t* b = frame
+        self._header(d, b + HDR, r.hlen)
+        if r.phase == P_MESSAGES:
+            self._walk(d, b + HDR + r.hlen, len(frame) - HDR - r.hlen)
+            self.on_body_end(d)
+        return self.rewriter.rewrite(frame, self.route_opaques, self.includes_self,
+                                     self.stats)

@@ -1,0 +1,149 @@
+"""Top-level field scanner for RocketMQ JSON headers (pure Python; the twin of the
+scanner in _parser.pyx, same algorithm so both parsers agree byte for byte).
+
+Reads ``code``, ``opaque`` and ``flag`` of the top-level object without building the
+header: nested objects (``extFields`` may repeat those names) are skipped
+structurally, strings with their escapes.  A key containing an escape, or a wanted
+value that is not a plain integer, falls back to ``json.loads`` — correct for every
+valid JSON, fast for what clients really send.
+"""
+
+import json
+
+WS = b" \t\r\n"
+WANTED = {b"code": 0, b"opaque": 1, b"flag": 2}
+
+
+class ScanError(ValueError):
+    pass
+
+
+def _ws(b, i, n):
+    while i < n and b[i] in WS:
+        i += 1
+    return i
+
+
+def _string_end(b, i, n):
+    """i at the opening quote; returns (index after the closing quote, had_escape)."""
+    i += 1
+    esc = False
+    while i < n:
+        c = b[i]
+        if c == 0x22:                      # "
+            return i + 1, esc
+        if c == 0x5C:                      # backslash: skip the escaped char
+            esc = True
+            i += 2
+            continue
+        if c < 0x20:
+            raise ScanError("control character in string")
+        i += 1
+    raise ScanError("unterminated string")
+
+
+def _skip_value(b, i, n):
+    i = _ws(b, i, n)
+    if i >= n:
+        raise ScanError("missing value")
+    c = b[i]
+    if c == 0x22:
+        return _string_end(b, i, n)[0]
+    if c in (0x7B, 0x5B):                  # { [ : walk to the matching close
+        depth = 0
+        while i < n:
+            c = b[i]
+            if c == 0x22:
+                i = _string_end(b, i, n)[0]
+                continue
+            if c in (0x7B, 0x5B):
+                depth += 1
+            elif c in (0x7D, 0x5D):
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        raise ScanError("unterminated object or array")
+    for lit in (b"true", b"false", b"null"):
+        if b[i:i + len(lit)] == lit:
+            return i + len(lit)
+    j = i
+    while j < n and b[j] in b"+-.0123456789eE":
+        j += 1
+    if j == i:
+        raise ScanError("unexpected character %r" % chr(c))
+    return j
+
+
+def _int_value(b, i, n):
+    """(value or None when not a plain integer, index after the value)."""
+    i = _ws(b, i, n)
+    j = i
+    if j < n and b[j] == 0x2D:
+        j += 1
+    k = j
+    while k < n and 0x30 <= b[k] <= 0x39:
+        k += 1
+    if k == j or k - j > 18 or (k < n and b[k] in b".eE"):
+        return None, _skip_value(b, i, n)   # not a plain 64-bit integer: fallback
+    return int(b[i:k]), k
+
+
+def scan(b):
+    """(code, opaque, flag) of a JSON header (bytes-like); missing fields are 0."""
+    b = bytes(b)
+    n = len(b)
+    out = [0, 0, 0]
+    i = _ws(b, 0, n)
+    if i >= n or b[i] != 0x7B:
+        raise ScanError("header is not a JSON object")
+    i = _ws(b, i + 1, n)
+    if i < n and b[i] == 0x7D:
+        return _finish(b, i + 1, n, out)
+    while True:
+        if i >= n or b[i] != 0x22:
+            raise ScanError("expected a key")
+        end, esc = _string_end(b, i, n)
+        if esc:
+            return _fallback(b)
+        key = b[i + 1:end - 1]
+        i = _ws(b, end, n)
+        if i >= n or b[i] != 0x3A:
+            raise ScanError("expected ':'")
+        slot = WANTED.get(key)
+        if slot is None:
+            i = _skip_value(b, i + 1, n)
+        else:
+            v, i = _int_value(b, i + 1, n)
+            if v is None:
+                return _fallback(b)
+            out[slot] = v
+        i = _ws(b, i, n)
+        if i < n and b[i] == 0x2C:
+            i = _ws(b, i + 1, n)
+            continue
+        if i < n and b[i] == 0x7D:
+            return _finish(b, i + 1, n, out)
+        raise ScanError("expected ',' or '}'")
+
+
+def _finish(b, i, n, out):
+    if _ws(b, i, n) != n:
+        raise ScanError("trailing bytes after the header object")
+    return tuple(out)
+
+
+def _fallback(b):
+    try:
+        obj = json.loads(b)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ScanError(str(exc)) from None
+    if not isinstance(obj, dict):
+        raise ScanError("header is not a JSON object")
+    out = []
+    for name in ("code", "opaque", "flag"):
+        v = obj.get(name, 0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+            raise ScanError(f"{name} is not an integer")
+        out.append(int(v))
+    return tuple(out)

@@ -1,0 +1,114 @@
+"""RocketMQ route options, opcode/status naming and route-data rewriting.
+
+Route options::
+
+    [routes.options]
+    length_includes_self = false   # true for peers whose length word counts itself
+    max_header_bytes = 65536       # larger headers: counted, connection closed
+    advertise = { "10.0.0.7:10911" = "proxyhost:20911" }   # broker -> frametap listener
+
+With ``advertise``, GET_ROUTEINFO_BY_TOPIC responses (TopicRouteData JSON in the body,
+``brokerDatas[].brokerAddrs``) are rewritten so that a proxy in front of the name
+server also carries the broker traffic (each broker needs its own frametap route).
+"""
+
+import struct
+
+from proxy.config import parse_address
+from proxy.errors import ConfigError
+
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+UNMATCHED_RESPONSE = 65535
+UNDECODABLE = 65534
+OPTION_KEYS = {"length_includes_self", "max_header_bytes", "advertise"}
+
+
+def _codes():
+    from proxy.protocols.rocketmq import codes
+    return codes
+
+
+def frame_opcode_name(code):
+    """Label of a frame: its request code's Apache name (responses carry their request's)."""
+    if code == UNMATCHED_RESPONSE:
+        return "unmatched_response"
+    if code == UNDECODABLE:
+        return "undecodable"
+    return _codes().request_name(code)
+
+
+def response_status_name(code):
+    return _codes().response_name(code)
+
+
+def validate_options(options, where):
+    for key in options:
+        if key not in OPTION_KEYS:
+            raise ConfigError(f"{where}.options: unknown key {key!r} "
+                              f"(expected one of: {', '.join(sorted(OPTION_KEYS))})")
+    out = {}
+    lis = options.get("length_includes_self", False)
+    if not isinstance(lis, bool):
+        raise ConfigError(f"{where}.options.length_includes_self = {lis!r}: expected true or "
+                          "false")
+    out["length_includes_self"] = lis
+    mhb = options.get("max_header_bytes", MAX_HEADER_BYTES)
+    if isinstance(mhb, bool) or not isinstance(mhb, int) or not 1 <= mhb <= 0xFFFFFF:
+        raise ConfigError(f"{where}.options.max_header_bytes = {mhb!r}: expected an integer "
+                          "1..16777215")
+    out["max_header_bytes"] = mhb
+    adv = options.get("advertise")
+    if adv is not None:
+        if not isinstance(adv, dict):
+            raise ConfigError(f"{where}.options.advertise = {adv!r}: expected a table "
+                              '{ "broker:port" = "proxyhost:port" }')
+        for k, v in adv.items():
+            parse_address(k, f"{where}.options.advertise key")
+            parse_address(v, f"{where}.options.advertise[{k!r}]")
+        out["advertise"] = dict(adv)
+    return out
+
+
+class RouteRewriter:
+    """Replaces broker addresses in TopicRouteData bodies (shared by both parser twins).
+
+    The name server's JSON is fastjson's (``"brokerAddrs":{0:"host:port"}`` — bare
+    integer keys, not strict JSON), so addresses are replaced as quoted strings
+    rather than by re-serialising a parsed document.
+    """
+
+    def __init__(self, advertise):
+        self.replacements = [(('"%s"' % k).encode(), ('"%s"' % v).encode())
+                             for k, v in advertise.items()]
+
+    @classmethod
+    def from_options(cls, options):
+        adv = options.get("advertise")
+        return cls(adv) if adv else None
+
+    def rewrite(self, frame, route_opaques, includes_self, stats):
+        hw = struct.unpack_from(">I", frame, 4)[0]
+        hlen, stype = hw & 0xFFFFFF, hw >> 24
+        header = frame[8:8 + hlen]
+        try:
+            if stype == 1:
+                opaque, flag = struct.unpack_from(">iI", header, 5)
+            else:
+                from proxy.protocols.rocketmq.jsonscan import scan
+                _, opaque, flag = scan(header)
+        except (ValueError, struct.error):
+            return frame
+        opaque &= 0xFFFFFFFF
+        if not flag & 1 or opaque not in route_opaques:
+            return frame
+        route_opaques.discard(opaque)
+        body = frame[8 + hlen:]
+        new_body = body
+        for old, new in self.replacements:
+            new_body = new_body.replace(old, new)
+        if new_body == body:
+            return frame
+        length = 4 + hlen + len(new_body) + (4 if includes_self else 0)
+        return struct.pack(">II", length, hw) + header + new_body
+

@@ -1,0 +1,202 @@
+"""RocketMQ remoting frame parser, pure-Python twin of _parser.pyx (same behaviour, same API)."""
+
+import struct
+
+from proxy.framing_common import (S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_BAD_BODY)
+from proxy.framing_py import FrameParser
+from proxy.protocols.rocketmq import jsonscan
+from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES, UNDECODABLE,
+                                              UNMATCHED_RESPONSE, RouteRewriter,
+                                              frame_opcode_name, response_status_name)
+
+HDR = 8
+F_RESPONSE, F_ONEWAY = 1, 2
+SEND_MESSAGE, PULL_MESSAGE, GET_ROUTEINFO_BY_TOPIC = 10, 11, 105
+SEND_MESSAGE_V2, SEND_BATCH_MESSAGE = 310, 320
+P_HEADER, P_SKIP, P_MESSAGES = 0, 1, 2
+
+
+class _R:
+    __slots__ = ("hlen", "hbuf", "stype", "phase", "total", "wskip", "wbuf", "wslot", "wdir")
+
+    def __init__(self):
+        self.hlen = 0
+        self.hbuf = bytearray()
+        self.stype = 0
+        self.phase = P_HEADER
+        self.total = 0
+        self.wskip = 0
+        self.wbuf = bytearray()
+        self.wslot = 0
+        self.wdir = 0
+
+
+class RocketMQParser(FrameParser):
+    """Counts, sizes and correlates the RocketMQ remoting frames of one connection."""
+
+    header_size = HDR
+    max_frame_bytes = MAX_FRAME_BYTES
+
+    def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
+        if stats.opcode_namer is None:
+            stats.opcode_namer = frame_opcode_name
+        if stats.status_namer is None:
+            stats.status_namer = response_status_name
+        super().__init__(stats, max_frame_bytes, request_timeout, options)
+        self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
+        self.includes_self = self.options.get("length_includes_self", False)
+        self.rewriter = RouteRewriter.from_options(self.options)
+        self.route_pending = 0
+        self.route_opaques = set()
+        self.local_address = None
+        self.upstream_address = None
+        self.r = (_R(), _R())
+        if self.rewriter is not None:
+            self.set_hold(S2C, True)
+
+    def on_header(self, d, h, avail):
+        length, hw = struct.unpack_from(">II", bytes(h[:8]))
+        total = length if self.includes_self else length + 4
+        hlen, stype = hw & 0xFFFFFF, hw >> 24
+        start = self.st[d].frame_start
+        if total > self.max_frame_bytes:
+            self.fail(d, R_TOO_LARGE, "frame length %d at offset %d exceeds the limit %d" % (
+                total, start, self.max_frame_bytes))
+            return -1
+        if total < HDR:
+            self.fail(d, R_TOO_SMALL, "frame length %d at offset %d is below the 8-byte minimum"
+                      " (is length_includes_self set right?)" % (total, start))
+            return -1
+        if stype not in (0, 1):
+            self.fail(d, R_BAD_HEADER, "serialization type %d at offset %d (expected 0 JSON or "
+                      "1 ROCKETMQ)" % (stype, start))
+            return -1
+        if hlen > total - HDR:
+            self.fail(d, R_BAD_HEADER, "header length %d at offset %d is larger than the frame "
+                      "(%d bytes)" % (hlen, start, total))
+            return -1
+        if hlen > self.max_header_bytes:
+            self.fail(d, R_TOO_LARGE, "header length %d at offset %d exceeds the limit %d" % (
+                hlen, start, self.max_header_bytes))
+            return -1
+        r = self.r[d]
+        r.hlen, r.hbuf, r.stype, r.total, r.phase = hlen, bytearray(), stype, total, P_HEADER
+        if d == S2C and self.route_pending and self.rewriter is not None:
+            self.st[d].capture = True
+            return total
+        self.st[d].body = True
+        if hlen == 0:
+            self._header(d, b"")
+        return total
+
+    def on_body(self, d, chunk):
+        r = self.r[d]
+        i = 0
+        if r.phase == P_HEADER:
+            take = min(r.hlen - len(r.hbuf), len(chunk))
+            r.hbuf += chunk[:take]
+            i = take
+            if len(r.hbuf) < r.hlen:
+                return
+            self._header(d, bytes(r.hbuf))
+        if r.phase == P_MESSAGES and i < len(chunk):
+            self._walk(d, chunk[i:])
+
+    def _walk(self, d, chunk):
+        r = self.r[d]
+        i, n = 0, len(chunk)
+        while i < n:
+            if r.wskip > 0:
+                take = min(r.wskip, n - i)
+                r.wskip -= take
+                i += take
+                continue
+            take = min(4 - len(r.wbuf), n - i)
+            r.wbuf += chunk[i:i + take]
+            i += take
+            if len(r.wbuf) < 4:
+                break
+            size = int.from_bytes(r.wbuf, "big")
+            r.wbuf = bytearray()
+            if size < 4:
+                r.phase = P_SKIP
+                self.stats.error(d, R_BAD_BODY)
+                return
+            self.stats.messages[r.wdir][r.wslot] += 1
+            r.wskip = size - 4
+
+    def on_body_end(self, d):
+        r = self.r[d]
+        if r.phase == P_MESSAGES and (r.wskip > 0 or r.wbuf):
+            self.stats.error(d, R_BAD_BODY)
+
+    def _header(self, d, h):
+        st = self.stats
+        r = self.r[d]
+        r.phase = P_SKIP
+        try:
+            if r.stype == 1:
+                if len(h) < 13:
+                    raise ValueError("short binary header")
+                code = int.from_bytes(h[0:2], "big")
+                opaque = int.from_bytes(h[5:9], "big", signed=True)
+                flag = int.from_bytes(h[9:13], "big", signed=True)
+            else:
+                code, opaque, flag = jsonscan.scan(h)
+        except ValueError:
+            self._bad_header(d)
+            return
+        opaque &= 0xFFFFFFFF
+        code = ((code + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)     # as the C int
+        flag = ((flag + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+        if flag & F_RESPONSE:
+            p = self.map_take(1 - d, opaque)
+            if p is not None:
+                slot = p.slot
+                st.frames[d][slot] += 1
+                st.frame_bytes[d][slot] += r.total
+                st.response(slot, code)
+                self.settle(p, 0 if code == 0 else 1)
+                req_code = st.slot_code[slot] if slot < len(st.slot_code) else None
+                if req_code == GET_ROUTEINFO_BY_TOPIC and self.route_pending:
+                    self.route_pending -= 1
+                if req_code == PULL_MESSAGE and code == 0:
+                    self._start_walk(d, slot)
+                return
+            if d == S2C or flag & F_ONEWAY:
+                slot = st.slot_for(UNMATCHED_RESPONSE)
+                st.frames[d][slot] += 1
+                st.frame_bytes[d][slot] += r.total
+                st.unmatched += 1
+                return
+            flag = F_ONEWAY
+        slot = st.slot_for(code)
+        st.frames[d][slot] += 1
+        st.frame_bytes[d][slot] += r.total
+        if code in (SEND_MESSAGE, SEND_MESSAGE_V2):
+            st.messages[d][slot] += 1
+        elif code == SEND_BATCH_MESSAGE:
+            self._start_walk(d, slot)
+        if not flag & F_ONEWAY:
+            self.map_put(d, opaque, slot)
+            if code == GET_ROUTEINFO_BY_TOPIC and d == 0 and self.rewriter is not None:
+                self.route_pending += 1
+                self.route_opaques.add(opaque)
+
+    def _start_walk(self, d, slot):
+        r = self.r[d]
+        r.phase, r.wskip, r.wbuf, r.wslot, r.wdir = P_MESSAGES, 0, bytearray(), slot, d
+
+    def _bad_header(self, d):
+        slot = self.stats.slot_for(UNDECODABLE)
+        self.stats.frames[d][slot] += 1
+        self.stats.frame_bytes[d][slot] += self.r[d].total
+        self.stats.error(d, R_BAD_HEADER)
+
+    def rewrite(self, d, frame):
+        r = self.r[d]
+        self._header(d, frame[HDR:HDR + r.hlen])
+        if r.phase == P_MESSAGES:
+            self._walk(d, frame[HDR + r.hlen:])
+            self.on_body_end(d)
+        return self.rewriter.rewrite(frame, self.route_opaques, self.includes_self, self.stats)
