@@ -16,6 +16,7 @@ from proxy.errors import ConfigError
 SERVERS = {
     "flymq": "loadgen.flymq.server",
     "rabbitmq-stream": "loadgen.rabbitmq_stream.server",
+    "rocketmq": "loadgen.rocketmq.server",
 }
 
 

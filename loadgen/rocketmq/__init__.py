@@ -1,0 +1,1 @@
+"""RocketMQ load-generation pieces: the in-memory reference name server + broker."""
