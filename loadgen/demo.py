@@ -17,13 +17,41 @@ import urllib.error
 from loadgen import promread
 from proxy.cli import locustfile_path
 
+def _single(proto, server_cmd, extra):
+    """A server with one listener behind one proxy route named after the protocol."""
+    def setup(args):
+        sport, pport = free_port(), free_port()
+        argv = server_cmd + ["--listen", f"127.0.0.1:{sport}",
+                             *[a.format(service_time=args.service_time) for a in extra]]
+        route = (f'[[routes]]\nname = "{proto}"\nprotocol = "{proto}"\n'
+                 f'listen = "127.0.0.1:{pport}"\nupstream = "127.0.0.1:{sport}"\n')
+        return argv, [sport], [route], f"127.0.0.1:{pport}", [proto]
+    return setup
+
+
+def _rocketmq(args):
+    """Name server + broker behind two routes; route data advertises the broker route,
+    so the clients' broker traffic crosses the proxy too."""
+    ns, br, pns, pbr = free_port(), free_port(), free_port(), free_port()
+    argv = ["serve", "rocketmq", "--namesrv", f"127.0.0.1:{ns}", "--broker", f"127.0.0.1:{br}",
+            "--service-time", args.service_time]
+    routes = [
+        f'[[routes]]\nname = "rocketmq-namesrv"\nprotocol = "rocketmq"\n'
+        f'listen = "127.0.0.1:{pns}"\nupstream = "127.0.0.1:{ns}"\n'
+        f'[routes.options]\nadvertise = {{ "127.0.0.1:{br}" = "127.0.0.1:{pbr}" }}\n',
+        f'[[routes]]\nname = "rocketmq-broker"\nprotocol = "rocketmq"\n'
+        f'listen = "127.0.0.1:{pbr}"\nupstream = "127.0.0.1:{br}"\n']
+    return argv, [ns, br], routes, f"127.0.0.1:{pns}", ["rocketmq-namesrv", "rocketmq-broker"]
+
+
 PROTOCOL_SETUPS = {
-    # protocol -> (reference server command, extra server args (format with the demo's
-    # options), locust user classes)
-    "flymq": (["serve", "flymq"], ["--service-time", "{service_time}"],
+    # protocol -> (setup(args) -> (server argv, ports, route tables, Locust host, route
+    # names), Locust user classes)
+    "flymq": (_single("flymq", ["serve", "flymq"], ["--service-time", "{service_time}"]),
               ["FlyMQProducer", "FlyMQConsumer"]),
-    "rabbitmq-stream": (["serve", "rabbitmq-stream"], [],
+    "rabbitmq-stream": (_single("rabbitmq-stream", ["serve", "rabbitmq-stream"], []),
                         ["StreamPublisher", "StreamConsumer"]),
+    "rocketmq": (_rocketmq, ["RocketMQProducer", "RocketMQConsumer"]),
 }
 
 
@@ -184,19 +212,18 @@ def main(argv=None):
     try:
         admin = free_port()
         routes, hosts = [], {}
+        route_names = {}
         for proto in protocols:
-            server_cmd, extra, _ = PROTOCOL_SETUPS[proto]
-            extra = [a.format(service_time=args.service_time) for a in extra]
-            sport, pport = free_port(), free_port()
-            print(f"[demo] starting reference {proto} server on 127.0.0.1:{sport} "
-                  f"{' '.join(extra)}", flush=True)
-            srv = procs.start(f"{proto} server", frametap + server_cmd + [
-                "--listen", f"127.0.0.1:{sport}", *extra, "--log-level", "WARNING"],
-                stdout=subprocess.DEVNULL)
-            wait_port(sport, srv, f"{proto} server")
-            routes.append(f'[[routes]]\nname = "{proto}"\nprotocol = "{proto}"\n'
-                          f'listen = "127.0.0.1:{pport}"\nupstream = "127.0.0.1:{sport}"\n')
-            hosts[proto] = f"127.0.0.1:{pport}"
+            argv, ports, tables, host, names = PROTOCOL_SETUPS[proto][0](args)
+            print(f"[demo] starting reference {proto} server: frametap {' '.join(argv)}",
+                  flush=True)
+            srv = procs.start(f"{proto} server", frametap + argv + ["--log-level", "WARNING"],
+                              stdout=subprocess.DEVNULL)
+            for port in ports:
+                wait_port(port, srv, f"{proto} server")
+            routes.extend(tables)
+            hosts[proto] = host
+            route_names[proto] = names
         cfg = os.path.join(out, "frametap.toml")
         with open(cfg, "w") as f:
             f.write(f'[admin]\nlisten = "127.0.0.1:{admin}"\n\n' + "\n".join(routes))
@@ -208,7 +235,7 @@ def main(argv=None):
 
         loads = []
         for proto in protocols:
-            _, _, classes = PROTOCOL_SETUPS[proto]
+            _, classes = PROTOCOL_SETUPS[proto]
             env = dict(os.environ, FRAMETAP_PROTOCOLS=proto)
             print(f"[demo] Locust: {args.users} users ({', '.join(classes)}) for "
                   f"{args.seconds}s through the proxy at {hosts[proto]}", flush=True)
@@ -244,10 +271,11 @@ def main(argv=None):
         print()
         total = 0
         for proto in protocols:
-            print(f"== {proto} (route {proto}) ==")
-            ops = report(text, rows.get(proto, {}), args.seconds, route=proto)
-            total += sum(v["requests"] for v in ops.values())
-            print()
+            for route in route_names[proto]:
+                print(f"== {proto} (route {route}) ==")
+                ops = report(text, rows.get(proto, {}), args.seconds, route=route)
+                total += sum(v["requests"] for v in ops.values())
+                print()
         errs = promread.sample_sum(text, "frametap_protocol_errors_total")
         unmatched = promread.sample_sum(text, "frametap_unmatched_responses_total")
         print(f"protocol errors: {errs:.0f}   unmatched responses: {unmatched:.0f}   "

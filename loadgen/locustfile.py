@@ -18,6 +18,7 @@ if _ROOT not in sys.path:
 PROTOCOLS = {
     "flymq": ("loadgen.flymq.users", ("FlyMQProducer", "FlyMQConsumer")),
     "rabbitmq-stream": ("loadgen.rabbitmq_stream.users", ("StreamPublisher", "StreamConsumer")),
+    "rocketmq": ("loadgen.rocketmq.users", ("RocketMQProducer", "RocketMQConsumer")),
 }
 
 

@@ -163,6 +163,19 @@ def test_one_byte_at_a_time(impl, reference):
     assert counters(stats) == reference
 
 
+def test_idle_pull_is_not_an_error(impl):
+    stats, p = make(impl)
+    p.feed(C2S, req(11, 1) + req(11, 2) + req(14, 3))
+    p.feed(S2C, resp(19, 1) + resp(21, 2) + resp(22, 3))   # not found, moved, no offset
+    s = stats.snapshot()
+    assert s["responses"] == {("PULL_MESSAGE", "PULL_NOT_FOUND"): 1,
+                              ("PULL_MESSAGE", "PULL_OFFSET_MOVED"): 1,
+                              ("QUERY_CONSUMER_OFFSET", "QUERY_NOT_FOUND"): 1}
+    assert {k: sum(v[0]) for k, v in s["hist"].items()} == {
+        ("PULL_MESSAGE", "ok"): 1, ("PULL_MESSAGE", "error"): 1,
+        ("QUERY_CONSUMER_OFFSET", "ok"): 1}
+
+
 def test_go_style_oneway(impl):
     """flag 1 on a c2s frame answering no server request is a oneway request."""
     stats, p = make(impl)

@@ -61,6 +61,13 @@ cdef struct RState:
     int wdir
 
 
+cdef inline bint is_ok(int code) noexcept:
+    # SUCCESS, and the answers of a normal flow: an idle pull (PULL_NOT_FOUND,
+    # PULL_RETRY_IMMEDIATELY) or a group with no committed offset (QUERY_NOT_FOUND).
+    # The status label keeps the exact code either way.
+    return code == 0 or code == 19 or code == 20 or code == 22
+
+
 cdef inline uint32_t be32(const uint8_t* p) noexcept:
     return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
 
@@ -376,7 +383,7 @@ cdef class RocketMQParser(FrameParser):
                 st.frames[d][slot] += 1
                 st.frame_bytes[d][slot] += r.total
                 st.response(slot, code)
-                self.settle(&p, OUTCOME_OK if code == SUCCESS else OUTCOME_ERROR)
+                self.settle(&p, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
                 if st.slot_code[slot] == GET_ROUTEINFO_BY_TOPIC and self.route_pending:
                     self.route_pending -= 1
                 if st.slot_code[slot] == PULL_MESSAGE and code == SUCCESS:

@@ -14,6 +14,8 @@ F_RESPONSE, F_ONEWAY = 1, 2
 SEND_MESSAGE, PULL_MESSAGE, GET_ROUTEINFO_BY_TOPIC = 10, 11, 105
 SEND_MESSAGE_V2, SEND_BATCH_MESSAGE = 310, 320
 P_HEADER, P_SKIP, P_MESSAGES = 0, 1, 2
+# SUCCESS, and normal-flow answers: PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY, QUERY_NOT_FOUND
+OK_CODES = (0, 19, 20, 22)
 
 
 class _R:
@@ -156,7 +158,7 @@ class RocketMQParser(FrameParser):
                 st.frames[d][slot] += 1
                 st.frame_bytes[d][slot] += r.total
                 st.response(slot, code)
-                self.settle(p, 0 if code == 0 else 1)
+                self.settle(p, 0 if code in OK_CODES else 1)
                 req_code = st.slot_code[slot] if slot < len(st.slot_code) else None
                 if req_code == GET_ROUTEINFO_BY_TOPIC and self.route_pending:
                     self.route_pending -= 1
