@@ -19,6 +19,9 @@ import signal
 import socket
 import sys
 
+WRITE_HIGH = 256 * 1024
+WRITE_LOW = 64 * 1024
+
 
 class _Side(asyncio.Protocol):
     """One end of a proxied pair; ``peer`` is the other end."""
@@ -30,6 +33,8 @@ class _Side(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # the same write-buffer limits as proxy/relay.py, so the baseline is comparable
+        transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:

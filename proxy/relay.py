@@ -159,10 +159,17 @@ class ClientSide(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data):
+        ok = self.parser.feed(0, data)
         up = self.upstream
+        if ok == len(data) and up is not None and self.parser.output is None:
+            up.transport.write(data)           # the hot path: every frame was fine
+            return
+        self._relay_slow(0, data, ok)
+
+    def _relay_slow(self, d, data, ok):
+        """Rewritten or held bytes, a protocol error, or client bytes before upstream."""
         parser = self.parser
-        ok = parser.feed(0, data)
-        if up is None:
+        if d == 0 and self.upstream is None:
             # uvloop may deliver a first read before our pause takes effect: keep it
             # (one read at most, since reading is paused again) until upstream is up.
             self.transport.pause_reading()
@@ -170,16 +177,14 @@ class ClientSide(asyncio.Protocol):
                 self.early.extend(parser.output)
             elif ok:
                 self.early.append(data[:ok] if ok < len(data) else data)
-            if parser.error is not None:
-                self._protocol_error()
-            return
-        if parser.output is not None:          # the parser held back or rewrote bytes
-            up.transport.writelines(parser.output)
-        elif ok == len(data):
-            up.transport.write(data)
-            return
-        elif ok:
-            up.transport.write(data[:ok])
+        else:
+            dest = self.upstream.transport if d == 0 else self.transport
+            if parser.output is not None:      # the parser held back or rewrote bytes
+                dest.writelines(parser.output)
+            elif ok == len(data):
+                dest.write(data)
+            elif ok:
+                dest.write(data[:ok])
         if parser.error is not None:
             self._protocol_error()
 
@@ -208,19 +213,6 @@ class ClientSide(asyncio.Protocol):
             self.upstream.transport.resume_reading()
 
     # -- upstream events (called by UpstreamSide) ------------------------------
-
-    def upstream_data(self, data):
-        parser = self.parser
-        ok = parser.feed(1, data)
-        if parser.output is not None:
-            self.transport.writelines(parser.output)
-        elif ok == len(data):
-            self.transport.write(data)
-            return
-        elif ok:
-            self.transport.write(data[:ok])
-        if parser.error is not None:
-            self._protocol_error()
 
     def upstream_eof_received(self):
         self.upstream_eof = True
@@ -292,7 +284,12 @@ class UpstreamSide(asyncio.Protocol):
                 pass
 
     def data_received(self, data):
-        self.client.upstream_data(data)
+        client = self.client
+        ok = client.parser.feed(1, data)
+        if ok == len(data) and client.parser.output is None:
+            client.transport.write(data)       # the hot path
+            return
+        client._relay_slow(1, data, ok)
 
     def eof_received(self):
         return self.client.upstream_eof_received()
