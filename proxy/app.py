@@ -22,10 +22,12 @@ class ProxyApp:
         self.admin = None
         self.ready = False
         self._stop = None
+        self._force = None
 
     async def start(self):
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._force = asyncio.Event()
         self.routes = [Route(rc, loop) for rc in self.config.routes]
         if self.config.admin_listen is not None:
             host, port = self.config.admin_listen
@@ -61,8 +63,13 @@ class ProxyApp:
             route.stop_accepting()
 
     def request_stop(self):
-        if self._stop is not None:
-            self._stop.set()
+        """First call: graceful stop.  A second call (SIGTERM/Ctrl-C again) skips the drain."""
+        if self._stop is None:
+            return
+        if self._stop.is_set():
+            log.warning("second stop signal: closing open connections now")
+            self._force.set()
+        self._stop.set()
 
     async def wait_stopped(self):
         await self._stop.wait()
@@ -74,7 +81,7 @@ class ProxyApp:
         open_conns = sum(len(r.connections) for r in self.routes)
         if open_conns:
             log.info("draining %d open connections (up to %.1fs)", open_conns, timeout)
-        await asyncio.gather(*(r.drain(timeout) for r in self.routes))
+        await asyncio.gather(*(r.drain(timeout, self._force) for r in self.routes))
         if self.admin is not None:
             self.admin.close()
 

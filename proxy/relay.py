@@ -18,6 +18,30 @@ from proxy.framing import RouteStats, now_ns
 
 log = logging.getLogger("frametap.relay")
 
+
+class LogLimiter:
+    """At most ``per_second`` warnings per route; the rest are summed into one line, so a
+    flood of bad connections cannot flood the log (the counters still count them all)."""
+
+    def __init__(self, per_second=10):
+        self.per_second = per_second
+        self.window = 0
+        self.used = 0
+        self.suppressed = 0
+
+    def warning(self, msg, *args):
+        now = int(time.monotonic())
+        if now != self.window:
+            if self.suppressed:
+                log.warning("... %d similar warnings suppressed in the last second",
+                            self.suppressed)
+            self.window, self.used, self.suppressed = now, 0, 0
+        if self.used < self.per_second:
+            self.used += 1
+            log.warning(msg, *args)
+        else:
+            self.suppressed += 1
+
 WRITE_HIGH = 256 * 1024      # pause the peer's reading above this many buffered bytes
 WRITE_LOW = 64 * 1024
 
@@ -34,7 +58,7 @@ class Route:
         self.connections = set()
         self.server = None
         self._sweeper = None
-        self._drained = None
+        self.log = LogLimiter()
 
     @property
     def address(self):
@@ -71,10 +95,12 @@ class Route:
         if self.server is not None:
             self.server.close()
 
-    async def drain(self, timeout):
-        """Wait for open connections to finish, up to ``timeout``; then abort the rest."""
+    async def drain(self, timeout, force=None):
+        """Wait for open connections to finish, up to ``timeout`` (or until ``force``,
+        an asyncio.Event, is set); then abort the rest."""
         deadline = time.monotonic() + timeout
-        while self.connections and time.monotonic() < deadline:
+        while (self.connections and time.monotonic() < deadline
+               and not (force is not None and force.is_set())):
             await asyncio.sleep(0.05)
         for conn in list(self.connections):
             conn.abort()
@@ -112,7 +138,7 @@ class ClientSide(asyncio.Protocol):
         self.peer = "%s:%s" % peer[:2] if peer else "?"
         if len(route.connections) >= route.cfg.max_connections:
             route.stats.conn_rejected += 1
-            log.warning("route %s: connection from %s rejected: %d connections open "
+            route.log.warning("route %s: connection from %s rejected: %d connections open "
                         "(max_connections)", route.cfg.name, self.peer, len(route.connections))
             self.closed = True
             transport.abort()
@@ -139,7 +165,7 @@ class ClientSide(asyncio.Protocol):
             route.stats.connect_failures += 1
             why = "timed out" if isinstance(exc, asyncio.TimeoutError) else (
                 exc.strerror or exc.__class__.__name__)
-            log.warning("route %s: upstream %s:%d unreachable for client %s: %s",
+            route.log.warning("route %s: upstream %s:%d unreachable for client %s: %s",
                         route.cfg.name, host, port, self.peer, why)
             self._finish(abort=False)
             return
@@ -241,8 +267,8 @@ class ClientSide(asyncio.Protocol):
 
     def _protocol_error(self):
         err = self.parser.error
-        log.warning("route %s: closing connection from %s: %s", self.route.cfg.name,
-                    self.peer, err)
+        self.route.log.warning("route %s: closing connection from %s: %s", self.route.cfg.name,
+                               self.peer, err)
         self._finish(abort=False)
 
     def abort(self):

@@ -214,3 +214,23 @@ def test_drain_timeout_closes_idle_connections(tmp_path):
         assert c.recv(64) == b""                          # then closed the idle connection
     finally:
         proc.kill()
+
+
+def test_second_signal_skips_the_drain(tmp_path):
+    up = SlowUpstream(delay=30)
+    proc, port, admin = start_proxy_process(tmp_path, up.port, extra="60")
+    try:
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(frame(0x08))                            # would be answered in 30 s
+        time.sleep(0.3)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None                        # draining (up to 60 s)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert time.time() - t0 < 5
+        out = proc.stdout.read()
+        assert "second stop signal" in out
+    finally:
+        proc.kill()

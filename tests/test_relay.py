@@ -303,3 +303,25 @@ def test_several_routes_in_one_process():
         up1.close()
         up2.close()
     run(scenario())
+
+
+def test_log_flood_is_bounded(caplog):
+    """200 garbage connections: every one counted, at most ~10 warnings a second logged."""
+    import logging
+
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        for _ in range(200):
+            r, w = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+            w.write(b"\x16\x03\x01garbage!")
+            await r.read()
+            w.close()
+        assert sample(app, "frametap_protocol_errors_total", direction="c2s",
+                      reason="bad_magic", **R) == 200
+        await app.shutdown(0)
+        up.close()
+    with caplog.at_level(logging.WARNING, logger="frametap.relay"):
+        run(scenario())
+    closing = [r for r in caplog.records if "closing connection" in r.getMessage()]
+    assert 1 <= len(closing) <= 40                      # 200 events over a few seconds
