@@ -100,7 +100,9 @@ def test_config_values_parsed():
 
 
 @pytest.mark.parametrize("args", [["--help"], ["proxy", "--help"], ["serve", "--help"],
-                                  ["serve", "flymq", "--help"], ["demo", "--help"],
+                                  ["serve", "flymq", "--help"],
+                                  ["serve", "rabbitmq-stream", "--help"],
+                                  ["serve", "rocketmq", "--help"], ["demo", "--help"],
                                   ["load", "--help"]])
 def test_every_command_has_help(args):
     r = frametap(*args)
