@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import socket
 
+from loadgen import common
 from proxy.protocols.flymq.codec import (
     AuthRequest,
     AuthResponse,
@@ -54,29 +55,9 @@ DEFAULT_PORT = 9092
 
 def parse_host(host: str | None) -> tuple[str, int]:
     """``flymq://h:p``, ``h:p`` or ``h`` -> ``(h, p)``; ValueError otherwise."""
-    if not host:
-        raise ValueError("FlyMQ users need a host: run Locust with --host HOST:PORT "
-                         "(or flymq://HOST:PORT)")
-    text = host.strip()
-    if "://" in text:
-        scheme, _, text = text.partition("://")
-        if scheme.lower() != "flymq":
-            raise ValueError(f"host {host!r}: expected scheme flymq:// (or HOST:PORT)")
-    text = text.rstrip("/")
-    if text.startswith("["):  # [v6]:port
-        addr, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        addr, _, port_text = text.partition(":")
-    else:
-        addr, port_text = text, ""
-    if not addr:
-        raise ValueError(f"host {host!r}: expected HOST:PORT")
-    if not port_text:
-        return addr, DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
-        raise ValueError(f"host {host!r}: port {port_text!r} is not 1..65535")
-    return addr, int(port_text)
+    return common.parse_host(host, ("flymq",), DEFAULT_PORT,
+                             "FlyMQ users need a host: run Locust with --host HOST:PORT "
+                             "(or flymq://HOST:PORT)")
 
 
 class FlyMQServerError(Exception):
@@ -92,7 +73,7 @@ class FlyMQAuthError(FlyMQServerError):
     """AUTH was answered with success = false."""
 
 
-class FlyMQClient:
+class FlyMQClient(common.SocketClient):
     """Blocking FlyMQ client; one TCP connection, one request in flight.
 
     ``last_request_bytes`` / ``last_response_bytes`` hold the frame sizes (header
@@ -107,32 +88,10 @@ class FlyMQClient:
         self.max_frame_bytes = max_frame_bytes
         self.last_request_bytes = 0
         self.last_response_bytes = 0
-        self._sock: socket.socket | None = socket.create_connection((host, self.port), timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        addr = self._sock.getsockname()
-        self.local_address = (f"[{addr[0]}]:{addr[1]}" if ":" in addr[0]
-                              else f"{addr[0]}:{addr[1]}")
+        self._sock: socket.socket | None = common.connect_tcp(host, self.port, timeout)
+        self.local_address = common.format_address(self._sock.getsockname())
 
     # ------------------------------------------------------------------ plumbing
-
-    @property
-    def closed(self) -> bool:
-        return self._sock is None
-
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:  # pragma: no cover
-                pass
-
-    def __enter__(self) -> "FlyMQClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _recv_exactly(self, n: int) -> bytes:
         sock = self._sock

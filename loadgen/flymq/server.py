@@ -33,13 +33,20 @@ import argparse
 import asyncio
 import hmac
 import logging
-import signal
 import sys
-import threading
 import time
 import zlib
 from collections.abc import Mapping
 
+from loadgen.common import (
+    CommandLineError,
+    ServerThread,
+    address_arg,
+    new_event_loop,
+    serve_main,
+    service_time_arg,
+    user_arg,
+)
 from loadgen.servicetime import ServiceTime, parse_service_time
 from proxy.protocols.flymq.codec import (
     AuthResponse,
@@ -87,15 +94,6 @@ MAX_FETCH_MESSAGES = 10_000
 MAX_FETCH_BYTES = 8 * 1024 * 1024  # keep FETCH responses well under MAX_MESSAGE_SIZE
 MAX_ERROR_TEXT = 1000
 SUBSCRIBE_MODES = ("earliest", "latest", "commit")
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A uvloop loop when uvloop is installed, else the default asyncio loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class _RequestError(Exception):
@@ -465,7 +463,7 @@ class FlyMQServer:
         return AuthResponse(False, "invalid username or password", req.username, [])
 
 
-class FlyMQServerThread:
+class FlyMQServerThread(ServerThread):
     """Run a :class:`FlyMQServer` on its own event loop in a background thread.
 
     For tests and the demo::
@@ -474,86 +472,18 @@ class FlyMQServerThread:
             client = FlyMQClient("127.0.0.1", srv.port)
     """
 
+    thread_name = "flymq-server"
+    what = "flymq server"
+    cancel_pending_tasks = False  # let connection handlers see their closed sockets and finish
+
     def __init__(self, **server_kwargs):
-        self.server = FlyMQServer(**server_kwargs)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def address(self) -> str:
-        return f"{self.server.host}:{self.server.port}"
-
-    def start(self, timeout: float = 10.0) -> "FlyMQServerThread":
-        self._thread = threading.Thread(target=self._run, name="flymq-server", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError("flymq server thread did not start in time")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _run(self) -> None:
-        loop = new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            try:
-                loop.run_until_complete(self.server.start())
-            except BaseException as exc:
-                self._error = exc
-                return
-            finally:
-                self._ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.server.close())
-            # Let connection handlers see their closed sockets and finish.
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            if pending:
-                loop.run_until_complete(asyncio.wait(pending, timeout=2))
-        finally:
-            loop.close()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-
-    def __enter__(self) -> "FlyMQServerThread":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().__init__(FlyMQServer(**server_kwargs))
 
 
 # ---------------------------------------------------------------------- command line
 
 def _listen_arg(text: str) -> tuple[str, int]:
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected HOST:PORT with PORT 0..65535, e.g. 127.0.0.1:9092")
-    return host.strip("[]"), int(port_text)
-
-
-def _user_arg(text: str) -> tuple[str, str]:
-    name, sep, password = text.partition(":")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(
-            f"{name or text!r}: expected NAME:PASSWORD")
-    return name, password
-
-
-def _service_time_arg(text: str) -> ServiceTime:
-    try:
-        return parse_service_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return address_arg(text, 9092)
 
 
 def _positive_int(text: str) -> int:
@@ -568,10 +498,10 @@ def build_parser(prog: str = "frametap serve flymq") -> argparse.ArgumentParser:
         description="Run the in-memory reference FlyMQ server until SIGINT/SIGTERM.")
     parser.add_argument("--listen", type=_listen_arg, default=("127.0.0.1", 9092),
                         metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:9092)")
-    parser.add_argument("--service-time", type=_service_time_arg, default=None,
+    parser.add_argument("--service-time", type=service_time_arg, default=None,
                         metavar="DIST",
                         help="delay each response: '0', '500us', '2ms±1ms', '2ms+-1ms', 'exp:2ms'")
-    parser.add_argument("--user", type=_user_arg, action="append", default=[],
+    parser.add_argument("--user", type=user_arg, action="append", default=[],
                         metavar="NAME:PASSWORD", help="accept this user in AUTH (repeatable)")
     parser.add_argument("--require-auth", action="store_true",
                         help="refuse every request before a successful AUTH")
@@ -584,49 +514,20 @@ def build_parser(prog: str = "frametap serve flymq") -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(server: FlyMQServer) -> None:
-    await server.start()
-    print(f"flymq: listening on {server.host}:{server.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            pass
-    try:
-        await stop.wait()
-    finally:
-        await server.close()
+def _make_server(args: argparse.Namespace) -> tuple[FlyMQServer, str]:
+    host, port = args.listen
+    if args.require_auth and not args.user:
+        raise CommandLineError("--require-auth needs at least one --user NAME:PASSWORD")
+    server = FlyMQServer(host, port, users=dict(args.user), service_time=args.service_time,
+                         require_auth=args.require_auth, max_frame_bytes=args.max_frame_bytes,
+                         retention_messages=args.retention_messages)
+    return server, f"{host}:{port}"
 
 
 def main(argv: list[str] | None = None) -> int:
     """``frametap serve flymq`` entry point; returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    host, port = args.listen
-    if args.require_auth and not args.user:
-        print("frametap serve flymq: --require-auth needs at least one --user NAME:PASSWORD",
-              file=sys.stderr)
-        return 2
-    server = FlyMQServer(host, port, users=dict(args.user), service_time=args.service_time,
-                         require_auth=args.require_auth, max_frame_bytes=args.max_frame_bytes,
-                         retention_messages=args.retention_messages)
-    try:
-        with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            runner.run(_serve(server))
-    except OSError as exc:
-        print(f"frametap serve flymq: cannot listen on {host}:{port}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
-        return 2  # a port in use is a user error (DESIGN.md, "Command line")
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return serve_main(build_parser(), argv, _make_server,
+                      lambda server: f"flymq: listening on {server.host}:{server.port}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -40,34 +40,10 @@ from time import perf_counter
 
 from locust import User, between, task
 
+from loadgen.common import RequestReporter, env_float, env_int
 from loadgen.flymq.client import FlyMQClient, FlyMQServerError, parse_host
 
 __all__ = ["FlyMQUser", "FlyMQProducer", "FlyMQConsumer", "FlyMQSettings", "parse_host"]
-
-def _env_int(name: str, default: int, minimum: int = 1) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
-    return value
-
-
-def _env_float(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
-    return value
 
 
 @dataclass
@@ -94,23 +70,24 @@ class FlyMQSettings:
                              f"comma-separated list of topic names")
         return cls(
             topics=topics,
-            partitions=_env_int("FRAMETAP_FLYMQ_PARTITIONS", 3),
-            message_size=_env_int("FRAMETAP_FLYMQ_MESSAGE_SIZE", 512, minimum=0),
-            keys=_env_int("FRAMETAP_FLYMQ_KEYS", 1000),
+            partitions=env_int("FRAMETAP_FLYMQ_PARTITIONS", 3),
+            message_size=env_int("FRAMETAP_FLYMQ_MESSAGE_SIZE", 512, minimum=0),
+            keys=env_int("FRAMETAP_FLYMQ_KEYS", 1000),
             group=os.environ.get("FRAMETAP_FLYMQ_GROUP", "").strip() or "frametap-load",
-            fetch_max=_env_int("FRAMETAP_FLYMQ_FETCH_MAX", 100),
-            commit_every=_env_int("FRAMETAP_FLYMQ_COMMIT_EVERY", 10),
+            fetch_max=env_int("FRAMETAP_FLYMQ_FETCH_MAX", 100),
+            commit_every=env_int("FRAMETAP_FLYMQ_COMMIT_EVERY", 10),
             user=os.environ.get("FRAMETAP_FLYMQ_USER") or None,
             password=os.environ.get("FRAMETAP_FLYMQ_PASSWORD", ""),
-            timeout=_env_float("FRAMETAP_FLYMQ_TIMEOUT", 10.0),
+            timeout=env_float("FRAMETAP_FLYMQ_TIMEOUT", 10.0),
         )
 
 
-class FlyMQUser(User):
+class FlyMQUser(RequestReporter, User):
     """Abstract Locust user owning one :class:`FlyMQClient` (plain socket)."""
 
     abstract = True
     wait_time = between(0.001, 0.01)
+    request_type = "flymq"
 
     def __init__(self, environment):
         super().__init__(environment)
@@ -166,14 +143,7 @@ class FlyMQUser(User):
         length = 0
         if client is not None and (exc is None or isinstance(exc, FlyMQServerError)):
             length = client.last_response_bytes
-        self.environment.events.request.fire(
-            request_type="flymq",
-            name=name or "CONNECT",
-            response_time=response_time,
-            response_length=length,
-            exception=exc,
-            context={},
-        )
+        self.fire(name or "CONNECT", response_time, length, exception=exc)
         return None if exc is not None else result
 
 

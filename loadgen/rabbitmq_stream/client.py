@@ -44,6 +44,7 @@ from collections import deque
 from time import perf_counter
 from typing import NamedTuple
 
+from loadgen import common
 from proxy.protocols.rabbitmq_stream.constants import (
     CLOSE,
     CREATE,
@@ -111,30 +112,9 @@ _CHUNK = struct.Struct(">BBHIqQQiII4x")
 
 def parse_host(host: str | None) -> tuple[str, int]:
     """``rabbitmq-stream://h:p``, ``h:p`` or ``h`` -> ``(h, p)``; ValueError otherwise."""
-    if not host:
-        raise ValueError("RabbitMQ Stream users need a host: run Locust with --host "
-                         "HOST:PORT (or rabbitmq-stream://HOST:PORT)")
-    text = host.strip()
-    if "://" in text:
-        scheme, _, text = text.partition("://")
-        if scheme.lower() not in ("rabbitmq-stream", "rabbitmq_stream"):
-            raise ValueError(f"host {host!r}: expected scheme rabbitmq-stream:// "
-                             f"(or HOST:PORT)")
-    text = text.rstrip("/")
-    if text.startswith("["):  # [v6]:port
-        addr, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        addr, _, port_text = text.partition(":")
-    else:
-        addr, port_text = text, ""
-    if not addr:
-        raise ValueError(f"host {host!r}: expected HOST:PORT")
-    if not port_text:
-        return addr, DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
-        raise ValueError(f"host {host!r}: port {port_text!r} is not 1..65535")
-    return addr, int(port_text)
+    return common.parse_host(host, ("rabbitmq-stream", "rabbitmq_stream"), DEFAULT_PORT,
+                             "RabbitMQ Stream users need a host: run Locust with --host "
+                             "HOST:PORT (or rabbitmq-stream://HOST:PORT)")
 
 
 # ---------------------------------------------------------------------- errors
@@ -348,7 +328,7 @@ def amqp_body(record: bytes) -> bytes:
 
 # ---------------------------------------------------------------------- client
 
-class StreamClient:
+class StreamClient(common.SocketClient):
     """Blocking RabbitMQ Stream client; one TCP connection.
 
     ``frame_max`` / ``heartbeat`` are the values the server proposed in Tune (echoed
@@ -388,9 +368,7 @@ class StreamClient:
             exc.command = "PeerProperties"
             raise
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        addr = self._sock.getsockname()
-        self.local_address = (f"[{addr[0]}]:{addr[1]}" if ":" in addr[0]
-                              else f"{addr[0]}:{addr[1]}")
+        self.local_address = common.format_address(self._sock.getsockname())
         try:
             self._handshake(user, password, connection_name)
         except BaseException as exc:
@@ -404,10 +382,6 @@ class StreamClient:
 
     # ------------------------------------------------------------------ plumbing
 
-    @property
-    def closed(self) -> bool:
-        return self._sock is None
-
     def close(self, graceful: bool = False) -> None:
         """Close the connection (idempotent). ``graceful`` sends Close first and waits
         briefly for the server's answer."""
@@ -417,15 +391,7 @@ class StreamClient:
                               timeout=min(self.timeout or 2.0, 2.0))
             except (OSError, StreamError):
                 pass
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:  # pragma: no cover
-                pass
-
-    def __enter__(self) -> "StreamClient":
-        return self
+        super().close()
 
     def __exit__(self, *exc) -> None:
         self.close(graceful=True)

@@ -60,12 +60,11 @@ import asyncio
 import bisect
 import hmac
 import logging
-import signal
 import socket
 import sys
-import threading
 import time
 
+from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, user_arg
 from proxy.protocols.rabbitmq_stream import codec
 from proxy.protocols.rabbitmq_stream.codec import (
     CommandVersion,
@@ -148,15 +147,6 @@ SERVER_PROPERTIES = {
 _STEP_PEER, _STEP_AUTH, _STEP_TUNE, _STEP_OPEN, _STEP_OPENED, _STEP_CLOSING = range(6)
 _HANDSHAKE_KEYS = frozenset({PEER_PROPERTIES, SASL_HANDSHAKE, SASL_AUTHENTICATE, TUNE, OPEN,
                              CLOSE, HEARTBEAT})
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A uvloop loop when uvloop is installed, else the default asyncio loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 def _now_ms() -> int:
@@ -796,93 +786,28 @@ class StreamBroker:
         return True
 
 
-class StreamBrokerThread:
+class StreamBrokerThread(ServerThread):
     """Run a :class:`StreamBroker` on its own event loop in a background thread::
 
         with StreamBrokerThread(users={"guest": "guest"}) as broker:
             Producer("127.0.0.1", broker.port, username="guest", password="guest")
     """
 
+    thread_name = "rabbitmq-stream-broker"
+    what = "rabbitmq-stream broker"
+
     def __init__(self, **broker_kwargs):
-        self.broker = StreamBroker(**broker_kwargs)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        super().__init__(StreamBroker(**broker_kwargs))
 
     @property
-    def port(self) -> int:
-        return self.broker.port
-
-    @property
-    def address(self) -> str:
-        return f"{self.broker.host}:{self.broker.port}"
-
-    def call(self, fn, *args, timeout: float = 10.0):
-        """Run ``fn(*args)`` on the broker's loop (to inspect state safely)."""
-        async def _call():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout)
-
-    def start(self, timeout: float = 10.0) -> "StreamBrokerThread":
-        self._thread = threading.Thread(target=self._run, name="rabbitmq-stream-broker",
-                                        daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError("rabbitmq-stream broker thread did not start in time")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _run(self) -> None:
-        loop = new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            try:
-                loop.run_until_complete(self.broker.start())
-            except BaseException as exc:
-                self._error = exc
-                return
-            finally:
-                self._ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.broker.close())
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in pending:
-                t.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.wait(pending, timeout=2))
-        finally:
-            loop.close()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-
-    def __enter__(self) -> "StreamBrokerThread":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def broker(self) -> StreamBroker:
+        return self.server
 
 
 # ---------------------------------------------------------------------- command line
 
 def _address_arg(text: str) -> tuple[str, int]:
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected HOST:PORT with PORT 0..65535, e.g. 127.0.0.1:{DEFAULT_PORT}")
-    return host.strip("[]"), int(port_text)
-
-
-def _user_arg(text: str) -> tuple[str, str]:
-    name, sep, password = text.partition(":")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"{name or text!r}: expected NAME:PASSWORD")
-    return name, password
+    return address_arg(text, DEFAULT_PORT)
 
 
 def _non_negative_int(text: str) -> int:
@@ -902,7 +827,7 @@ def build_parser(prog: str = "frametap serve rabbitmq-stream") -> argparse.Argum
     parser.add_argument("--advertise", type=_address_arg, default=None, metavar="HOST:PORT",
                         help="address Metadata and Open announce to clients (default: the "
                              "listen address)")
-    parser.add_argument("--user", type=_user_arg, action="append", default=[],
+    parser.add_argument("--user", type=user_arg, action="append", default=[],
                         metavar="NAME:PASSWORD",
                         help="accept this user (repeatable; default guest:guest)")
     parser.add_argument("--vhost", action="append", default=[], metavar="NAME",
@@ -918,49 +843,25 @@ def build_parser(prog: str = "frametap serve rabbitmq-stream") -> argparse.Argum
     return parser
 
 
-async def _serve(broker: StreamBroker) -> None:
-    await broker.start()
-    host, port = broker.advertised_address()
-    print(f"rabbitmq-stream: listening on {broker.host}:{broker.port} "
-          f"(advertising {host}:{port})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            pass
-    try:
-        await stop.wait()
-    finally:
-        await broker.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``frametap serve rabbitmq-stream`` entry point; returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _make_broker(args: argparse.Namespace) -> tuple[StreamBroker, str]:
     host, port = args.listen
     adv_host, adv_port = args.advertise if args.advertise else (None, None)
     broker = StreamBroker(host, port, users=dict(args.user) if args.user else None,
                           vhosts=tuple(args.vhost) or ("/",), advertised_host=adv_host,
                           advertised_port=adv_port, frame_max=args.frame_max,
                           heartbeat=args.heartbeat, allow_anonymous=args.anonymous)
-    try:
-        with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            runner.run(_serve(broker))
-    except OSError as exc:
-        print(f"frametap serve rabbitmq-stream: cannot listen on {host}:{port}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
-        return 2  # a port in use is a user error (DESIGN.md, "Command line")
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return broker, f"{host}:{port}"
+
+
+def _banner(broker: StreamBroker) -> str:
+    host, port = broker.advertised_address()
+    return (f"rabbitmq-stream: listening on {broker.host}:{broker.port} "
+            f"(advertising {host}:{port})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``frametap serve rabbitmq-stream`` entry point; returns the exit status."""
+    return serve_main(build_parser(), argv, _make_broker, _banner)
 
 
 if __name__ == "__main__":  # pragma: no cover

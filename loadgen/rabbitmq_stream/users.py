@@ -68,6 +68,7 @@ from time import perf_counter
 
 from locust import User, between, constant, task
 
+from loadgen.common import RequestReporter, env_float, env_int
 from loadgen.rabbitmq_stream.client import (
     OFFSET_TYPES,
     StreamClient,
@@ -87,32 +88,6 @@ from proxy.protocols.rabbitmq_stream.constants import (
 __all__ = ["StreamUser", "StreamPublisher", "StreamConsumer", "StreamSettings", "parse_host"]
 
 REQUEST_TYPE = "rabbitmq-stream"
-
-
-def _env_int(name: str, default: int, minimum: int = 1) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
-    return value
-
-
-def _env_float(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
-    return value
 
 
 def _env_offset(name: str, default: str) -> tuple[int, int]:
@@ -153,7 +128,7 @@ class StreamSettings:
         amqp_text = env("FRAMETAP_STREAM_AMQP", "1").strip().lower()
         if amqp_text not in ("", "0", "1", "true", "false", "yes", "no"):
             raise ValueError(f"FRAMETAP_STREAM_AMQP={amqp_text!r}: expected 1 or 0")
-        max_bytes = _env_int("FRAMETAP_STREAM_MAX_LENGTH_BYTES", 0, minimum=0)
+        max_bytes = env_int("FRAMETAP_STREAM_MAX_LENGTH_BYTES", 0, minimum=0)
         offset_type, offset = _env_offset("FRAMETAP_STREAM_OFFSET", "next")
         return cls(
             stream=env("FRAMETAP_STREAM_NAME", "").strip() or "frametap-load",
@@ -161,23 +136,23 @@ class StreamSettings:
             password=env("FRAMETAP_STREAM_PASSWORD", "guest"),
             vhost=env("FRAMETAP_STREAM_VHOST", "") or "/",
             arguments={"max-length-bytes": str(max_bytes)} if max_bytes else {},
-            batch=_env_int("FRAMETAP_STREAM_BATCH", 10),
-            message_size=_env_int("FRAMETAP_STREAM_MESSAGE_SIZE", 256, minimum=0),
+            batch=env_int("FRAMETAP_STREAM_BATCH", 10),
+            message_size=env_int("FRAMETAP_STREAM_MESSAGE_SIZE", 256, minimum=0),
             amqp=amqp_text not in ("0", "false", "no"),
-            window=_env_int("FRAMETAP_STREAM_WINDOW", 1),
-            metadata_every=_env_int("FRAMETAP_STREAM_METADATA_EVERY", 50),
+            window=env_int("FRAMETAP_STREAM_WINDOW", 1),
+            metadata_every=env_int("FRAMETAP_STREAM_METADATA_EVERY", 50),
             offset_type=offset_type,
             offset=offset,
-            credit=_env_int("FRAMETAP_STREAM_CREDIT", 10),
-            store_every=_env_int("FRAMETAP_STREAM_STORE_EVERY", 10),
+            credit=env_int("FRAMETAP_STREAM_CREDIT", 10),
+            store_every=env_int("FRAMETAP_STREAM_STORE_EVERY", 10),
             consumer_reference=(env("FRAMETAP_STREAM_CONSUMER_REFERENCE", "").strip()
                                 or "frametap-load-consumer-"),
-            poll=_env_float("FRAMETAP_STREAM_POLL", 1.0),
-            timeout=_env_float("FRAMETAP_STREAM_TIMEOUT", 10.0),
+            poll=env_float("FRAMETAP_STREAM_POLL", 1.0),
+            timeout=env_float("FRAMETAP_STREAM_TIMEOUT", 10.0),
         )
 
 
-class StreamUser(User):
+class StreamUser(RequestReporter, User):
     """Abstract Locust user owning one :class:`StreamClient` (plain socket).
 
     Subclasses set up their publisher/subscription in :meth:`on_connect`, which runs on
@@ -186,6 +161,7 @@ class StreamUser(User):
 
     abstract = True
     wait_time = between(0.001, 0.01)
+    request_type = REQUEST_TYPE
 
     def __init__(self, environment):
         super().__init__(environment)
@@ -205,13 +181,6 @@ class StreamUser(User):
             self.client = None
 
     # ------------------------------------------------------------------ plumbing
-
-    def fire(self, name: str, response_time: float, length: int = 0,
-             exception: Exception | None = None, **context) -> None:
-        """Report one request to Locust (``response_time`` in ms)."""
-        self.environment.events.request.fire(
-            request_type=REQUEST_TYPE, name=name, response_time=response_time,
-            response_length=length, exception=exception, context=context)
 
     def _connect(self) -> StreamClient | None:
         """The open client, (re)connecting when needed; None when that failed (the

@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from loadgen import common
 from proxy.protocols.rocketmq.codec import (
     Message,
     RemotingCommand,
@@ -125,29 +126,9 @@ _PULL_STATUS = {SUCCESS: "FOUND", PULL_NOT_FOUND: "NO_NEW_MSG",
 
 def parse_host(host: str | None, default_port: int = DEFAULT_NAMESRV_PORT) -> tuple[str, int]:
     """``rocketmq://h:p``, ``h:p`` or ``h`` -> ``(h, p)``; ValueError otherwise."""
-    if not host:
-        raise ValueError("RocketMQ users need a name server: run Locust with --host "
-                         "HOST:PORT (or rocketmq://HOST:PORT)")
-    text = host.strip()
-    if "://" in text:
-        scheme, _, text = text.partition("://")
-        if scheme.lower() != "rocketmq":
-            raise ValueError(f"host {host!r}: expected scheme rocketmq:// (or HOST:PORT)")
-    text = text.rstrip("/")
-    if text.startswith("["):
-        addr, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        addr, _, port_text = text.partition(":")
-    else:
-        addr, port_text = text, ""
-    if not addr:
-        raise ValueError(f"host {host!r}: expected HOST:PORT")
-    if not port_text:
-        return addr, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
-        raise ValueError(f"host {host!r}: port {port_text!r} is not 1..65535")
-    return addr, int(port_text)
+    return common.parse_host(host, ("rocketmq",), default_port,
+                             "RocketMQ users need a name server: run Locust with --host "
+                             "HOST:PORT (or rocketmq://HOST:PORT)")
 
 
 # ---------------------------------------------------------------------- errors
@@ -293,7 +274,7 @@ def new_unique_key() -> str:
 
 # ---------------------------------------------------------------------- client
 
-class RocketMQClient:
+class RocketMQClient(common.SocketClient):
     """One remoting connection (name server or broker), opened in the constructor.
 
     ``serialize``: ``"json"`` or ``"rocketmq"`` (binary header) for requests.
@@ -325,10 +306,6 @@ class RocketMQClient:
     # ------------------------------------------------------------------ plumbing
 
     @property
-    def closed(self) -> bool:
-        return self._sock is None
-
-    @property
     def local_address(self) -> str:
         """``ip:port`` of this end of the connection."""
         if self._sock is None:
@@ -339,20 +316,6 @@ class RocketMQClient:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
-
-    def close(self) -> None:
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
-
-    def __enter__(self) -> "RocketMQClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _send_frame(self, data: bytes) -> None:
         if self._sock is None:

@@ -55,12 +55,11 @@ import argparse
 import asyncio
 import itertools
 import logging
-import signal
 import socket
 import sys
-import threading
 import time
 
+from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, service_time_arg
 from loadgen.servicetime import ServiceTime, parse_service_time
 from proxy.protocols.rocketmq import codes
 from proxy.protocols.rocketmq.codec import (
@@ -100,15 +99,6 @@ log = logging.getLogger("frametap.rocketmq.server")
 
 GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
 _READ_CHUNK = 256 * 1024
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A uvloop loop when uvloop is installed, else the default asyncio loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 def _now_ms() -> int:
@@ -740,19 +730,18 @@ def _subscription_tags(subscription: str | None, expression_type: str | None) ->
     return tags
 
 
-class RocketMQServerThread:
+class RocketMQServerThread(ServerThread):
     """Run a :class:`RocketMQServer` on its own event loop in a background thread::
 
         with RocketMQServerThread(queues=4) as srv:
             connect(srv.namesrv_address)
     """
 
+    thread_name = "rocketmq-server"
+    what = "rocketmq server"
+
     def __init__(self, **server_kwargs):
-        self.server = RocketMQServer(**server_kwargs)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        super().__init__(RocketMQServer(**server_kwargs))
 
     @property
     def namesrv_port(self) -> int:
@@ -771,76 +760,17 @@ class RocketMQServerThread:
         """The broker's listen address (route data names :meth:`RocketMQServer.broker_address`)."""
         return f"{self.server.broker_host}:{self.server.broker_port}"
 
-    def call(self, fn, *args, timeout: float = 10.0):
-        """Run ``fn(*args)`` on the server's loop (to inspect state safely)."""
-        async def _call():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout)
-
-    def start(self, timeout: float = 10.0) -> "RocketMQServerThread":
-        self._thread = threading.Thread(target=self._run, name="rocketmq-server", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise RuntimeError("rocketmq server thread did not start in time")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _run(self) -> None:
-        loop = new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            try:
-                loop.run_until_complete(self.server.start())
-            except BaseException as exc:
-                self._error = exc
-                return
-            finally:
-                self._ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.server.close())
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in pending:
-                t.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.wait(pending, timeout=2))
-        finally:
-            loop.close()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-
-    def __enter__(self) -> "RocketMQServerThread":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 # ---------------------------------------------------------------------- command line
 
 def _address_arg(text: str) -> tuple[str, int]:
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected HOST:PORT with PORT 0..65535, e.g. 127.0.0.1:9876")
-    return host.strip("[]"), int(port_text)
+    return address_arg(text, 9876)
 
 
 def _queues_arg(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 1024:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer 1..1024")
     return int(text)
-
-
-def _service_time_arg(text: str) -> ServiceTime:
-    try:
-        return parse_service_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser(prog: str = "frametap serve rocketmq") -> argparse.ArgumentParser:
@@ -860,7 +790,7 @@ def build_parser(prog: str = "frametap serve rocketmq") -> argparse.ArgumentPars
                              "listen address)")
     parser.add_argument("--queues", type=_queues_arg, default=4, metavar="N",
                         help="read/write queues per topic (default 4)")
-    parser.add_argument("--service-time", type=_service_time_arg, default=None,
+    parser.add_argument("--service-time", type=service_time_arg, default=None,
                         metavar="DIST",
                         help="delay every response: '500us', '2ms±1ms', 'exp:2ms' (default 0)")
     parser.add_argument("--log-level", default="INFO",
@@ -868,48 +798,24 @@ def build_parser(prog: str = "frametap serve rocketmq") -> argparse.ArgumentPars
     return parser
 
 
-async def _serve(server: RocketMQServer) -> None:
-    await server.start()
-    host, port = server.broker_address()
-    print(f"rocketmq: name server on {server.host}:{server.namesrv_port}, broker on "
-          f"{server.broker_host}:{server.broker_port} (advertised {host}:{port})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            pass
-    try:
-        await stop.wait()
-    finally:
-        await server.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``frametap serve rocketmq`` entry point; returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _make_server(args: argparse.Namespace) -> tuple[RocketMQServer, str]:
     ns_host, ns_port = args.namesrv
     br_host, br_port = args.broker
     server = RocketMQServer(ns_host, ns_port, br_port, advertised_broker=args.advertise_broker,
                             queues=args.queues, service_time=args.service_time,
                             broker_host=br_host)
-    try:
-        with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            runner.run(_serve(server))
-    except OSError as exc:
-        print(f"frametap serve rocketmq: cannot listen on {ns_host}:{ns_port} / "
-              f"{br_host}:{br_port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2  # a port in use is a user error (DESIGN.md, "Command line")
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return server, f"{ns_host}:{ns_port} / {br_host}:{br_port}"
+
+
+def _banner(server: RocketMQServer) -> str:
+    host, port = server.broker_address()
+    return (f"rocketmq: name server on {server.host}:{server.namesrv_port}, broker on "
+            f"{server.broker_host}:{server.broker_port} (advertised {host}:{port})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``frametap serve rocketmq`` entry point; returns the exit status."""
+    return serve_main(build_parser(), argv, _make_server, _banner)
 
 
 if __name__ == "__main__":  # pragma: no cover

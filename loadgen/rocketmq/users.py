@@ -83,6 +83,7 @@ from time import perf_counter
 
 from locust import User, between, task
 
+from loadgen.common import RequestReporter, env_bool, env_choice, env_float, env_int
 from loadgen.rocketmq.client import (
     DEFAULT_TOPIC,
     RocketMQClient,
@@ -102,50 +103,6 @@ __all__ = ["RocketMQUser", "RocketMQProducer", "RocketMQConsumer", "RocketMQSett
 
 REQUEST_TYPE = "rocketmq"
 _ROUTE = request_name(GET_ROUTEINFO_BY_TOPIC)
-
-
-def _env_int(name: str, default: int, minimum: int = 1) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
-    return value
-
-
-def _env_float(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
-    return value
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    text = os.environ.get(name, "").strip().lower()
-    if not text:
-        return default
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={text!r}: expected 1 or 0")
-
-
-def _env_choice(name: str, default: str, choices: tuple) -> str:
-    text = os.environ.get(name, "").strip().lower() or default
-    if text not in choices:
-        raise ValueError(f"{name}={text!r}: expected one of {', '.join(choices)}")
-    return text
 
 
 @dataclass
@@ -182,25 +139,25 @@ class RocketMQSettings:
                             or "frametap-producer"),
             consumer_group=(env("FRAMETAP_ROCKETMQ_CONSUMER_GROUP", "").strip()
                             or "frametap-consumer"),
-            message_size=_env_int("FRAMETAP_ROCKETMQ_MESSAGE_SIZE", 256, minimum=0),
+            message_size=env_int("FRAMETAP_ROCKETMQ_MESSAGE_SIZE", 256, minimum=0),
             tags=tags,
-            batch=_env_int("FRAMETAP_ROCKETMQ_BATCH", 1),
-            send_v2=_env_bool("FRAMETAP_ROCKETMQ_SEND_V2", True),
-            serialize=_env_choice("FRAMETAP_ROCKETMQ_SERIALIZE", "json", ("json", "rocketmq")),
-            route_every=_env_float("FRAMETAP_ROCKETMQ_ROUTE_EVERY", 30.0),
-            heartbeat_every=_env_float("FRAMETAP_ROCKETMQ_HEARTBEAT_EVERY", 30.0),
-            pull_batch=_env_int("FRAMETAP_ROCKETMQ_PULL_BATCH", 32),
-            pull_suspend_ms=_env_int("FRAMETAP_ROCKETMQ_PULL_SUSPEND_MS", 0, minimum=0),
-            start=_env_choice("FRAMETAP_ROCKETMQ_START", "last", ("first", "last")),
-            rebalance=_env_bool("FRAMETAP_ROCKETMQ_REBALANCE", True),
-            commit_every=_env_float("FRAMETAP_ROCKETMQ_COMMIT_EVERY", 5.0),
-            commit_oneway=_env_bool("FRAMETAP_ROCKETMQ_COMMIT_ONEWAY", True),
-            unregister=_env_bool("FRAMETAP_ROCKETMQ_UNREGISTER", True),
-            timeout=_env_float("FRAMETAP_ROCKETMQ_TIMEOUT", 10.0),
+            batch=env_int("FRAMETAP_ROCKETMQ_BATCH", 1),
+            send_v2=env_bool("FRAMETAP_ROCKETMQ_SEND_V2", True),
+            serialize=env_choice("FRAMETAP_ROCKETMQ_SERIALIZE", "json", ("json", "rocketmq")),
+            route_every=env_float("FRAMETAP_ROCKETMQ_ROUTE_EVERY", 30.0),
+            heartbeat_every=env_float("FRAMETAP_ROCKETMQ_HEARTBEAT_EVERY", 30.0),
+            pull_batch=env_int("FRAMETAP_ROCKETMQ_PULL_BATCH", 32),
+            pull_suspend_ms=env_int("FRAMETAP_ROCKETMQ_PULL_SUSPEND_MS", 0, minimum=0),
+            start=env_choice("FRAMETAP_ROCKETMQ_START", "last", ("first", "last")),
+            rebalance=env_bool("FRAMETAP_ROCKETMQ_REBALANCE", True),
+            commit_every=env_float("FRAMETAP_ROCKETMQ_COMMIT_EVERY", 5.0),
+            commit_oneway=env_bool("FRAMETAP_ROCKETMQ_COMMIT_ONEWAY", True),
+            unregister=env_bool("FRAMETAP_ROCKETMQ_UNREGISTER", True),
+            timeout=env_float("FRAMETAP_ROCKETMQ_TIMEOUT", 10.0),
         )
 
 
-class RocketMQUser(User):
+class RocketMQUser(RequestReporter, User):
     """Abstract Locust user: one name-server connection plus one connection per broker
     address of the topic's route (plain sockets, :class:`RocketMQClient`).
 
@@ -210,6 +167,7 @@ class RocketMQUser(User):
 
     abstract = True
     wait_time = between(0.001, 0.01)
+    request_type = REQUEST_TYPE
     _instances = itertools.count()
 
     def __init__(self, environment):
@@ -255,13 +213,6 @@ class RocketMQUser(User):
         """The route (and so ``self.queues``) was (re)loaded."""
 
     # ------------------------------------------------------------------ plumbing
-
-    def fire(self, name: str, response_time: float, length: int = 0,
-             exception: Exception | None = None, **context) -> None:
-        """Report one request to Locust (``response_time`` in ms)."""
-        self.environment.events.request.fire(
-            request_type=REQUEST_TYPE, name=name, response_time=response_time,
-            response_length=length, exception=exception, context=context)
 
     def _broker(self, addr: str) -> RocketMQClient:
         client = self.brokers.get(addr)

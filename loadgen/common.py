@@ -1,0 +1,339 @@
+"""Plumbing shared by the protocols' load-generation code (standard library only).
+
+* Reference servers: :func:`new_event_loop`, :class:`ServerThread` (a server on its own
+  event loop in a background thread, for tests and the demo) and the ``frametap serve``
+  command-line helpers (:func:`address_arg`, :func:`user_arg`, :func:`service_time_arg`,
+  :func:`serve_main`).
+* Sync clients: :func:`parse_host` (Locust's ``--host``), :func:`connect_tcp`,
+  :class:`SocketClient` (``closed``, ``close()``, context manager), :func:`format_address`.
+* Locust users: the ``FRAMETAP_*`` settings readers (:func:`env_int`, :func:`env_float`,
+  :func:`env_bool`, :func:`env_choice`) and :class:`RequestReporter` (fires Locust's
+  request event).
+
+Nothing here imports Locust, so the servers can use it without gevent-patching anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+
+from loadgen.servicetime import ServiceTime, parse_service_time
+
+__all__ = [
+    "new_event_loop", "ServerThread", "address_arg", "user_arg", "service_time_arg",
+    "CommandLineError", "serve_main", "parse_host", "connect_tcp", "SocketClient",
+    "format_address",
+    "env_int", "env_float", "env_bool", "env_choice", "RequestReporter",
+]
+
+
+# ---------------------------------------------------------------------- servers
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop when uvloop is installed, else the default asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class ServerThread:
+    """Run an asyncio server (``start()`` / ``close()`` coroutines) on its own event loop
+    in a background thread; a context manager (start on enter, stop on exit).
+
+    Subclasses set :attr:`thread_name` and :attr:`what` (used in the start-up error) and
+    pass the server object to ``__init__``. :attr:`cancel_pending_tasks`: on stop, cancel
+    the tasks still running after ``server.close()`` before waiting for them (up to 2 s);
+    False only waits for them to see their closed sockets and finish.
+    """
+
+    thread_name = "server"
+    what = "server"
+    cancel_pending_tasks = True
+
+    def __init__(self, server):
+        self.server = server
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (of a server with ``host`` / ``port`` attributes)."""
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of a server with ``host`` / ``port`` attributes."""
+        return f"{self.server.host}:{self.server.port}"
+
+    def call(self, fn, *args, timeout: float = 10.0):
+        """Run ``fn(*args)`` on the server's loop (to inspect state safely)."""
+        async def _call():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout)
+
+    def start(self, timeout: float = 10.0):
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"{self.what} thread did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            try:
+                loop.run_until_complete(self.server.start())
+            except BaseException as exc:
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.server.close())
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            if self.cancel_pending_tasks:
+                for t in pending:
+                    t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=2))
+        finally:
+            loop.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------- command line
+
+def address_arg(text: str, example_port: int) -> tuple[str, int]:
+    """argparse ``HOST:PORT`` -> ``(host, port)``; the error names ``example_port``."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected HOST:PORT with PORT 0..65535, e.g. 127.0.0.1:{example_port}")
+    return host.strip("[]"), int(port_text)
+
+
+def user_arg(text: str) -> tuple[str, str]:
+    """argparse ``NAME:PASSWORD`` -> ``(name, password)``."""
+    name, sep, password = text.partition(":")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{name or text!r}: expected NAME:PASSWORD")
+    return name, password
+
+
+def service_time_arg(text: str) -> ServiceTime:
+    """argparse service-time distribution (:func:`loadgen.servicetime.parse_service_time`)."""
+    try:
+        return parse_service_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class CommandLineError(Exception):
+    """A usage error found after parsing; :func:`serve_main` prints it and exits 2."""
+
+
+async def _serve_until_signalled(server, banner: Callable[[object], str]) -> None:
+    await server.start()
+    print(banner(server), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+
+
+def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
+               make_server: Callable[[argparse.Namespace], tuple[object, str]],
+               banner: Callable[[object], str]) -> int:
+    """``frametap serve <protocol>``: parse ``argv``, set up logging, build the server
+    with ``make_server(args)`` -> ``(server, listen text)``, print ``banner(server)`` once
+    it listens and serve until SIGINT/SIGTERM. Returns the exit status: 0 (also for
+    ``--help``), 2 for a bad argument, a :class:`CommandLineError` or a listen address
+    that cannot be bound (DESIGN.md, "Command line")."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server, listen = make_server(args)
+    except CommandLineError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            runner.run(_serve_until_signalled(server, banner))
+    except OSError as exc:
+        print(f"{parser.prog}: cannot listen on {listen}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2  # a port in use is a user error (DESIGN.md, "Command line")
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+# ---------------------------------------------------------------------- sync clients
+
+def parse_host(host: str | None, schemes: tuple[str, ...], default_port: int,
+               missing: str) -> tuple[str, int]:
+    """``scheme://h:p``, ``h:p``, ``[v6]:p`` or ``h`` -> ``(h, p)``; ValueError otherwise.
+
+    ``schemes``: accepted URL schemes (the first is named in the error); ``missing``:
+    the error message when ``host`` is empty.
+    """
+    if not host:
+        raise ValueError(missing)
+    text = host.strip()
+    if "://" in text:
+        scheme, _, text = text.partition("://")
+        if scheme.lower() not in schemes:
+            raise ValueError(f"host {host!r}: expected scheme {schemes[0]}:// (or HOST:PORT)")
+    text = text.rstrip("/")
+    if text.startswith("["):  # [v6]:port
+        addr, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        addr, _, port_text = text.partition(":")
+    else:
+        addr, port_text = text, ""
+    if not addr:
+        raise ValueError(f"host {host!r}: expected HOST:PORT")
+    if not port_text:
+        return addr, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
+        raise ValueError(f"host {host!r}: port {port_text!r} is not 1..65535")
+    return addr, int(port_text)
+
+
+def connect_tcp(host: str, port: int, timeout: float | None) -> socket.socket:
+    """A connected TCP socket with TCP_NODELAY (one request in flight: no Nagle delay)."""
+    sock = socket.create_connection((host, port), timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class SocketClient:
+    """Base of the sync clients: one TCP connection in ``self._sock`` (None once closed);
+    a context manager that closes it on exit."""
+
+    _sock: socket.socket | None
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:  # pragma: no cover
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def format_address(addr) -> str:
+    """A socket address as ``ip:port``, ``[ip6]:port`` for IPv6."""
+    return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
+
+
+# ---------------------------------------------------------------------- Locust users
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    """Integer environment variable ``name`` (``default`` when unset or blank)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
+    return value
+
+
+def env_float(name: str, default: float) -> float:
+    """Positive number of seconds from environment variable ``name``."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` from environment variable ``name``."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={text!r}: expected 1 or 0")
+
+
+def env_choice(name: str, default: str, choices: tuple) -> str:
+    """One of ``choices`` (lower-cased) from environment variable ``name``."""
+    text = os.environ.get(name, "").strip().lower() or default
+    if text not in choices:
+        raise ValueError(f"{name}={text!r}: expected one of {', '.join(choices)}")
+    return text
+
+
+class RequestReporter:
+    """Mixin for Locust users: :meth:`fire` reports one request as ``request_type``."""
+
+    request_type = ""
+
+    def fire(self, name: str, response_time: float, length: int = 0,
+             exception: Exception | None = None, **context) -> None:
+        """Report one request to Locust (``response_time`` in ms)."""
+        self.environment.events.request.fire(
+            request_type=self.request_type, name=name, response_time=response_time,
+            response_length=length, exception=exception, context=context)
