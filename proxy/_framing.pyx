@@ -1,20 +1,21 @@
 # cython: language_level=3
-"""Compiled framing core: native per-route counters and the resumable frame splitter.
+"""Compiled framing core: native per-route counters, the resumable frame splitter and
+the single recording point every parser reports its frames to.
 
-See _framing.pxd for the field-by-field contract; framing_py.py is the pure-Python
-twin with the same behaviour (selected by FRAMETAP_NO_EXTENSIONS=1).
+See _framing.pxd for the contract; framing_py.py is the pure-Python twin with the same
+behaviour (selected by FRAMETAP_NO_EXTENSIONS=1).
 """
 
-from cpython.bytes cimport PyBytes_Check, PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport (PyBytes_Check, PyBytes_AS_STRING, PyBytes_GET_SIZE,
+                            PyBytes_FromStringAndSize)
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memset, memcmp, memmove
 from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint64_t
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
+from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES, KINDS,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT)
-from proxy.framing_common import R_OVERFLOW, R_TRUNCATED
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -28,8 +29,15 @@ cdef int64_t _bounds[N_BUCKETS]
 for _i in range(N_BUCKETS):
     _bounds[_i] = BUCKETS_NS[_i]
 
-cdef int _reason_overflow = R_OVERFLOW
-cdef int _reason_truncated = R_TRUNCATED
+#: The enum values of _framing.pxd, for the check that REASONS and KINDS agree.
+REASON_IDS = {"bad_magic": R_BAD_MAGIC, "bad_version": R_BAD_VERSION,
+              "frame_too_large": R_TOO_LARGE, "frame_too_small": R_TOO_SMALL,
+              "truncated_frame": R_TRUNCATED, "in_flight_overflow": R_OVERFLOW,
+              "response_mismatch": R_MISMATCH, "bad_header": R_BAD_HEADER,
+              "unknown_command": R_UNKNOWN, "bad_body": R_BAD_BODY,
+              "header_too_large": R_HEADER_TOO_LARGE}
+KIND_IDS = {"request": K_REQUEST, "response": K_RESPONSE, "oneway": K_ONEWAY,
+            "event": K_EVENT}
 
 
 cdef inline int64_t monotonic_ns() noexcept nogil:
@@ -63,6 +71,8 @@ cdef class RouteStats:
         if self.slot_of is NULL or self.responses is NULL or self.hist is NULL:
             raise MemoryError()
         memset(self.slot_of, 0xFF, CODE_TABLE * sizeof(int16_t))   # all -1
+        memset(self.name_slot_of, 0xFF, sizeof(self.name_slot_of))
+        self.slot_label = [None] * OPCODE_SLOTS
         memset(self.responses, 0, OPCODE_SLOTS * STATUS_SLOTS * sizeof(uint64_t))
         memset(self.hist, 0, OPCODE_SLOTS * 2 * (N_BUCKETS + 1) * sizeof(uint64_t))
         self.route = str(route)
@@ -91,6 +101,35 @@ cdef class RouteStats:
         self.slot_of[code] = <int16_t>s
         return s
 
+    cdef int slot_for_name(self, const uint8_t* name, Py_ssize_t n) except -1:
+        """Slot of an opcode known by name (Thrift method...): interned, at most
+        OTHER_SLOT distinct per route (shared with numeric codes), then OTHER_SLOT."""
+        cdef uint64_t h = 0xCBF29CE484222325ULL
+        cdef Py_ssize_t i
+        cdef int s, j
+        cdef object label
+        for i in range(n):
+            h = (h ^ name[i]) * 0x100000001B3ULL
+        j = <int>(h & (NAME_TABLE - 1))
+        while True:
+            s = self.name_slot_of[j]
+            if s < 0:
+                break
+            if self.name_hash[s] == h:
+                label = self.slot_label[s]
+                if PyBytes_GET_SIZE(label) == n and memcmp(PyBytes_AS_STRING(label), name, n) == 0:
+                    return s
+            j = (j + 1) & (NAME_TABLE - 1)
+        if self.nslots >= OTHER_SLOT:
+            return OTHER_SLOT
+        s = self.nslots
+        self.nslots += 1
+        self.slot_code[s] = -1
+        self.name_hash[s] = h
+        self.slot_label[s] = PyBytes_FromStringAndSize(<const char*>name, n)
+        self.name_slot_of[j] = <int16_t>s
+        return s
+
     cdef int status_slot(self, int64_t code) noexcept:
         cdef int i
         for i in range(self.nstatus):
@@ -113,7 +152,7 @@ cdef class RouteStats:
         self.responses[slot * STATUS_SLOTS + self.status_slot(status)] += 1
 
     cdef void error(self, int direction, int reason) noexcept:
-        if 0 <= reason < REASON_SLOTS:
+        if 0 <= reason < N_REASONS:
             self.errors[direction][reason] += 1
 
     # ---- Python-level API (relay, tests, scrape) ----------------------------
@@ -133,12 +172,33 @@ cdef class RouteStats:
     def opcode_slot(self, int64_t code):
         return self.slot_for(code)
 
+    def name_slot(self, name):
+        """Slot of an opcode name (bytes or str), interned as parsers do."""
+        cdef bytes b = name.encode() if isinstance(name, str) else bytes(name)
+        return self.slot_for_name(<const uint8_t*>PyBytes_AS_STRING(b), len(b))
+
+    def slot_name(self, int slot):
+        """The opcode label of ``slot`` (frame log, tests)."""
+        if slot < 0 or slot >= self.nslots:
+            return "other"
+        if self.slot_label[slot] is not None:
+            return self.slot_label[slot].decode("utf-8", "replace")
+        return (self.opcode_namer or (lambda c: "unknown_%d" % c))(self.slot_code[slot])
+
+    def slot_opcode(self, int slot):
+        """The numeric opcode of ``slot`` (-1 for interned names and "other")."""
+        if slot < 0 or slot >= self.nslots:
+            return -1
+        return self.slot_code[slot]
+
     def snapshot(self):
         """Copy every counter into plain Python data (read at scrape time)."""
         cdef int d, s, o, b, r
         opname = self.opcode_namer or (lambda c: "unknown_%d" % c)
         stname = self.status_namer or str
-        names = [opname(self.slot_code[s]) for s in range(self.nslots)]
+        names = [opname(self.slot_code[s]) if self.slot_label[s] is None
+                 else self.slot_label[s].decode("utf-8", "replace")
+                 for s in range(self.nslots)]
         names.extend(["other"] * (OPCODE_SLOTS - self.nslots))
         statuses = [stname(self.status_code[s]) for s in range(self.nstatus)]
         while len(statuses) < STATUS_SLOTS:
@@ -153,7 +213,7 @@ cdef class RouteStats:
                 if self.messages[d][s]:
                     key = (DIRECTIONS[d], names[s])
                     msgs[key] = msgs.get(key, 0) + self.messages[d][s]
-            for r in range(REASON_SLOTS):
+            for r in range(N_REASONS):
                 if self.errors[d][r]:
                     errors[(DIRECTIONS[d], REASONS[r])] = self.errors[d][r]
         for s in range(OPCODE_SLOTS):
@@ -203,12 +263,15 @@ cdef class FrameParser:
             raise MemoryError()
         self.fifo_limit = DEFAULT_FIFO_LIMIT
         self.map_limit = DEFAULT_MAP_LIMIT
+        self.header_limit = HEADER_LIMIT
         self.captured = [None, None]
         memset(self.st, 0, sizeof(self.st))
 
     def __dealloc__(self):
         PyMem_Free(self.fifo)
         PyMem_Free(self.map)
+        PyMem_Free(self.st[0].hbuf)
+        PyMem_Free(self.st[1].hbuf)
 
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
@@ -228,23 +291,32 @@ cdef class FrameParser:
             raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
         if self.output is not None:
             self.output = None                 # belongs to the previous call only
-        if PyBytes_Check(data) and not self.hold[direction]:
-            return self._feed(direction, <const uint8_t*>PyBytes_AS_STRING(data),
+        if PyBytes_Check(data):
+            return self._feed(direction, data, <const uint8_t*>PyBytes_AS_STRING(data),
                               PyBytes_GET_SIZE(data))
         PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
         try:
-            if self.hold[direction]:
-                r = self._feed_rewriting(direction, data, <const uint8_t*>view.buf, view.len)
-            else:
-                r = self._feed(direction, <const uint8_t*>view.buf, view.len)
+            r = self._feed(direction, data, <const uint8_t*>view.buf, view.len)
         finally:
             PyBuffer_Release(&view)
         return r
 
-    cdef Py_ssize_t _feed(self, int d, const uint8_t* buf, Py_ssize_t n) except -1:
+    cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
+                          Py_ssize_t n) except -1:
+        """The one feed loop.  With hold[d] (a direction that may capture frames for
+        rewriting) it also builds ``output``; that costs only when a frame is captured
+        or a header spans reads."""
         cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t pos = 0, take, hs
+        cdef Py_ssize_t pos = 0, take, hs, asked, emit = 0, held = 0
         cdef int64_t r, chunk_start = s.offset
+        cdef bint hold = self.hold[d]
+        cdef list out = None
+        cdef object mv = None
+        if hold:
+            out = []
+            self.output = out
+            mv = memoryview(data).cast("B")
+            held = s.have                      # header bytes withheld from earlier reads
         if self.error is not None or self.closed:
             return 0
         s.offset += n
@@ -252,81 +324,6 @@ cdef class FrameParser:
         self.stats.relayed[d] += n
         while pos < n:
             if s.remaining > 0:                # inside a payload: pass it without copying
-                take = n - pos
-                if take > s.remaining:
-                    take = s.remaining
-                if s.body:
-                    self.on_body(d, buf + pos, take)
-                s.remaining -= take
-                pos += take
-                if s.remaining == 0 and s.body:
-                    s.body = 0
-                    self.on_body_end(d)
-                continue
-            if s.have == 0:
-                s.frame_start = chunk_start + pos
-                if n - pos >= s.need:          # header contiguous in this read: no copy
-                    r = self.on_header(d, buf + pos, n - pos)
-                    if r > 0:
-                        hs = s.need
-                        s.need = self.header_size
-                        if s.body:             # the body streams through on_body()
-                            pos += hs
-                            s.remaining = r - hs
-                            if s.remaining == 0:
-                                s.body = 0
-                                self.on_body_end(d)
-                        elif r <= n - pos:
-                            pos += r
-                        else:
-                            s.remaining = r - (n - pos)
-                            pos = n
-                        continue
-                    if r == 0:
-                        continue               # need was raised; retry or accumulate
-                    return pos                 # fatal: the valid prefix ends here
-            # header split across reads: copy just the header bytes
-            take = s.need - s.have
-            if take > n - pos:
-                take = n - pos
-            memcpy(s.hdr + s.have, buf + pos, take)
-            s.have += take
-            pos += take
-            if s.have < s.need:
-                break
-            r = self.on_header(d, s.hdr, s.have)
-            if r > 0:
-                s.remaining = r - s.have
-                s.have = 0
-                s.need = self.header_size
-                if s.body and s.remaining == 0:
-                    s.body = 0
-                    self.on_body_end(d)
-            elif r < 0:
-                take = <Py_ssize_t>(s.frame_start - chunk_start)
-                return take if take > 0 else 0
-        return n
-
-    cdef Py_ssize_t _feed_rewriting(self, int d, object data, const uint8_t* buf,
-                                    Py_ssize_t n) except -1:
-        """_feed() for a direction that may capture frames (hold[d]): builds ``output``.
-
-        Slower than _feed() only when a frame is captured or a header spans reads.
-        """
-        cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t pos = 0, take, hs, emit = 0, held
-        cdef int64_t r, chunk_start = s.offset
-        cdef list out = []
-        self.output = out
-        if self.error is not None or self.closed:
-            return 0
-        mv = memoryview(data).cast("B")
-        s.offset += n
-        self.now_ns = monotonic_ns()
-        self.stats.relayed[d] += n
-        held = s.have                          # header bytes withheld from earlier reads
-        while pos < n:
-            if s.remaining > 0:
                 take = n - pos
                 if take > s.remaining:
                     take = s.remaining
@@ -338,20 +335,20 @@ cdef class FrameParser:
                 s.remaining -= take
                 pos += take
                 if s.remaining == 0:
-                    if s.capture:
-                        s.capture = 0
-                        out.append(self._rewrite(d))
-                    elif s.body:
-                        s.body = 0
-                        self.on_body_end(d)
+                    self._frame_end(d, out)
                 continue
             if s.have == 0:
                 s.frame_start = chunk_start + pos
-                if n - pos >= s.need:
+                if n - pos >= s.need:          # header contiguous in this read: no copy
+                    asked = s.need
                     r = self.on_header(d, buf + pos, n - pos)
                     if r > 0:
-                        hs = s.need
                         s.need = self.header_size
+                        if r < asked:
+                            self._short_frame(d, r, asked)
+                            if hold and emit < pos:
+                                out.append(bytes(mv[emit:pos]))
+                            return pos
                         if s.capture:
                             if emit < pos:
                                 out.append(bytes(mv[emit:pos]))
@@ -361,76 +358,140 @@ cdef class FrameParser:
                             pos += take
                             emit = pos
                             if s.remaining == 0:
-                                s.capture = 0
-                                out.append(self._rewrite(d))
-                        elif s.body:
-                            pos += hs
-                            s.remaining = r - hs
+                                self._frame_end(d, out)
+                        elif s.body:           # the body streams through on_body()
+                            pos += s.skip
+                            s.remaining = r - s.skip
                             if s.remaining == 0:
-                                s.body = 0
-                                self.on_body_end(d)
+                                self._frame_end(d, out)
                         elif r <= n - pos:
                             pos += r
+                            if s.open:
+                                self._frame_end(d, out)
                         else:
                             s.remaining = r - (n - pos)
                             pos = n
                         continue
                     if r == 0:
-                        continue
-                    if emit < pos:
+                        continue               # want_header() raised need: retry or copy
+                    if hold and emit < pos:
                         out.append(bytes(mv[emit:pos]))
-                    return pos
+                    return pos                 # fatal: the valid prefix ends here
+            # header split across reads: copy just the header bytes
+            if s.need > s.hcap and self._hbuf_reserve(d, s.need) < 0:
+                return self._fatal_prefix(d, chunk_start, emit, mv, out)
             take = s.need - s.have
             if take > n - pos:
                 take = n - pos
-            memcpy(s.hdr + s.have, buf + pos, take)
+            memcpy(s.hbuf + s.have, buf + pos, take)
             s.have += take
             pos += take
             if s.have < s.need:
-                # incomplete header at the end of this read: withhold its bytes
-                hs = <Py_ssize_t>(s.frame_start - chunk_start)
-                if hs < 0:
-                    hs = 0
-                if emit < hs:
-                    out.append(bytes(mv[emit:hs]))
-                emit = n
-                break
-            r = self.on_header(d, s.hdr, s.have)
-            if r > 0:
-                hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
-                if s.capture:
-                    if hs > emit:
+                if hold:                       # withhold an incomplete header: it may
+                    hs = <Py_ssize_t>(s.frame_start - chunk_start)   # start a capture
+                    if hs < 0:
+                        hs = 0
+                    if emit < hs:
                         out.append(bytes(mv[emit:hs]))
-                    self.captured[d] = bytearray(s.hdr[:s.have])
-                    emit = pos
-                elif held:
-                    # release the withheld header bytes ahead of this read's bytes
-                    out.append(bytes(s.hdr[:held]))
-                held = 0
-                s.remaining = r - s.have
-                s.have = 0
-                s.need = self.header_size
-                if s.remaining == 0:
+                    emit = n
+                break
+            asked = s.have
+            r = self.on_header(d, s.hbuf, s.have)
+            if r > 0:
+                if r < asked:
+                    self._short_frame(d, r, asked)
+                    return self._fatal_prefix(d, chunk_start, emit, mv, out)
+                if hold:
+                    hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
                     if s.capture:
-                        s.capture = 0
-                        out.append(self._rewrite(d))
-                    elif s.body:
-                        s.body = 0
-                        self.on_body_end(d)
+                        if hs > emit:
+                            out.append(bytes(mv[emit:hs]))
+                        self.captured[d] = bytearray(s.hbuf[:s.have])
+                        emit = pos
+                    elif held:
+                        # release the withheld header bytes ahead of this read's bytes
+                        out.append(bytes(s.hbuf[:held]))
+                    held = 0
+                self._header_done(d, r, asked, s.hbuf)
+                if s.remaining == 0:
+                    self._frame_end(d, out)
             elif r < 0:
-                take = <Py_ssize_t>(s.frame_start - chunk_start)
-                take = take if take > 0 else 0
-                if emit < take:
-                    out.append(bytes(mv[emit:take]))
-                return take
-        if emit < n:
+                return self._fatal_prefix(d, chunk_start, emit, mv, out)
+        if hold and emit < n:
             out.append(bytes(mv[emit:n]))
         return n
 
-    cdef object _rewrite(self, int d):
-        frame = bytes(self.captured[d])
-        self.captured[d] = None
-        return self.rewrite(d, frame)
+    cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
+                          const uint8_t* h) except -1:
+        """A header gathered across reads was accepted: `seen` bytes of the frame are
+        consumed.  Body bytes among them go to on_body() (copied out of hbuf first,
+        since on_body() may gather() into hbuf)."""
+        cdef DirState* s = &self.st[d]
+        cdef bytes rest
+        s.have = 0
+        s.need = self.header_size
+        s.remaining = r - seen
+        if s.body and not s.capture and s.skip < seen:
+            rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
+            self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
+        return 0
+
+    cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
+                                  object mv, list out) except -1:
+        cdef Py_ssize_t take = <Py_ssize_t>(self.st[d].frame_start - chunk_start)
+        if take < 0:
+            take = 0
+        if out is not None and emit < take:
+            out.append(bytes(mv[emit:take]))
+        return take
+
+    cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1:
+        self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
+                  "header bytes its parser read (parser contract)" % (
+                      r, self.st[d].frame_start, asked))
+        return 0
+
+    cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1:
+        """Grow direction d's header buffer to n bytes; -1 after fail() past header_limit."""
+        cdef DirState* s = &self.st[d]
+        cdef uint8_t* nb
+        cdef Py_ssize_t cap
+        if n <= s.hcap:
+            return 0
+        if n > self.header_limit:
+            self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
+                      "header limit %d" % (n, s.frame_start, self.header_limit))
+            return -1
+        cap = s.hcap if s.hcap else 64
+        while cap < n:
+            cap *= 2
+        if cap > self.header_limit:
+            cap = self.header_limit
+        nb = <uint8_t*>PyMem_Realloc(s.hbuf, cap)
+        if nb is NULL:
+            raise MemoryError()
+        s.hbuf = nb
+        s.hcap = cap
+        return 0
+
+    cdef int _frame_end(self, int d, list out) except -1:
+        """The frame's last byte has passed: finish capture/body, emit its record."""
+        cdef DirState* s = &self.st[d]
+        cdef bytes frame
+        if s.capture:
+            s.capture = 0
+            frame = bytes(self.captured[d])
+            self.captured[d] = None
+            out.append(self.rewrite(d, frame))
+        elif s.body:
+            s.body = 0
+            self.on_body_end(d)
+        s.ghave = 0
+        if s.open:
+            s.open = 0
+            if self.tracer is not None:
+                self._emit(&s.rec)
+        return 0
 
     def set_hold(self, int d, bint on):
         """Enable frame capture in direction ``d`` (see rewrite())."""
@@ -439,6 +500,8 @@ cdef class FrameParser:
     def rewrite(self, int d, bytes frame):
         """A captured frame, whole; returns the bytes to forward in its place."""
         return frame
+
+    # ---- protocol hooks -------------------------------------------------------
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         raise NotImplementedError("protocol parsers override on_header")
@@ -449,7 +512,59 @@ cdef class FrameParser:
     cdef int on_body_end(self, int d) except -1:
         return 0
 
-    # ---- helpers for protocols ---------------------------------------------
+    # ---- state transitions ----------------------------------------------------
+
+    cdef int want_header(self, int d, Py_ssize_t n) except -2:
+        """Ask to see n header bytes before on_header() decides; returns what
+        on_header() should return: 0, or -1 after fail() when n > header_limit."""
+        if n > self.header_limit:
+            self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
+                      "header limit %d" % (n, self.st[d].frame_start, self.header_limit))
+            return -1
+        self.st[d].need = n
+        return 0
+
+    cdef int stream_body(self, int d, Py_ssize_t skip) noexcept:
+        """Pass this frame's bytes after its first `skip` to on_body()."""
+        self.st[d].body = 1
+        self.st[d].skip = skip
+        return 0
+
+    cdef int capture_frame(self, int d) except -1:
+        """Hold this whole frame; rewrite() returns what to forward instead."""
+        if not self.hold[d]:
+            raise RuntimeError("capture_frame() needs set_hold(%d, True) first" % d)
+        self.st[d].capture = 1
+        return 0
+
+    cdef int gather(self, int d, const uint8_t* p, Py_ssize_t n, Py_ssize_t want,
+                    const uint8_t** out, Py_ssize_t* used) except -2:
+        """From on_body(): the frame's next `want` body bytes, contiguous.
+
+        Returns 1 with *out pointing at them (in place when this piece holds them all,
+        else in the direction's header buffer), 0 when this piece ended first (all of it
+        is kept), -1 after fail() when want > header_limit.  *used = bytes of p taken.
+        """
+        cdef DirState* s = &self.st[d]
+        cdef Py_ssize_t take
+        if s.ghave == 0 and n >= want:
+            out[0] = p
+            used[0] = want
+            return 1
+        if want > s.hcap and self._hbuf_reserve(d, want) < 0:
+            used[0] = n
+            return -1
+        take = want - s.ghave
+        if take > n:
+            take = n
+        memmove(s.hbuf + s.ghave, p, take)
+        s.ghave += take
+        used[0] = take
+        if s.ghave < want:
+            return 0
+        s.ghave = 0
+        out[0] = s.hbuf
+        return 1
 
     cdef int fail(self, int d, int reason, str message) except -1:
         self.stats.error(d, reason)
@@ -458,103 +573,171 @@ cdef class FrameParser:
             self.st[d].frame_start)
         return 0
 
-    cdef int fifo_push(self, int32_t slot, int64_t key) except -1:
+    cdef void protocol_error(self, int d, int reason) noexcept:
+        """A non-fatal violation (the frame is still forwarded): count it."""
+        self.stats.error(d, reason)
+
+    # ---- recording ------------------------------------------------------------
+
+    cdef void begin(self, int d, int slot, int kind, int64_t frame_bytes,
+                    int64_t header_bytes) noexcept:
+        """A frame: count it under opcode `slot` and open its record."""
+        cdef DirState* s = &self.st[d]
+        cdef FrameRecord* rec = &s.rec
+        if s.open and self.tracer is not None:
+            self._emit(rec)                    # a parser that began twice: keep both
+        if slot < 0 or slot > OTHER_SLOT:
+            slot = OTHER_SLOT
+        self.stats.frames[d][slot] += 1
+        self.stats.frame_bytes[d][slot] += frame_bytes
+        s.open = 1
+        s.rows = 0
+        rec.t_ns = self.now_ns
+        rec.frame_bytes = frame_bytes
+        rec.header_bytes = header_bytes
+        rec.messages = 0
+        rec.latency_ns = -1
+        rec.corr = 0
+        rec.status = 0
+        rec.opcode = self.stats.slot_code[slot] if slot < self.stats.nslots else -1
+        rec.corr_hi = -1
+        rec.resource = -1
+        rec.attrs = -1
+        rec.slot = <int16_t>slot
+        rec.req_slot = -1
+        rec.direction = <int8_t>d
+        rec.kind = <int8_t>kind
+        rec.outcome = OUTCOME_NONE
+        rec.corr_fmt = CORR_NONE
+        rec.has_status = 0
+
+    cdef void add_messages(self, int d, int64_t n) noexcept:
+        """The current frame carries n more messages (frametap_messages_total)."""
+        self.stats.messages[d][self.st[d].rec.slot] += n
+        self.st[d].rec.messages += n
+
+    cdef void entry(self, int d) noexcept:
+        """One more separately acknowledged entry of the current frame: its own row
+        (messages = 1); rows after the first carry no bytes (DESIGN.md "Frame log")."""
+        cdef DirState* s = &self.st[d]
+        cdef FrameRecord* rec = &s.rec
+        if s.rows > 0:
+            if self.tracer is not None:
+                self._emit(rec)
+            rec.frame_bytes = 0
+            rec.header_bytes = 0
+            rec.latency_ns = -1
+            rec.corr_fmt = CORR_NONE
+            rec.corr_hi = -1
+            rec.has_status = 0
+            rec.outcome = OUTCOME_NONE
+            rec.req_slot = -1
+        s.rows += 1
+        rec.messages = 1
+
+    cdef void set_corr(self, int d, int64_t corr, int32_t corr_hi) noexcept:
+        cdef FrameRecord* rec = &self.st[d].rec
+        rec.corr = corr
+        rec.corr_hi = corr_hi
+        rec.corr_fmt = _corr_fmt(corr_hi)
+
+    cdef void set_status(self, int d, int64_t status, int outcome) noexcept:
+        """A status on a frame that answers no tracked request (e.g. a Credit error):
+        counted in frametap_responses_total under the frame's own opcode."""
+        cdef FrameRecord* rec = &self.st[d].rec
+        self.stats.response(rec.slot, status)
+        rec.status = status
+        rec.has_status = 1
+        rec.outcome = <int8_t>outcome
+
+    cdef int expect(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
+        """The current frame is a request answered by key (tag = namespace)."""
+        cdef Py_ssize_t i, mask
+        cdef MapEntry* e
+        cdef FrameRecord* rec = &self.st[d].rec
+        self.set_corr(d, <int64_t>key, corr_hi)
+        if self.map_cap:
+            mask = self.map_cap - 1
+            i = _mix(tag, key) & mask
+            while self.map[i].used:
+                e = &self.map[i]
+                if e.tag == tag and e.key == key:
+                    # the older request can never be answered now
+                    if not e.p.expired:
+                        self._timeout(&e.p, tag)
+                    self.stats.in_flight += 1
+                    _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
+                    return 0
+                i = (i + 1) & mask
+        if self.map_len >= self.map_limit:
+            self.stats.error(d, R_OVERFLOW)    # bounded: drop, and say so
+            return 0
+        if (self.map_len + 1) * 2 > self.map_cap:
+            self._map_grow()
+        mask = self.map_cap - 1
+        i = _mix(tag, key) & mask
+        while self.map[i].used:
+            i = (i + 1) & mask
+        e = &self.map[i]
+        e.used = 1
+        e.tag = tag
+        e.key = key
+        self.map_len += 1
+        self.stats.in_flight += 1
+        _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
+        return 0
+
+    cdef int expect_fifo(self, int d, int32_t aux) except -1:
+        """The current frame is a request answered in order; aux comes back in take_fifo()."""
         cdef Pending* p
         cdef Py_ssize_t i, newcap
+        self.fifo_seq += 1
+        self.set_corr(d, self.fifo_seq, -1)
+        if self.fifo_len >= self.fifo_limit:
+            # Too many unanswered requests: give up on the oldest (a timeout).
+            p = &self.fifo[self.fifo_head]
+            self.fifo_head = (self.fifo_head + 1) % self.fifo_cap
+            self.fifo_len -= 1
+            if not p.expired:
+                self._timeout(p, 0)
+            self.stats.error(d, R_OVERFLOW)
         if self.fifo_len == self.fifo_cap:
-            if self.fifo_cap >= self.fifo_limit:
-                # Too many unanswered requests: give up on the oldest (a timeout).
-                p = self.fifo_pop()
-                if p.expired == 0:
-                    self.stats.timeouts[p.slot] += 1
-                    self.stats.in_flight -= 1
-                self.stats.error(C2S, _reason_overflow)
-            else:
-                newcap = self.fifo_cap * 2
-                p = <Pending*>PyMem_Malloc(newcap * sizeof(Pending))
-                if p is NULL:
-                    raise MemoryError()
-                for i in range(self.fifo_len):
-                    p[i] = self.fifo[(self.fifo_head + i) % self.fifo_cap]
-                PyMem_Free(self.fifo)
-                self.fifo = p
-                self.fifo_head = 0
-                self.fifo_cap = newcap
+            newcap = self.fifo_cap * 2
+            p = <Pending*>PyMem_Malloc(newcap * sizeof(Pending))
+            if p is NULL:
+                raise MemoryError()
+            for i in range(self.fifo_len):
+                p[i] = self.fifo[(self.fifo_head + i) % self.fifo_cap]
+            PyMem_Free(self.fifo)
+            self.fifo = p
+            self.fifo_head = 0
+            self.fifo_cap = newcap
         p = &self.fifo[(self.fifo_head + self.fifo_len) % self.fifo_cap]
-        p.t_ns = self.now_ns
-        p.key = key
-        p.slot = slot
-        p.expired = 0
+        _pending_set(p, self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, 1, d)
         self.fifo_len += 1
         self.stats.in_flight += 1
         return 0
 
-    cdef Pending* fifo_pop(self) noexcept:
-        cdef Pending* p
-        if self.fifo_len == 0:
-            return NULL
-        p = &self.fifo[self.fifo_head]
-        self.fifo_head = (self.fifo_head + 1) % self.fifo_cap
-        self.fifo_len -= 1
-        return p
-
-    cdef void settle(self, Pending* p, int outcome) noexcept:
-        """A response matched request ``p``: observe its latency unless it timed out."""
-        if p.expired == 0:
-            self.stats.observe(p.slot, outcome, self.now_ns - p.t_ns)
-            self.stats.in_flight -= 1
-
-    # ---- correlation map ------------------------------------------------------
-
-    cdef int map_put(self, int32_t tag, uint64_t key, int32_t slot) except -1:
-        """Remember a request under (tag, key); a duplicate key replaces the older one."""
-        cdef Py_ssize_t i, mask
-        cdef MapEntry* e
-        if self.map_len * 2 >= self.map_cap:
-            if self.map_cap >= self.map_limit * 2:
-                self.stats.error(C2S, _reason_overflow)   # bounded: drop, and say so
-                return 0
-            self._map_grow()
-        mask = self.map_cap - 1
-        i = _mix(tag, key) & mask
-        while True:
-            e = &self.map[i]
-            if not e.used:
-                e.used = 1
-                e.tag = tag
-                e.key = key
-                self.map_len += 1
-                self.stats.in_flight += 1
-                break
-            if e.tag == tag and e.key == key:
-                if not e.p.expired:                 # the older one can never be answered
-                    self.stats.timeouts[e.p.slot] += 1
-                else:
-                    self.stats.in_flight += 1
-                break
-            i = (i + 1) & mask
-        e.p.t_ns = self.now_ns
-        e.p.key = <int64_t>key
-        e.p.slot = slot
-        e.p.expired = 0
-        return 0
-
-    cdef int map_take(self, int32_t tag, uint64_t key, Pending* out) noexcept:
-        """Remove the request under (tag, key) into ``out``; 0 when there is none."""
+    cdef int take(self, int d, int32_t tag, uint64_t key) noexcept:
+        """Remove the request pending under (tag, key) for answer(); returns its opcode
+        slot, or -1 when there is none (answer() then counts an unmatched response)."""
         cdef Py_ssize_t i, j, k, mask
         cdef MapEntry* e
+        cdef DirState* s = &self.st[d]
+        s.has_taken = 0
         if self.map_len == 0:
-            return 0
+            return -1
         mask = self.map_cap - 1
         i = _mix(tag, key) & mask
         while True:
             e = &self.map[i]
             if not e.used:
-                return 0
+                return -1
             if e.tag == tag and e.key == key:
                 break
             i = (i + 1) & mask
-        out[0] = e.p
+        s.taken = e.p
+        s.has_taken = 1
         # backward-shift deletion keeps probe chains intact without tombstones
         j = i
         while True:
@@ -567,7 +750,101 @@ cdef class FrameParser:
                 i = j
         self.map[i].used = 0
         self.map_len -= 1
-        return 1
+        return s.taken.slot
+
+    cdef int take_fifo(self, int d) noexcept:
+        """Remove the oldest request for answer(); returns its slot or -1 (none)."""
+        cdef DirState* s = &self.st[d]
+        if self.fifo_len == 0:
+            s.has_taken = 0
+            return -1
+        s.taken = self.fifo[self.fifo_head]
+        s.has_taken = 1
+        self.fifo_head = (self.fifo_head + 1) % self.fifo_cap
+        self.fifo_len -= 1
+        return s.taken.slot
+
+    cdef void answer(self, int d, int64_t status, int outcome) noexcept:
+        """The current frame answers the request take*() found (or nothing): counts
+        the response, observes its latency, fills the record."""
+        cdef DirState* s = &self.st[d]
+        cdef FrameRecord* rec = &s.rec
+        cdef Pending* p = &s.taken
+        rec.status = status
+        rec.has_status = 1
+        rec.outcome = <int8_t>outcome
+        if not s.has_taken:
+            self.stats.unmatched += 1
+            return
+        s.has_taken = 0
+        self.stats.response(p.slot, status)
+        rec.req_slot = <int16_t>p.slot
+        rec.corr = p.key
+        rec.corr_hi = p.aux if not p.fifo else -1
+        rec.corr_fmt = _corr_fmt(rec.corr_hi)
+        if not p.expired:
+            rec.latency_ns = self.now_ns - p.t_ns
+            if rec.latency_ns < 0:
+                rec.latency_ns = 0
+            self.stats.observe(p.slot, outcome, rec.latency_ns)
+            self.stats.in_flight -= 1
+
+    cdef void _timeout(self, Pending* p, int tag) noexcept:
+        """Request p will never be answered in time: count it, emit its event row."""
+        cdef FrameRecord ev
+        p.expired = 1
+        self.stats.timeouts[p.slot] += 1
+        self.stats.in_flight -= 1
+        if self.tracer is None:
+            return
+        memset(&ev, 0, sizeof(ev))
+        ev.t_ns = self.now_ns if self.now_ns else monotonic_ns()
+        ev.latency_ns = -1
+        ev.corr = p.key
+        ev.corr_hi = p.aux if not p.fifo else -1
+        ev.corr_fmt = _corr_fmt(ev.corr_hi)
+        ev.opcode = self.stats.slot_code[p.slot] if p.slot < self.stats.nslots else -1
+        ev.resource = -1
+        ev.attrs = -1
+        ev.slot = <int16_t>p.slot
+        ev.req_slot = <int16_t>p.slot
+        ev.direction = <int8_t>p.dir
+        ev.kind = K_EVENT
+        ev.outcome = OUTCOME_NONE
+        self._emit(&ev)
+
+    cdef void _emit(self, FrameRecord* rec) noexcept:
+        """Hand one finished record to the frame log (tests: the tracer)."""
+        try:
+            self.tracer(self._record_dict(rec))
+        except Exception:
+            pass
+
+    cdef dict _record_dict(self, FrameRecord* rec):
+        st = self.stats
+        corr = None
+        if rec.corr_fmt == CORR_INT:
+            corr = str(<uint64_t>rec.corr)
+        elif rec.corr_fmt == CORR_SINT:
+            corr = str(rec.corr)
+        elif rec.corr_fmt == CORR_PAIR:
+            corr = "%d:%d" % (rec.corr_hi, <uint64_t>rec.corr)
+        stname = st.status_namer or str
+        return {
+            "t_ns": rec.t_ns, "conn_id": self.conn_id,
+            "direction": DIRECTIONS[rec.direction], "opcode": rec.opcode,
+            "opcode_name": st.slot_name(rec.slot), "kind": KINDS[rec.kind],
+            "correlation_id": corr,
+            "status": stname(rec.status) if rec.has_status else None,
+            "outcome": OUTCOMES[rec.outcome] if rec.outcome >= 0 else None,
+            "frame_bytes": rec.frame_bytes, "header_bytes": rec.header_bytes,
+            "payload_bytes": rec.frame_bytes - rec.header_bytes if rec.frame_bytes else 0,
+            "messages": rec.messages,
+            "latency_ns": rec.latency_ns if rec.latency_ns >= 0 else None,
+            "request_opcode_name": st.slot_name(rec.req_slot) if rec.req_slot >= 0 else None,
+        }
+
+    # ---- correlation map ------------------------------------------------------
 
     cdef int _map_grow(self) except -1:
         cdef Py_ssize_t old_cap = self.map_cap, i, j, mask
@@ -598,22 +875,19 @@ cdef class FrameParser:
         cdef int n = 0
         if now == 0:
             now = monotonic_ns()
+        self.now_ns = now
         for i in range(self.fifo_len):
             p = &self.fifo[(self.fifo_head + i) % self.fifo_cap]
             if p.expired:
                 continue
             if now - p.t_ns < self.timeout_ns:
                 break                    # FIFO: everything after is younger
-            p.expired = 1
-            self.stats.timeouts[p.slot] += 1
-            self.stats.in_flight -= 1
+            self._timeout(p, 0)
             n += 1
         for i in range(self.map_cap):
             p = &self.map[i].p
             if self.map[i].used and not p.expired and now - p.t_ns >= self.timeout_ns:
-                p.expired = 1
-                self.stats.timeouts[p.slot] += 1
-                self.stats.in_flight -= 1
+                self._timeout(p, self.map[i].tag)
                 n += 1
         return n
 
@@ -625,28 +899,53 @@ cdef class FrameParser:
         if self.closed:
             return
         self.closed = True
+        self.now_ns = monotonic_ns()
+        for d in range(2):                     # a frame begun but not finished
+            if self.st[d].open:
+                self.st[d].open = 0
+                if self.tracer is not None:
+                    self._emit(&self.st[d].rec)
         for i in range(self.fifo_len):
             p = &self.fifo[(self.fifo_head + i) % self.fifo_cap]
             if not p.expired:
-                self.stats.timeouts[p.slot] += 1
-                self.stats.in_flight -= 1
+                self._timeout(p, 0)
         self.fifo_len = 0
         for i in range(self.map_cap):
             p = &self.map[i].p
             if self.map[i].used and not p.expired:
-                self.stats.timeouts[p.slot] += 1
-                self.stats.in_flight -= 1
+                self._timeout(p, self.map[i].tag)
             self.map[i].used = 0
         self.map_len = 0
         if self.error is None:
             for d in range(2):
                 if self.st[d].have > 0 or self.st[d].remaining > 0:
-                    self.stats.error(d, _reason_truncated)
+                    self.stats.error(d, R_TRUNCATED)
 
     @property
     def pending(self):
         """Number of requests awaiting a response (expired ones included)."""
         return self.fifo_len + self.map_len
+
+    def frame_start(self, int d):
+        """Stream offset where direction d's current frame began."""
+        return self.st[d].frame_start
+
+
+cdef inline void _pending_set(Pending* p, int64_t t_ns, uint64_t key, int slot,
+                              int32_t aux, int fifo, int d) noexcept:
+    p.t_ns = t_ns
+    p.key = <int64_t>key
+    p.slot = slot
+    p.aux = aux
+    p.expired = 0
+    p.fifo = fifo
+    p.dir = d
+
+
+cdef inline int8_t _corr_fmt(int32_t corr_hi) noexcept:
+    if corr_hi >= 0:
+        return CORR_PAIR
+    return CORR_SINT if corr_hi == CORR_HI_SIGNED else CORR_INT
 
 
 cdef inline uint64_t _mix(int32_t tag, uint64_t key) noexcept:

@@ -27,9 +27,16 @@ REASONS = (
     "bad_header",          # 7: malformed header fields
     "unknown_command",     # 8: opcode/key the protocol does not define (frame forwarded)
     "bad_body",            # 9: body fields inconsistent with the frame size
+    "header_too_large",    # 10: a header longer than the route's header limit
 )
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
-    R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY = range(10)
+    R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE = range(11)
+
+#: Frame kinds (frame log ``kind``), by the ids of _framing.pxd's K_* enum.
+KINDS = ("request", "response", "oneway", "event")
+K_REQUEST, K_RESPONSE, K_ONEWAY, K_EVENT = range(4)
+OUTCOME_OK, OUTCOME_ERROR, OUTCOME_NONE = 0, 1, -1
+HEADER_LIMIT = 65536           # default header_limit (most header bytes a parser may want)
 
 DEFAULT_FIFO_LIMIT = 65536
 DEFAULT_MAP_LIMIT = 262144     # pending keyed requests per connection (e.g. unconfirmed publishes)

@@ -1,19 +1,31 @@
 """Pure-Python twin of the compiled framing core (proxy/_framing.pyx).
 
-Same behaviour, same API; used with FRAMETAP_NO_EXTENSIONS=1 and as the baseline
-of the parser benchmarks.  Keep the two in step: the parser tests run on both.
+Same behaviour, same API (the calls of _framing.pxd, as Python methods); used with
+FRAMETAP_NO_EXTENSIONS=1 and as the baseline of the parser benchmarks.  Keep the two
+in step: the conformance suite (tests/test_conformance.py) runs every parser on both
+and a fuzzer asserts they agree on every counter and record.
 """
 
 import time
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
-                                  OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS,
+from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES, KINDS,
+                                  OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
-                                  R_TRUNCATED, C2S)
+                                  R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
+                                  K_EVENT, OUTCOME_NONE)
 
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
+CORR_NONE, CORR_INT, CORR_PAIR, CORR_SINT = 0, 1, 2, 3
+CORR_HI_SIGNED = -2
+U64 = (1 << 64) - 1
+
+
+def _corr_fmt(corr_hi):
+    if corr_hi >= 0:
+        return CORR_PAIR
+    return CORR_SINT if corr_hi == CORR_HI_SIGNED else CORR_INT
 monotonic_ns = time.monotonic_ns
 now_ns = monotonic_ns
 
@@ -38,6 +50,8 @@ class RouteStats:
         self.status_namer = status_namer
         self.slot_of = {}
         self.slot_code = []
+        self.slot_label = {}                     # slot -> interned name (bytes)
+        self.name_slot_of = {}
         self.status_code = []
         self.frames = [[0] * OPCODE_SLOTS for _ in range(2)]
         self.frame_bytes = [[0] * OPCODE_SLOTS for _ in range(2)]
@@ -60,7 +74,9 @@ class RouteStats:
         s = self.slot_of.get(code)
         if s is not None:
             return s
-        if code < 0 or code >= CODE_TABLE or len(self.slot_code) >= OTHER_SLOT:
+        if code < 0 or code >= CODE_TABLE:
+            return OTHER_SLOT                   # not cached: garbage cannot grow the table
+        if len(self.slot_code) >= OTHER_SLOT:
             s = OTHER_SLOT
         else:
             s = len(self.slot_code)
@@ -69,6 +85,37 @@ class RouteStats:
         return s
 
     opcode_slot = slot_for
+
+    def slot_for_name(self, name):
+        """Slot of an opcode known by name (bytes): interned, at most OTHER_SLOT
+        distinct per route (shared with numeric codes), then OTHER_SLOT."""
+        name = bytes(name)
+        s = self.name_slot_of.get(name)
+        if s is not None:
+            return s
+        if len(self.slot_code) >= OTHER_SLOT:
+            return OTHER_SLOT
+        s = len(self.slot_code)
+        self.slot_code.append(-1)
+        self.slot_label[s] = name
+        self.name_slot_of[name] = s
+        return s
+
+    def name_slot(self, name):
+        return self.slot_for_name(name.encode() if isinstance(name, str) else name)
+
+    def slot_name(self, slot):
+        if slot < 0 or slot >= len(self.slot_code):
+            return "other"
+        label = self.slot_label.get(slot)
+        if label is not None:
+            return label.decode("utf-8", "replace")
+        return (self.opcode_namer or (lambda c: "unknown_%d" % c))(self.slot_code[slot])
+
+    def slot_opcode(self, slot):
+        if slot < 0 or slot >= len(self.slot_code):
+            return -1
+        return self.slot_code[slot]
 
     def status_slot(self, code):
         try:
@@ -108,7 +155,7 @@ class RouteStats:
     def snapshot(self):
         opname = self.opcode_namer or (lambda c: "unknown_%d" % c)
         stname = self.status_namer or str
-        names = [opname(c) for c in self.slot_code]
+        names = [self.slot_name(s) for s in range(len(self.slot_code))]
         names.extend(["other"] * (OPCODE_SLOTS - len(names)))
         statuses = [stname(c) for c in self.status_code]
         statuses.extend(["other"] * (STATUS_SLOTS - len(statuses)))
@@ -146,26 +193,63 @@ class RouteStats:
 
 
 class _Dir:
-    __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "body", "capture")
+    __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "skip", "gbuf",
+                 "body", "capture", "open", "rows", "rec", "taken")
 
     def __init__(self, need):
         self.remaining = 0
         self.frame_start = 0
         self.offset = 0
-        self.hdr = bytearray()
+        self.hdr = bytearray()       # split header
         self.need = need
+        self.skip = 0
+        self.gbuf = bytearray()      # gather()
         self.body = False
         self.capture = False
+        self.open = False
+        self.rows = 0
+        self.rec = None
+        self.taken = None
 
 
 class Pending:
-    __slots__ = ("t_ns", "key", "slot", "expired")
+    __slots__ = ("t_ns", "key", "slot", "aux", "expired", "fifo", "dir")
 
-    def __init__(self, t_ns, key, slot):
+    def __init__(self, t_ns, key, slot, aux, fifo, d):
         self.t_ns = t_ns
         self.key = key
         self.slot = slot
+        self.aux = aux
         self.expired = False
+        self.fifo = fifo
+        self.dir = d
+
+
+class Record:
+    """One frame-log row (the twin of _framing.pxd's FrameRecord)."""
+    __slots__ = ("t_ns", "frame_bytes", "header_bytes", "messages", "latency_ns", "corr",
+                 "status", "opcode", "corr_hi", "resource", "attrs", "slot", "req_slot",
+                 "direction", "kind", "outcome", "corr_fmt", "has_status")
+
+    def __init__(self, t_ns, d, slot, kind, opcode, frame_bytes, header_bytes):
+        self.t_ns = t_ns
+        self.frame_bytes = frame_bytes
+        self.header_bytes = header_bytes
+        self.messages = 0
+        self.latency_ns = -1
+        self.corr = 0
+        self.status = 0
+        self.opcode = opcode
+        self.corr_hi = -1
+        self.resource = -1
+        self.attrs = -1
+        self.slot = slot
+        self.req_slot = -1
+        self.direction = d
+        self.kind = kind
+        self.outcome = OUTCOME_NONE
+        self.corr_fmt = CORR_NONE
+        self.has_status = False
 
 
 class FrameParser:
@@ -173,6 +257,7 @@ class FrameParser:
 
     header_size = 0
     max_frame_bytes = 0
+    header_limit = HEADER_LIMIT
 
     def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
         self.stats = stats
@@ -184,6 +269,7 @@ class FrameParser:
         self.fifo = []          # list used as a queue; head index avoids O(n) pops
         self.fifo_head = 0
         self.fifo_limit = DEFAULT_FIFO_LIMIT
+        self.fifo_seq = 0
         self.map = {}           # (tag, key) -> Pending
         self.map_limit = DEFAULT_MAP_LIMIT
         self.hold = [False, False]
@@ -192,20 +278,24 @@ class FrameParser:
         self.now_ns = 0
         self.error = None
         self.closed = False
+        self.conn_id = 0
+        self.tracer = None
 
     def set_hold(self, d, on):
         self.hold[d] = bool(on)
 
+    # ---- hot path -------------------------------------------------------------
+
     def feed(self, direction, data):
         if direction not in (0, 1):
             raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
-        hold = self.hold[direction]
+        d = direction
+        hold = self.hold[d]
         out = [] if hold else None
         self.output = out
         if self.error is not None or self.closed:
             return 0
-        s = self.st[direction]
-        d = direction
+        s = self.st[d]
         mv = memoryview(data).cast("B")
         n = len(mv)
         chunk_start = s.offset
@@ -226,15 +316,20 @@ class FrameParser:
                 s.remaining -= take
                 pos += take
                 if s.remaining == 0:
-                    self._frame_done(d, out)
+                    self._frame_end(d, out)
                 continue
             if not s.hdr:
                 s.frame_start = chunk_start + pos
                 if n - pos >= s.need:
+                    asked = s.need
                     r = self.on_header(d, mv[pos:], n - pos)
                     if r > 0:
-                        hs = s.need
                         s.need = self.header_size
+                        if r < asked:
+                            self._short_frame(d, r, asked)
+                            if hold and emit < pos:
+                                out.append(bytes(mv[emit:pos]))
+                            return pos
                         if s.capture:
                             if emit < pos:
                                 out.append(bytes(mv[emit:pos]))
@@ -244,23 +339,28 @@ class FrameParser:
                             pos += take
                             emit = pos
                             if s.remaining == 0:
-                                self._frame_done(d, out)
+                                self._frame_end(d, out)
                         elif s.body:
-                            pos += hs
-                            s.remaining = r - hs
+                            pos += s.skip
+                            s.remaining = r - s.skip
                             if s.remaining == 0:
-                                self._frame_done(d, out)
+                                self._frame_end(d, out)
                         elif r <= n - pos:
                             pos += r
+                            if s.open:
+                                self._frame_end(d, out)
                         else:
                             s.remaining = r - (n - pos)
                             pos = n
                         continue
                     if r == 0:
                         continue
-                    if out is not None and emit < pos:
+                    if hold and emit < pos:
                         out.append(bytes(mv[emit:pos]))
                     return pos
+            if s.need > self.header_limit:
+                self._too_large(d, s.need)
+                return self._fatal_prefix(d, chunk_start, emit, mv, out)
             take = min(s.need - len(s.hdr), n - pos)
             s.hdr += mv[pos:pos + take]
             pos += take
@@ -271,9 +371,12 @@ class FrameParser:
                         out.append(bytes(mv[emit:hs]))
                     emit = n
                 break
-            have = len(s.hdr)
-            r = self.on_header(d, s.hdr, have)
+            asked = len(s.hdr)
+            r = self.on_header(d, s.hdr, asked)
             if r > 0:
+                if r < asked:
+                    self._short_frame(d, r, asked)
+                    return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
                     hs = s.frame_start - chunk_start
                     if s.capture:
@@ -284,21 +387,36 @@ class FrameParser:
                     elif held:
                         out.append(bytes(s.hdr[:held]))
                     held = 0
-                s.remaining = r - have
+                hdr = bytes(s.hdr)
                 s.hdr = bytearray()
                 s.need = self.header_size
-                if s.remaining == 0 and (s.capture or s.body):
-                    self._frame_done(d, out)
+                s.remaining = r - asked
+                if s.body and not s.capture and s.skip < asked:
+                    self.on_body(d, memoryview(hdr)[s.skip:])
+                if s.remaining == 0:
+                    self._frame_end(d, out)
             elif r < 0:
-                take = max(0, s.frame_start - chunk_start)
-                if out is not None and emit < take:
-                    out.append(bytes(mv[emit:take]))
-                return take
-        if out is not None and emit < n:
+                return self._fatal_prefix(d, chunk_start, emit, mv, out)
+        if hold and emit < n:
             out.append(bytes(mv[emit:n]))
         return n
 
-    def _frame_done(self, d, out):
+    def _fatal_prefix(self, d, chunk_start, emit, mv, out):
+        take = max(0, self.st[d].frame_start - chunk_start)
+        if out is not None and emit < take:
+            out.append(bytes(mv[emit:take]))
+        return take
+
+    def _short_frame(self, d, r, asked):
+        self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
+                  "header bytes its parser read (parser contract)" % (
+                      r, self.st[d].frame_start, asked))
+
+    def _too_large(self, d, n):
+        self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
+                  "header limit %d" % (n, self.st[d].frame_start, self.header_limit))
+
+    def _frame_end(self, d, out):
         s = self.st[d]
         if s.capture:
             s.capture = False
@@ -308,9 +426,16 @@ class FrameParser:
         elif s.body:
             s.body = False
             self.on_body_end(d)
+        s.gbuf = bytearray()
+        if s.open:
+            s.open = False
+            if self.tracer is not None:
+                self._emit(s.rec)
 
     def rewrite(self, d, frame):
         return frame
+
+    # ---- protocol hooks -------------------------------------------------------
 
     def on_header(self, d, h, avail):
         raise NotImplementedError("protocol parsers override on_header")
@@ -321,6 +446,45 @@ class FrameParser:
     def on_body_end(self, d):
         pass
 
+    # ---- state transitions ------------------------------------------------------
+
+    def want_header(self, d, n):
+        if n > self.header_limit:
+            self._too_large(d, n)
+            return -1
+        self.st[d].need = n
+        return 0
+
+    def stream_body(self, d, skip):
+        self.st[d].body = True
+        self.st[d].skip = skip
+        return 0
+
+    def capture_frame(self, d):
+        if not self.hold[d]:
+            raise RuntimeError("capture_frame() needs set_hold(%d, True) first" % d)
+        self.st[d].capture = True
+        return 0
+
+    def gather(self, d, p, want):
+        """From on_body(): (the frame's next `want` body bytes or None, bytes of p taken).
+
+        None with all of p taken when p ended first, or after fail() past header_limit."""
+        s = self.st[d]
+        n = len(p)
+        if not s.gbuf and n >= want:
+            return p[:want], want
+        if want > self.header_limit:
+            self._too_large(d, want)
+            return None, n
+        take = min(want - len(s.gbuf), n)
+        s.gbuf += p[:take]
+        if len(s.gbuf) < want:
+            return None, take
+        got = bytes(s.gbuf)
+        s.gbuf = bytearray()
+        return got, take
+
     def fail(self, d, reason, message):
         self.stats.error(d, reason)
         self.error = frame_error_class(self.stats.protocol)(
@@ -328,47 +492,164 @@ class FrameParser:
             self.st[d].frame_start)
         return 0
 
-    def fifo_push(self, slot, key):
-        if len(self.fifo) - self.fifo_head >= self.fifo_limit:
-            p = self.fifo_pop()
-            if not p.expired:
-                self.stats.timeouts[p.slot] += 1
-                self.stats.in_flight -= 1
-            self.stats.error(C2S, R_OVERFLOW)
-        self.fifo.append(Pending(self.now_ns, key, slot))
-        self.stats.in_flight += 1
+    def protocol_error(self, d, reason):
+        self.stats.error(d, reason)
 
-    def fifo_pop(self):
-        if self.fifo_head >= len(self.fifo):
-            return None
-        p = self.fifo[self.fifo_head]
-        self.fifo_head += 1
-        if self.fifo_head > 1024 and self.fifo_head * 2 > len(self.fifo):
-            del self.fifo[:self.fifo_head]
-            self.fifo_head = 0
-        return p
+    # ---- recording ------------------------------------------------------------
 
-    def map_put(self, tag, key, slot):
+    def begin(self, d, slot, kind, frame_bytes, header_bytes):
+        s = self.st[d]
+        if s.open and self.tracer is not None:
+            self._emit(s.rec)
+        if slot < 0 or slot > OTHER_SLOT:
+            slot = OTHER_SLOT
+        st = self.stats
+        st.frames[d][slot] += 1
+        st.frame_bytes[d][slot] += frame_bytes
+        s.open = True
+        s.rows = 0
+        s.rec = Record(self.now_ns, d, slot, kind, st.slot_opcode(slot), frame_bytes,
+                       header_bytes)
+
+    def add_messages(self, d, n):
+        rec = self.st[d].rec
+        self.stats.messages[d][rec.slot] += n
+        rec.messages += n
+
+    def entry(self, d):
+        s = self.st[d]
+        rec = s.rec
+        if s.rows > 0:
+            if self.tracer is not None:
+                self._emit(rec)
+            rec = s.rec = Record(rec.t_ns, d, rec.slot, rec.kind, rec.opcode, 0, 0)
+        s.rows += 1
+        rec.messages = 1
+
+    def set_corr(self, d, corr, corr_hi):
+        rec = self.st[d].rec
+        rec.corr = corr
+        rec.corr_hi = corr_hi
+        rec.corr_fmt = _corr_fmt(corr_hi)
+
+    def set_status(self, d, status, outcome):
+        rec = self.st[d].rec
+        self.stats.response(rec.slot, status)
+        rec.status = status
+        rec.has_status = True
+        rec.outcome = outcome
+
+    def expect(self, d, tag, key, corr_hi):
+        self.set_corr(d, key, corr_hi)
         k = (tag, key)
         old = self.map.get(k)
         if old is None:
             if len(self.map) >= self.map_limit:
-                self.stats.error(C2S, R_OVERFLOW)
-                return
-            self.stats.in_flight += 1
+                self.stats.error(d, R_OVERFLOW)
+                return 0
         elif not old.expired:
-            self.stats.timeouts[old.slot] += 1
-        else:
-            self.stats.in_flight += 1
-        self.map[k] = Pending(self.now_ns, key, slot)
+            self._timeout(old)
+        self.stats.in_flight += 1
+        self.map[k] = Pending(self.now_ns, key, self.st[d].rec.slot, corr_hi, False, d)
+        return 0
 
-    def map_take(self, tag, key):
-        return self.map.pop((tag, key), None)
+    def expect_fifo(self, d, aux):
+        self.fifo_seq += 1
+        self.set_corr(d, self.fifo_seq, -1)
+        if len(self.fifo) - self.fifo_head >= self.fifo_limit:
+            p = self.fifo[self.fifo_head]
+            self.fifo_head += 1
+            if not p.expired:
+                self._timeout(p)
+            self.stats.error(d, R_OVERFLOW)
+        self.fifo.append(Pending(self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, True, d))
+        self.stats.in_flight += 1
+        if self.fifo_head > 1024 and self.fifo_head * 2 > len(self.fifo):
+            del self.fifo[:self.fifo_head]
+            self.fifo_head = 0
+        return 0
 
-    def settle(self, p, outcome):
+    def take(self, d, tag, key):
+        p = self.map.pop((tag, key), None)
+        self.st[d].taken = p
+        return -1 if p is None else p.slot
+
+    def take_fifo(self, d):
+        s = self.st[d]
+        if self.fifo_head >= len(self.fifo):
+            s.taken = None
+            return -1
+        p = s.taken = self.fifo[self.fifo_head]
+        self.fifo_head += 1
+        return p.slot
+
+    def answer(self, d, status, outcome):
+        s = self.st[d]
+        rec = s.rec
+        rec.status = status
+        rec.has_status = True
+        rec.outcome = outcome
+        p = s.taken
+        if p is None:
+            self.stats.unmatched += 1
+            return
+        s.taken = None
+        self.stats.response(p.slot, status)
+        rec.req_slot = p.slot
+        rec.corr = p.key
+        rec.corr_hi = p.aux if not p.fifo else -1
+        rec.corr_fmt = _corr_fmt(rec.corr_hi)
         if not p.expired:
-            self.stats.observe(p.slot, outcome, self.now_ns - p.t_ns)
+            rec.latency_ns = max(0, self.now_ns - p.t_ns)
+            self.stats.observe(p.slot, outcome, rec.latency_ns)
             self.stats.in_flight -= 1
+
+    def _timeout(self, p):
+        p.expired = True
+        st = self.stats
+        st.timeouts[p.slot] += 1
+        st.in_flight -= 1
+        if self.tracer is None:
+            return
+        ev = Record(self.now_ns or monotonic_ns(), p.dir, p.slot, K_EVENT,
+                    st.slot_opcode(p.slot), 0, 0)
+        ev.corr = p.key
+        ev.corr_hi = p.aux if not p.fifo else -1
+        ev.corr_fmt = _corr_fmt(ev.corr_hi)
+        ev.req_slot = p.slot
+        self._emit(ev)
+
+    def _emit(self, rec):
+        try:
+            self.tracer(self._record_dict(rec))
+        except Exception:
+            pass
+
+    def _record_dict(self, rec):
+        st = self.stats
+        corr = None
+        if rec.corr_fmt == CORR_INT:
+            corr = str(rec.corr & U64)
+        elif rec.corr_fmt == CORR_SINT:
+            corr = str(rec.corr)
+        elif rec.corr_fmt == CORR_PAIR:
+            corr = "%d:%d" % (rec.corr_hi, rec.corr & U64)
+        stname = st.status_namer or str
+        return {
+            "t_ns": rec.t_ns, "conn_id": self.conn_id,
+            "direction": DIRECTIONS[rec.direction], "opcode": rec.opcode,
+            "opcode_name": st.slot_name(rec.slot), "kind": KINDS[rec.kind],
+            "correlation_id": corr,
+            "status": stname(rec.status) if rec.has_status else None,
+            "outcome": OUTCOMES[rec.outcome] if rec.outcome >= 0 else None,
+            "frame_bytes": rec.frame_bytes, "header_bytes": rec.header_bytes,
+            "payload_bytes": rec.frame_bytes - rec.header_bytes if rec.frame_bytes else 0,
+            "messages": rec.messages,
+            "latency_ns": rec.latency_ns if rec.latency_ns >= 0 else None,
+            "request_opcode_name": st.slot_name(rec.req_slot) if rec.req_slot >= 0 else None,
+        }
+
+    # ---- lifecycle ------------------------------------------------------------
 
     def _pending(self):
         yield from self.fifo[self.fifo_head:]
@@ -376,21 +657,18 @@ class FrameParser:
 
     def expire(self, now=0):
         now = now or monotonic_ns()
+        self.now_ns = now
         n = 0
         for p in self.fifo[self.fifo_head:]:
             if p.expired:
                 continue
             if now - p.t_ns < self.timeout_ns:
                 break
-            p.expired = True
-            self.stats.timeouts[p.slot] += 1
-            self.stats.in_flight -= 1
+            self._timeout(p)
             n += 1
-        for p in self.map.values():
+        for p in list(self.map.values()):
             if not p.expired and now - p.t_ns >= self.timeout_ns:
-                p.expired = True
-                self.stats.timeouts[p.slot] += 1
-                self.stats.in_flight -= 1
+                self._timeout(p)
                 n += 1
         return n
 
@@ -398,10 +676,16 @@ class FrameParser:
         if self.closed:
             return
         self.closed = True
-        for p in self._pending():
+        self.now_ns = monotonic_ns()
+        for d in range(2):
+            s = self.st[d]
+            if s.open:
+                s.open = False
+                if self.tracer is not None:
+                    self._emit(s.rec)
+        for p in list(self._pending()):
             if not p.expired:
-                self.stats.timeouts[p.slot] += 1
-                self.stats.in_flight -= 1
+                self._timeout(p)
         self.fifo = []
         self.fifo_head = 0
         self.map = {}
@@ -413,3 +697,6 @@ class FrameParser:
     @property
     def pending(self):
         return len(self.fifo) - self.fifo_head + len(self.map)
+
+    def frame_start(self, d):
+        return self.st[d].frame_start

@@ -10,11 +10,11 @@ ERROR (0xFF) with a text body.
 
 from libc.stdint cimport uint8_t, uint32_t, int64_t
 
-from proxy._framing cimport (FrameParser, RouteStats, Pending, C2S, S2C,
-                             OUTCOME_OK, OUTCOME_ERROR)
-from proxy.framing_common import R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_MISMATCH
-from proxy.protocols.flymq.opcodes import (MAX_FRAME_BYTES, opcode_name,
-                                           OPCODES as _OPCODES)
+from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
+                             K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
+                             R_TOO_LARGE, R_MISMATCH)
+from proxy._wire cimport be32
+from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, opcode_name
 from proxy.protocols.flymq.status import status_name
 
 cdef enum:
@@ -27,15 +27,6 @@ cdef enum:
     OP_ERROR = 0xFF
     ST_OK = 0
     ST_ERROR = 1
-
-cdef int _r_magic = R_BAD_MAGIC
-cdef int _r_version = R_BAD_VERSION
-cdef int _r_large = R_TOO_LARGE
-cdef int _r_mismatch = R_MISMATCH
-
-
-cdef inline uint32_t be32(const uint8_t* p) noexcept:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
 
 
 cdef class FlyMQParser(FrameParser):
@@ -52,51 +43,40 @@ cdef class FlyMQParser(FrameParser):
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
-        cdef RouteStats st = self.stats
         cdef uint32_t length
-        cdef int op, slot, outcome
-        cdef Pending* p
+        cdef int op
         if h[0] != MAGIC:
-            self.fail(d, _r_magic, "bad magic 0x%02X at offset %d (expected 0xAF)%s" % (
+            self.fail(d, R_BAD_MAGIC, "bad magic 0x%02X at offset %d (expected 0xAF)%s" % (
                 h[0], self.st[d].frame_start,
                 " — is this TLS on a plaintext port?" if h[0] == 0x16 else ""))
             return -1
         length = be32(h + 4)
         if length > self.max_frame_bytes:
             # Rejected from the header alone, before any payload is seen.
-            self.fail(d, _r_large, "payload length %d at offset %d exceeds the limit %d" % (
+            self.fail(d, R_TOO_LARGE, "payload length %d at offset %d exceeds the limit %d" % (
                 length, self.st[d].frame_start, self.max_frame_bytes))
             return -1
         op = h[2]
         if d == S2C and op == OP_FETCH and length >= 4 and avail < HEADER + 4:
-            self.st[d].need = HEADER + 4      # FETCH response: message_count follows
-            return 0
+            return self.want_header(d, HEADER + 4)     # FETCH response: message_count follows
         if h[1] != VERSION:
-            st.error(d, _r_version)           # spec: reject, optionally close; we count
-        slot = st.slot_for(op)
-        st.frames[d][slot] += 1
-        st.frame_bytes[d][slot] += HEADER + length
+            self.protocol_error(d, R_BAD_VERSION)       # spec: reject, optionally close; we count
         if d == C2S:
+            self.begin(d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
             if op == OP_PRODUCE:
-                st.messages[d][slot] += 1
-            self.fifo_push(slot, op)
+                self.add_messages(d, 1)
+            self.expect_fifo(d, op)
             return HEADER + length
         # server -> client: the response to the oldest request
+        self.begin(d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
         if op == OP_CONSUME and length > 0:
-            st.messages[d][slot] += 1
+            self.add_messages(d, 1)
         elif op == OP_FETCH and length >= 4:
-            st.messages[d][slot] += be32(h + HEADER)
-        p = self.fifo_pop()
-        if p is NULL:
-            st.unmatched += 1
-            return HEADER + length
+            self.add_messages(d, be32(h + HEADER))
+        if self.take_fifo(d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux:
+            self.protocol_error(d, R_MISMATCH)
         if op == OP_ERROR:
-            outcome = OUTCOME_ERROR
-            st.response(p.slot, ST_ERROR)
+            self.answer(d, ST_ERROR, OUTCOME_ERROR)
         else:
-            outcome = OUTCOME_OK
-            st.response(p.slot, ST_OK)
-            if op != p.key:
-                st.error(d, _r_mismatch)
-        self.settle(p, outcome)
+            self.answer(d, ST_OK, OUTCOME_OK)
         return HEADER + length

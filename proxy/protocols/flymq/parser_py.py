@@ -1,7 +1,8 @@
 """FlyMQ frame parser, pure-Python twin of _parser.pyx (same behaviour, same API)."""
 
 from proxy.framing_common import (C2S, S2C, R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE,
-                                  R_MISMATCH)
+                                  R_MISMATCH, K_REQUEST, K_RESPONSE, OUTCOME_OK,
+                                  OUTCOME_ERROR)
 from proxy.framing_py import FrameParser
 from proxy.protocols.flymq.opcodes import (MAGIC, VERSION, HEADER_SIZE, MAX_FRAME_BYTES,
                                            PRODUCE, CONSUME, FETCH, ERROR, opcode_name)
@@ -25,7 +26,6 @@ class FlyMQParser(FrameParser):
         super().__init__(stats, max_frame_bytes, request_timeout, options)
 
     def on_header(self, d, h, avail):
-        st = self.stats
         if h[0] != MAGIC:
             self.fail(d, R_BAD_MAGIC, "bad magic 0x%02X at offset %d (expected 0xAF)%s" % (
                 h[0], self.st[d].frame_start,
@@ -38,32 +38,24 @@ class FlyMQParser(FrameParser):
             return -1
         op = h[2]
         if d == S2C and op == FETCH and length >= 4 and avail < HEADER_SIZE + 4:
-            self.st[d].need = HEADER_SIZE + 4
-            return 0
+            return self.want_header(d, HEADER_SIZE + 4)
         if h[1] != VERSION:
-            st.error(d, R_BAD_VERSION)
-        slot = st.slot_for(op)
-        st.frames[d][slot] += 1
-        st.frame_bytes[d][slot] += HEADER_SIZE + length
+            self.protocol_error(d, R_BAD_VERSION)
         if d == C2S:
+            self.begin(d, self.stats.slot_for(op), K_REQUEST, HEADER_SIZE + length, HEADER_SIZE)
             if op == PRODUCE:
-                st.messages[d][slot] += 1
-            self.fifo_push(slot, op)
+                self.add_messages(d, 1)
+            self.expect_fifo(d, op)
             return HEADER_SIZE + length
+        self.begin(d, self.stats.slot_for(op), K_RESPONSE, HEADER_SIZE + length, HEADER_SIZE)
         if op == CONSUME and length > 0:
-            st.messages[d][slot] += 1
+            self.add_messages(d, 1)
         elif op == FETCH and length >= 4:
-            st.messages[d][slot] += _from_bytes(h[8:12], "big")
-        p = self.fifo_pop()
-        if p is None:
-            st.unmatched += 1
-            return HEADER_SIZE + length
+            self.add_messages(d, _from_bytes(h[8:12], "big"))
+        if self.take_fifo(d) >= 0 and op != ERROR and op != self.st[d].taken.aux:
+            self.protocol_error(d, R_MISMATCH)
         if op == ERROR:
-            st.response(p.slot, ST_ERROR)
-            self.settle(p, 1)
+            self.answer(d, ST_ERROR, OUTCOME_ERROR)
         else:
-            st.response(p.slot, ST_OK)
-            if op != p.key:
-                st.error(d, R_MISMATCH)
-            self.settle(p, 0)
+            self.answer(d, ST_OK, OUTCOME_OK)
         return HEADER_SIZE + length

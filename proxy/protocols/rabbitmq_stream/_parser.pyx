@@ -12,10 +12,10 @@ be captured whole and rewritten (address rewriting, see rewrite()).
 from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
-from proxy._framing cimport (FrameParser, RouteStats, Pending, C2S, S2C,
-                             OUTCOME_OK, OUTCOME_ERROR)
-from proxy.framing_common import (R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_UNKNOWN,
-                                  R_BAD_BODY)
+from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
+                             K_REQUEST, K_RESPONSE, K_ONEWAY, R_TOO_LARGE, R_TOO_SMALL,
+                             R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY)
+from proxy._wire cimport be16, be32, be64
 from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, command_name,
                                                        status_name)
 from proxy.protocols.rabbitmq_stream.rewrite import MetadataRewriter
@@ -47,12 +47,6 @@ cdef enum:
     B_CODE = 5
     B_DONE = 6
 
-cdef int _r_large = R_TOO_LARGE
-cdef int _r_small = R_TOO_SMALL
-cdef int _r_header = R_BAD_HEADER
-cdef int _r_unknown = R_UNKNOWN
-cdef int _r_body = R_BAD_BODY
-
 
 cdef struct Body:
     int kind                   # K_PUBLISH / K_CONFIRM / K_ERROR
@@ -65,7 +59,7 @@ cdef struct Body:
     uint32_t left              # messages / ids still to read
     uint32_t pubid
     uint64_t pid
-    int slot                   # opcode slot of this frame
+    int slot                   # opcode slot of this frame (unused)
 
 
 cdef inline int header_need(int key, int version) noexcept:
@@ -93,21 +87,10 @@ cdef inline int header_need(int key, int version) noexcept:
     return HDR + 4                             # CorrelationId
 
 
-cdef inline uint16_t be16(const uint8_t* p) noexcept:
-    return (<uint16_t>p[0] << 8) | p[1]
-
-cdef inline uint32_t be32(const uint8_t* p) noexcept:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
-
-cdef inline uint64_t be64(const uint8_t* p) noexcept:
-    return (<uint64_t>be32(p) << 32) | be32(p + 4)
-
-
 cdef class StreamParser(FrameParser):
     """Counts, sizes and correlates the RabbitMQ Stream frames of one proxied connection."""
 
     cdef Body b[2]
-    cdef int publish_slot
     cdef int64_t tuned_max                 # frame max the client agreed in Tune (0: none)
     cdef public object local_address       # (host, port) the client connected to
     cdef public object upstream_address    # (host, port) of the route's upstream
@@ -122,7 +105,6 @@ cdef class StreamParser(FrameParser):
         if stats.status_namer is None:
             stats.status_namer = status_name
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
-        self.publish_slot = stats.opcode_slot(K_PUBLISH)
         self.rewriter = MetadataRewriter.from_options(self.options)
         if self.rewriter is not None:
             self.set_hold(S2C, True)
@@ -131,85 +113,83 @@ cdef class StreamParser(FrameParser):
         cdef RouteStats st = self.stats
         cdef uint32_t size = be32(h)
         cdef int64_t total = <int64_t>size + 4
-        cdef int key, cmd, version, slot, need
+        cdef int key, cmd, version, slot, need, kind
         cdef uint32_t corr
         cdef int code
-        cdef Pending p
         if size > self.max_frame_bytes:
-            self.fail(d, _r_large, "frame size %d at offset %d exceeds the limit %d" % (
+            self.fail(d, R_TOO_LARGE, "frame size %d at offset %d exceeds the limit %d" % (
                 size, self.st[d].frame_start, self.max_frame_bytes))
             return -1
         if size < 4:                           # no room for Key + Version: skip it
-            st.error(d, _r_small)
+            self.protocol_error(d, R_TOO_SMALL)
             return total
         if avail < HDR:
-            self.st[d].need = HDR
-            return 0
+            return self.want_header(d, HDR)
         key = be16(h + 4)
         version = be16(h + 6)
         cmd = key & 0x7FFF
         need = header_need(key, version)
         if need <= total and avail < need:     # decide only once the fields are here
-            self.st[d].need = need
-            return 0
+            return self.want_header(d, need)
         # from here on: exactly once per frame
-        slot = st.slot_for(cmd)
-        st.frames[d][slot] += 1
-        st.frame_bytes[d][slot] += total
+        if key & RESP or cmd == K_CONFIRM or cmd == K_ERROR or (cmd == K_TUNE and d == C2S):
+            kind = K_RESPONSE
+        elif cmd == K_PUBLISH or (cmd == K_TUNE and d == S2C) or need == HDR + 4:
+            kind = K_REQUEST
+        else:
+            kind = K_ONEWAY
+        self.begin(d, st.slot_for(cmd), kind, total, need if need <= total else HDR)
         if self.tuned_max and total > self.tuned_max:
-            st.error(d, _r_large)              # the server closes such a connection
+            self.protocol_error(d, R_TOO_LARGE)   # the server closes such a connection
         if cmd == 0 or cmd > K_LAST:
-            st.error(d, _r_unknown)
+            self.protocol_error(d, R_UNKNOWN)
             return total
         if need > total:                       # too short for its own fixed fields
-            st.error(d, _r_header)
+            self.protocol_error(d, R_BAD_HEADER)
             return total
         if not key & RESP:
             if cmd == K_PUBLISH or cmd == K_CONFIRM or cmd == K_ERROR:
-                self._start_body(d, cmd, version, slot)
-                self.st[d].need = HDR          # the body starts after Key + Version
-                self.st[d].body = 1
+                self._start_body(d, cmd, version)
+                self.stream_body(d, HDR)       # the body starts after Key + Version
             elif cmd == K_DELIVER:             # chunk header's NumRecords ends at need
-                st.messages[d][slot] += be32(h + need - 4)
+                self.add_messages(d, be32(h + need - 4))
             elif cmd == K_TUNE:
-                self._tune(d, h, slot)
+                self._tune(d, h)
             elif need == HDR + 4:              # a request with a correlation id
-                self.map_put(d, be32(h + HDR), slot)
+                self.expect(d, d, be32(h + HDR), -1)
             return total
         if cmd == K_CREDIT:                    # ResponseCode u16, SubscriptionId u8
-            st.response(slot, be16(h + HDR))
+            code = be16(h + HDR)
+            self.set_status(d, code, OUTCOME_OK if code == ST_OK else OUTCOME_ERROR)
             return total
         if cmd == K_TUNE:
-            self._tune(d, h, slot)
+            self._tune(d, h)
             return total
         corr = be32(h + HDR)
         code = ST_OK if cmd == K_METADATA else be16(h + HDR + 4)
-        if self.map_take(1 - d, corr, &p):     # the request went the other way
-            st.response(p.slot, code)
-            self.settle(&p, OUTCOME_OK if code == ST_OK or code == ST_SASL_CHALLENGE
-                        else OUTCOME_ERROR)
-        else:
-            st.unmatched += 1
+        self.take(d, 1 - d, corr)              # the request went the other way
+        self.answer(d, code, OUTCOME_OK if code == ST_OK or code == ST_SASL_CHALLENGE
+                    else OUTCOME_ERROR)
+        if self.st[d].rec.corr_fmt == 0:
+            self.set_corr(d, corr, -1)
         if cmd == K_METADATA and d == S2C and self.rewriter is not None:
-            self.st[d].capture = 1
+            self.capture_frame(d)
         return total
 
-    cdef int _tune(self, int d, const uint8_t* h, int slot) except -1:
+    cdef int _tune(self, int d, const uint8_t* h) except -1:
         """The server proposes Tune (a request, s2c); the client's Tune answers it."""
-        cdef Pending p
         cdef uint32_t frame_max
         if d == S2C:
-            self.map_put(TAG_TUNE, 0, slot)
+            self.expect(d, TAG_TUNE, 0, -1)
         else:
             frame_max = be32(h + HDR)
             if frame_max:
                 self.tuned_max = frame_max
-            if self.map_take(TAG_TUNE, 0, &p):
-                self.stats.response(p.slot, ST_OK)
-                self.settle(&p, OUTCOME_OK)
+            if self.take(d, TAG_TUNE, 0) >= 0:
+                self.answer(d, ST_OK, OUTCOME_OK)
         return 0
 
-    cdef int _start_body(self, int d, int kind, int version, int slot) except -1:
+    cdef int _start_body(self, int d, int kind, int version) except -1:
         cdef Body* b = &self.b[d]
         b.kind = kind
         b.version = version
@@ -218,7 +198,6 @@ cdef class StreamParser(FrameParser):
         b.have = 0
         b.skip = 0
         b.left = 0
-        b.slot = slot
         return 0
 
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
@@ -265,15 +244,14 @@ cdef class StreamParser(FrameParser):
         Stops (leaving the state machine exactly where _field() would) at the first
         entry that does not fit, at a Publish v2 filter value, or when done.
         """
-        cdef RouteStats st = self.stats
-        cdef Pending pend
         cdef uint32_t mlen
         cdef int32_t tag = TAG_PUBLISHER + b.pubid
         if b.kind == K_PUBLISH:
             if b.version >= 2:
                 return self._field_at(d, b, p, i, n)
             while b.left and n - i >= 12:
-                self.map_put(tag, be64(p + i), self.publish_slot)
+                self.entry(d)
+                self.expect(d, tag, be64(p + i), b.pubid)
                 mlen = be32(p + i + 8)
                 i += 12
                 b.left -= 1
@@ -288,11 +266,8 @@ cdef class StreamParser(FrameParser):
             return i
         if b.kind == K_CONFIRM:
             while b.left and n - i >= 8:
-                if self.map_take(tag, be64(p + i), &pend):
-                    st.response(pend.slot, ST_OK)
-                    self.settle(&pend, OUTCOME_OK)
-                else:
-                    st.unmatched += 1
+                self.entry(d)
+                self._confirm(d, tag, be64(p + i), b.pubid)
                 i += 8
                 b.left -= 1
             b.state = B_PID if b.left else B_DONE
@@ -315,9 +290,13 @@ cdef class StreamParser(FrameParser):
             self._field(d, b, b.buf)
         return i
 
+    cdef inline void _confirm(self, int d, int32_t tag, uint64_t pid, uint32_t pubid) noexcept:
+        self.take(d, tag, pid)
+        self.answer(d, ST_OK, OUTCOME_OK)
+        if self.st[d].rec.corr_fmt == 0:
+            self.set_corr(d, pid, pubid)
+
     cdef int _field(self, int d, Body* b, const uint8_t* f) except -1:
-        cdef RouteStats st = self.stats
-        cdef Pending p
         cdef int16_t flen
         cdef int code
         if b.state == B_PUBID:
@@ -327,13 +306,14 @@ cdef class StreamParser(FrameParser):
         elif b.state == B_COUNT:
             b.left = be32(f)
             if b.kind == K_PUBLISH:
-                st.messages[d][b.slot] += b.left
+                self.add_messages(d, b.left)
             b.state = B_PID if b.left else B_DONE
             b.need = 8
         elif b.state == B_PID:
             b.pid = be64(f)
             if b.kind == K_PUBLISH:
-                self.map_put(TAG_PUBLISHER + b.pubid, b.pid, self.publish_slot)
+                self.entry(d)
+                self.expect(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid)
                 if b.version >= 2:
                     b.state = B_FILTER_LEN
                     b.need = 2
@@ -341,11 +321,8 @@ cdef class StreamParser(FrameParser):
                     b.state = B_MSG_LEN
                     b.need = 4
             elif b.kind == K_CONFIRM:
-                if self.map_take(TAG_PUBLISHER + b.pubid, b.pid, &p):
-                    st.response(p.slot, ST_OK)
-                    self.settle(&p, OUTCOME_OK)
-                else:
-                    st.unmatched += 1
+                self.entry(d)
+                self._confirm(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid)
                 self._next_entry(b)
             else:
                 b.state = B_CODE
@@ -361,11 +338,11 @@ cdef class StreamParser(FrameParser):
             self._next_entry(b)
         elif b.state == B_CODE:
             code = be16(f)
-            if self.map_take(TAG_PUBLISHER + b.pubid, b.pid, &p):
-                st.response(p.slot, code)
-                self.settle(&p, OUTCOME_ERROR)
-            else:
-                st.unmatched += 1
+            self.entry(d)
+            self.take(d, TAG_PUBLISHER + b.pubid, b.pid)
+            self.answer(d, code, OUTCOME_ERROR)
+            if self.st[d].rec.corr_fmt == 0:
+                self.set_corr(d, b.pid, b.pubid)
             self._next_entry(b)
         return 0
 
@@ -377,7 +354,7 @@ cdef class StreamParser(FrameParser):
     cdef int on_body_end(self, int d) except -1:
         cdef Body* b = &self.b[d]
         if b.state != B_DONE or b.skip > 0 or b.have:
-            self.stats.error(d, _r_body)       # the frame ended before its entries did
+            self.protocol_error(d, R_BAD_BODY)  # the frame ended before its entries did
         return 0
 
     def rewrite(self, int d, bytes frame):

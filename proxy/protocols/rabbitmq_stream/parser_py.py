@@ -1,7 +1,8 @@
 """RabbitMQ Stream frame parser, pure-Python twin of _parser.pyx (same behaviour, same API)."""
 
 from proxy.framing_common import (C2S, S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
-                                  R_UNKNOWN, R_BAD_BODY)
+                                  R_UNKNOWN, R_BAD_BODY, K_REQUEST, K_RESPONSE, K_ONEWAY,
+                                  OUTCOME_OK, OUTCOME_ERROR)
 from proxy.framing_py import FrameParser
 from proxy.protocols.rabbitmq_stream.constants import (
     MAX_FRAME_BYTES, PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR, DELIVER, CREDIT, STORE_OFFSET,
@@ -72,7 +73,6 @@ class StreamParser(FrameParser):
         if stats.status_namer is None:
             stats.status_namer = status_name
         super().__init__(stats, max_frame_bytes, request_timeout, options)
-        self.publish_slot = stats.opcode_slot(PUBLISH)
         self.tuned_max = 0
         self.local_address = None
         self.upstream_address = None
@@ -82,7 +82,6 @@ class StreamParser(FrameParser):
             self.set_hold(S2C, True)
 
     def on_header(self, d, h, avail):
-        st = self.stats
         size = be(h, 0, 4)
         total = size + 4
         if size > self.max_frame_bytes:
@@ -90,70 +89,68 @@ class StreamParser(FrameParser):
                 size, self.st[d].frame_start, self.max_frame_bytes))
             return -1
         if size < 4:
-            st.error(d, R_TOO_SMALL)
+            self.protocol_error(d, R_TOO_SMALL)
             return total
         if avail < HDR:
-            self.st[d].need = HDR
-            return 0
+            return self.want_header(d, HDR)
         key = be(h, 4, 2)
         version = be(h, 6, 2)
         cmd = key & 0x7FFF
         need = header_need(key, version)
         if need <= total and avail < need:
-            self.st[d].need = need
-            return 0
-        slot = st.slot_for(cmd)
-        st.frames[d][slot] += 1
-        st.frame_bytes[d][slot] += total
+            return self.want_header(d, need)
+        if key & RESP or cmd in (PUBLISH_CONFIRM, PUBLISH_ERROR) or (cmd == TUNE and d == C2S):
+            kind = K_RESPONSE
+        elif cmd == PUBLISH or (cmd == TUNE and d == S2C) or need == HDR + 4:
+            kind = K_REQUEST
+        else:
+            kind = K_ONEWAY
+        self.begin(d, self.stats.slot_for(cmd), kind, total, need if need <= total else HDR)
         if self.tuned_max and total > self.tuned_max:
-            st.error(d, R_TOO_LARGE)
+            self.protocol_error(d, R_TOO_LARGE)
         if cmd == 0 or cmd > LAST:
-            st.error(d, R_UNKNOWN)
+            self.protocol_error(d, R_UNKNOWN)
             return total
         if need > total:
-            st.error(d, R_BAD_HEADER)
+            self.protocol_error(d, R_BAD_HEADER)
             return total
         if not key & RESP:
             if cmd in (PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR):
-                self.b[d] = _Body(cmd, version, slot)
-                self.st[d].need = HDR          # the body starts after Key + Version
-                self.st[d].body = True
+                self.b[d] = _Body(cmd, version, 0)
+                self.stream_body(d, HDR)       # the body starts after Key + Version
             elif cmd == DELIVER:
-                st.messages[d][slot] += be(h, need - 4, 4)
+                self.add_messages(d, be(h, need - 4, 4))
             elif cmd == TUNE:
-                self._tune(d, h, slot)
+                self._tune(d, h)
             elif need == HDR + 4:
-                self.map_put(d, be(h, HDR, 4), slot)
+                self.expect(d, d, be(h, HDR, 4), -1)
             return total
         if cmd == CREDIT:
-            st.response(slot, be(h, HDR, 2))
+            code = be(h, HDR, 2)
+            self.set_status(d, code, OUTCOME_OK if code == OK else OUTCOME_ERROR)
             return total
         if cmd == TUNE:
-            self._tune(d, h, slot)
+            self._tune(d, h)
             return total
         corr = be(h, HDR, 4)
         code = OK if cmd == METADATA else be(h, HDR + 4, 2)
-        p = self.map_take(1 - d, corr)
-        if p is not None:
-            st.response(p.slot, code)
-            self.settle(p, 0 if code in (OK, SASL_CHALLENGE) else 1)
-        else:
-            st.unmatched += 1
+        self.take(d, 1 - d, corr)
+        self.answer(d, code, OUTCOME_OK if code in (OK, SASL_CHALLENGE) else OUTCOME_ERROR)
+        if self.st[d].rec.corr_fmt == 0:
+            self.set_corr(d, corr, -1)
         if cmd == METADATA and d == S2C and self.rewriter is not None:
-            self.st[d].capture = True
+            self.capture_frame(d)
         return total
 
-    def _tune(self, d, h, slot):
+    def _tune(self, d, h):
         if d == S2C:
-            self.map_put(TAG_TUNE, 0, slot)
+            self.expect(d, TAG_TUNE, 0, -1)
         else:
             frame_max = be(h, HDR, 4)
             if frame_max:
                 self.tuned_max = frame_max
-            p = self.map_take(TAG_TUNE, 0)
-            if p is not None:
-                self.stats.response(p.slot, OK)
-                self.settle(p, 0)
+            if self.take(d, TAG_TUNE, 0) >= 0:
+                self.answer(d, OK, OUTCOME_OK)
 
     def on_body(self, d, chunk):
         b = self.b[d]
@@ -176,28 +173,30 @@ class StreamParser(FrameParser):
             b.buf = bytearray()
             self._field(d, b, f)
 
+    def _confirm(self, d, tag, pid, pubid, code, outcome):
+        self.entry(d)
+        self.take(d, tag, pid)
+        self.answer(d, code, outcome)
+        if self.st[d].rec.corr_fmt == 0:
+            self.set_corr(d, pid, pubid)
+
     def _field(self, d, b, f):
-        st = self.stats
         if b.state == B_PUBID:
             b.pubid = f[0]
             b.state, b.need = B_COUNT, 4
         elif b.state == B_COUNT:
             b.left = be(f, 0, 4)
             if b.kind == PUBLISH:
-                st.messages[d][b.slot] += b.left
+                self.add_messages(d, b.left)
             b.state, b.need = (B_PID if b.left else B_DONE), 8
         elif b.state == B_PID:
             b.pid = be(f, 0, 8)
             if b.kind == PUBLISH:
-                self.map_put(TAG_PUBLISHER + b.pubid, b.pid, self.publish_slot)
+                self.entry(d)
+                self.expect(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid)
                 b.state, b.need = (B_FILTER_LEN, 2) if b.version >= 2 else (B_MSG_LEN, 4)
             elif b.kind == PUBLISH_CONFIRM:
-                p = self.map_take(TAG_PUBLISHER + b.pubid, b.pid)
-                if p is not None:
-                    st.response(p.slot, OK)
-                    self.settle(p, 0)
-                else:
-                    st.unmatched += 1
+                self._confirm(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid, OK, OUTCOME_OK)
                 self._next_entry(b)
             else:
                 b.state, b.need = B_CODE, 2
@@ -210,12 +209,8 @@ class StreamParser(FrameParser):
             b.skip = be(f, 0, 4)
             self._next_entry(b)
         elif b.state == B_CODE:
-            p = self.map_take(TAG_PUBLISHER + b.pubid, b.pid)
-            if p is not None:
-                st.response(p.slot, be(f, 0, 2))
-                self.settle(p, 1)
-            else:
-                st.unmatched += 1
+            self._confirm(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid, be(f, 0, 2),
+                          OUTCOME_ERROR)
             self._next_entry(b)
 
     @staticmethod
@@ -226,7 +221,7 @@ class StreamParser(FrameParser):
     def on_body_end(self, d):
         b = self.b[d]
         if b.state != B_DONE or b.skip > 0 or b.buf:
-            self.stats.error(d, R_BAD_BODY)
+            self.protocol_error(d, R_BAD_BODY)
         self.b[d] = None
 
     def rewrite(self, d, frame):

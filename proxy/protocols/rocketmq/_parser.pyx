@@ -10,13 +10,14 @@ directions (brokers send requests to clients too).  Batch sends and pull results
 count their messages by walking the body's totalSize fields.
 """
 
-from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
-from proxy._framing cimport (FrameParser, RouteStats, Pending, C2S, S2C,
-                             OUTCOME_OK, OUTCOME_ERROR)
-from proxy.framing_common import (R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_BAD_BODY)
+from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
+                             K_REQUEST, K_RESPONSE, K_ONEWAY, CORR_HI_SIGNED,
+                             R_TOO_LARGE, R_TOO_SMALL,
+                             R_BAD_HEADER, R_BAD_BODY)
+from proxy._wire cimport be32
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
                                               RouteRewriter, frame_opcode_name,
@@ -41,15 +42,9 @@ cdef enum:
     P_SKIP = 1
     P_MESSAGES = 2
 
-cdef int _r_large = R_TOO_LARGE
-cdef int _r_small = R_TOO_SMALL
-cdef int _r_header = R_BAD_HEADER
-cdef int _r_body = R_BAD_BODY
-
 
 cdef struct RState:
     int64_t hlen               # header length of the current frame
-    int64_t hgot               # header bytes gathered in hbuf (split header only)
     int stype                  # serialization type
     int phase
     int64_t total              # frame size
@@ -57,8 +52,6 @@ cdef struct RState:
     int64_t wskip
     uint8_t wbuf[4]
     int whave
-    int wslot
-    int wdir
 
 
 cdef inline bint is_ok(int code) noexcept:
@@ -66,10 +59,6 @@ cdef inline bint is_ok(int code) noexcept:
     # PULL_RETRY_IMMEDIATELY) or a group with no committed offset (QUERY_NOT_FOUND).
     # The status label keeps the exact code either way.
     return code == 0 or code == 19 or code == 20 or code == 22
-
-
-cdef inline uint32_t be32(const uint8_t* p) noexcept:
-    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
 
 
 # ---- JSON scanning (same algorithm as jsonscan.py) --------------------------------
@@ -208,8 +197,6 @@ cdef class RocketMQParser(FrameParser):
     """Counts, sizes and correlates the RocketMQ remoting frames of one connection."""
 
     cdef RState r[2]
-    cdef uint8_t* hbuf[2]                  # split headers only
-    cdef Py_ssize_t hcap[2]
     cdef public int64_t max_header_bytes
     cdef bint includes_self
     cdef int route_pending                 # GET_ROUTEINFO_BY_TOPIC requests awaiting answers
@@ -217,10 +204,6 @@ cdef class RocketMQParser(FrameParser):
     cdef set route_opaques
     cdef public object local_address
     cdef public object upstream_address
-
-    def __dealloc__(self):
-        PyMem_Free(self.hbuf[0])
-        PyMem_Free(self.hbuf[1])
 
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
@@ -232,6 +215,7 @@ cdef class RocketMQParser(FrameParser):
             stats.status_namer = response_status_name
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
         self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
+        self.header_limit = max(self.max_header_bytes, HDR)
         self.includes_self = self.options.get("length_includes_self", False)
         self.rewriter = RouteRewriter.from_options(self.options)
         self.route_opaques = set()
@@ -246,67 +230,47 @@ cdef class RocketMQParser(FrameParser):
         cdef int stype = hw >> 24
         cdef RState* r = &self.r[d]
         if total > self.max_frame_bytes:
-            self.fail(d, _r_large, "frame length %d at offset %d exceeds the limit %d" % (
+            self.fail(d, R_TOO_LARGE, "frame length %d at offset %d exceeds the limit %d" % (
                 total, self.st[d].frame_start, self.max_frame_bytes))
             return -1
         if total < HDR:
-            self.fail(d, _r_small, "frame length %d at offset %d is below the 8-byte minimum"
+            self.fail(d, R_TOO_SMALL, "frame length %d at offset %d is below the 8-byte minimum"
                       " (is length_includes_self set right?)" % (total, self.st[d].frame_start))
             return -1
         if stype != ST_JSON and stype != ST_BINARY:
-            self.fail(d, _r_header, "serialization type %d at offset %d (expected 0 JSON or "
+            self.fail(d, R_BAD_HEADER, "serialization type %d at offset %d (expected 0 JSON or "
                       "1 ROCKETMQ)" % (stype, self.st[d].frame_start))
             return -1
         if hlen > total - HDR:
-            self.fail(d, _r_header, "header length %d at offset %d is larger than the frame "
+            self.fail(d, R_BAD_HEADER, "header length %d at offset %d is larger than the frame "
                       "(%d bytes)" % (hlen, self.st[d].frame_start, total))
             return -1
         if hlen > self.max_header_bytes:
-            self.fail(d, _r_large, "header length %d at offset %d exceeds the limit %d" % (
+            self.fail(d, R_TOO_LARGE, "header length %d at offset %d exceeds the limit %d" % (
                 hlen, self.st[d].frame_start, self.max_header_bytes))
             return -1
         r.hlen = hlen
-        r.hgot = 0
         r.stype = stype
         r.total = total
         r.phase = P_HEADER
         if d == S2C and self.route_pending and self.rewriter is not None:
-            self.st[d].capture = 1             # maybe route data: rewrite() decides
+            self.capture_frame(d)              # maybe route data: rewrite() decides
             return total
-        self.st[d].body = 1
+        self.stream_body(d, HDR)
         if hlen == 0:
             self._header(d, h, 0)
         return total
 
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
         cdef RState* r = &self.r[d]
-        cdef Py_ssize_t i = 0, take
-        if r.phase == P_HEADER:
-            if r.hgot == 0 and n >= r.hlen:    # header whole in this read: scan in place
-                self._header(d, p, r.hlen)
-                i = r.hlen
-            else:
-                take = r.hlen - r.hgot
-                if take > n:
-                    take = n
-                if r.hgot + take > self.hcap[d]:
-                    self._grow(d, r.hlen)
-                memcpy(self.hbuf[d] + r.hgot, p, take)
-                r.hgot += take
-                i = take
-                if r.hgot < r.hlen:
-                    return 0
-                self._header(d, self.hbuf[d], r.hlen)
-        if r.phase == P_MESSAGES and i < n:
-            self._walk(d, p + i, n - i)
-        return 0
-
-    cdef int _grow(self, int d, Py_ssize_t need) except -1:
-        cdef uint8_t* nb = <uint8_t*>PyMem_Realloc(self.hbuf[d], need)
-        if nb is NULL:
-            raise MemoryError()
-        self.hbuf[d] = nb
-        self.hcap[d] = need
+        cdef const uint8_t* h
+        cdef Py_ssize_t used = 0
+        if r.phase == P_HEADER:                # in place when this piece holds it whole
+            if self.gather(d, p, n, r.hlen, &h, &used) <= 0:
+                return 0
+            self._header(d, h, r.hlen)
+        if r.phase == P_MESSAGES and used < n:
+            self._walk(d, p + used, n - used)
         return 0
 
     cdef int _walk(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
@@ -334,16 +298,16 @@ cdef class RocketMQParser(FrameParser):
             size = be32(r.wbuf)
             if size < 4:
                 r.phase = P_SKIP
-                self.stats.error(d, _r_body)
+                self.protocol_error(d, R_BAD_BODY)
                 return 0
-            self.stats.messages[r.wdir][r.wslot] += 1
+            self.add_messages(d, 1)
             r.wskip = size - 4
         return 0
 
     cdef int on_body_end(self, int d) except -1:
         cdef RState* r = &self.r[d]
         if r.phase == P_MESSAGES and (r.wskip > 0 or r.whave > 0):
-            self.stats.error(d, _r_body)       # the last message ran past the frame
+            self.protocol_error(d, R_BAD_BODY)  # the last message ran past the frame
         return 0
 
     cdef int _header(self, int d, const uint8_t* h, Py_ssize_t n) except -1:
@@ -352,8 +316,7 @@ cdef class RocketMQParser(FrameParser):
         cdef RState* r = &self.r[d]
         cdef int64_t f[3]
         cdef int rc, slot, code, flag
-        cdef uint32_t opaque
-        cdef Pending p
+        cdef uint64_t opaque                   # i32, sign-extended: the id clients log
         r.phase = P_SKIP
         if r.stype == ST_BINARY:
             if n < BIN_HEADER_MIN:
@@ -373,57 +336,52 @@ cdef class RocketMQParser(FrameParser):
                 self._bad_header(d)
                 return 0
         code = <int>f[0]
-        opaque = <uint32_t>f[1]
+        opaque = <uint64_t><int64_t><int32_t>f[1]
         flag = <int>f[2]
         if flag & F_RESPONSE:
             # A response answers a request that went the other way.  A c2s frame with
             # flag 1 that answers nothing is a Go client's oneway request (DESIGN.md).
-            if self.map_take(1 - d, opaque, &p):
-                slot = p.slot
-                st.frames[d][slot] += 1
-                st.frame_bytes[d][slot] += r.total
-                st.response(slot, code)
-                self.settle(&p, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
+            slot = self.take(d, 1 - d, opaque)
+            if slot >= 0:                      # counted under the request's opcode
+                self.begin(d, slot, K_RESPONSE, r.total, HDR + r.hlen)
+                self.answer(d, code, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
                 if st.slot_code[slot] == GET_ROUTEINFO_BY_TOPIC and self.route_pending:
                     self.route_pending -= 1
                 if st.slot_code[slot] == PULL_MESSAGE and code == SUCCESS:
-                    self._start_walk(d, slot)
+                    self._start_walk(d)
                 return 0
             if d == S2C or flag & F_ONEWAY:
-                slot = st.slot_for(UNMATCHED_RESPONSE)
-                st.frames[d][slot] += 1
-                st.frame_bytes[d][slot] += r.total
-                st.unmatched += 1
+                self.begin(d, st.slot_for(UNMATCHED_RESPONSE), K_RESPONSE, r.total,
+                           HDR + r.hlen)
+                self.answer(d, code, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
+                self.set_corr(d, opaque, CORR_HI_SIGNED)
                 return 0
             flag = F_ONEWAY                    # Go's oneway request
-        slot = st.slot_for(code)
-        st.frames[d][slot] += 1
-        st.frame_bytes[d][slot] += r.total
+        self.begin(d, st.slot_for(code), K_ONEWAY if flag & F_ONEWAY else K_REQUEST,
+                   r.total, HDR + r.hlen)
         if code == SEND_MESSAGE or code == SEND_MESSAGE_V2:
-            st.messages[d][slot] += 1
+            self.add_messages(d, 1)
         elif code == SEND_BATCH_MESSAGE:
-            self._start_walk(d, slot)
-        if not flag & F_ONEWAY:
-            self.map_put(d, opaque, slot)
+            self._start_walk(d)
+        if flag & F_ONEWAY:
+            self.set_corr(d, opaque, CORR_HI_SIGNED)
+        else:
+            self.expect(d, d, opaque, CORR_HI_SIGNED)
             if code == GET_ROUTEINFO_BY_TOPIC and d == C2S and self.rewriter is not None:
                 self.route_pending += 1
-                self.route_opaques.add(opaque)
+                self.route_opaques.add(opaque & 0xFFFFFFFF)
         return 0
 
-    cdef void _start_walk(self, int d, int slot) noexcept:
+    cdef void _start_walk(self, int d) noexcept:
         cdef RState* r = &self.r[d]
         r.phase = P_MESSAGES
         r.wskip = 0
         r.whave = 0
-        r.wslot = slot
-        r.wdir = d
 
     cdef void _bad_header(self, int d) noexcept:
-        cdef RouteStats st = self.stats
-        cdef int slot = st.slot_for(UNDECODABLE)
-        st.frames[d][slot] += 1
-        st.frame_bytes[d][slot] += self.r[d].total
-        st.error(d, _r_header)
+        self.begin(d, self.stats.slot_for(UNDECODABLE), K_ONEWAY, self.r[d].total,
+                   HDR + self.r[d].hlen)
+        self.protocol_error(d, R_BAD_HEADER)
 
     def rewrite(self, int d, bytes frame):
         """A captured s2c frame: account for it, then rewrite it if it is route data."""

@@ -2,8 +2,9 @@
 
 import struct
 
-from proxy.framing_common import (S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_BAD_BODY)
-from proxy.framing_py import FrameParser
+from proxy.framing_common import (S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_BAD_BODY,
+                                  K_REQUEST, K_RESPONSE, K_ONEWAY, OUTCOME_OK, OUTCOME_ERROR)
+from proxy.framing_py import CORR_HI_SIGNED, FrameParser
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES, UNDECODABLE,
                                               UNMATCHED_RESPONSE, RouteRewriter,
@@ -19,18 +20,15 @@ OK_CODES = (0, 19, 20, 22)
 
 
 class _R:
-    __slots__ = ("hlen", "hbuf", "stype", "phase", "total", "wskip", "wbuf", "wslot", "wdir")
+    __slots__ = ("hlen", "stype", "phase", "total", "wskip", "wbuf")
 
     def __init__(self):
         self.hlen = 0
-        self.hbuf = bytearray()
         self.stype = 0
         self.phase = P_HEADER
         self.total = 0
         self.wskip = 0
         self.wbuf = bytearray()
-        self.wslot = 0
-        self.wdir = 0
 
 
 class RocketMQParser(FrameParser):
@@ -46,6 +44,7 @@ class RocketMQParser(FrameParser):
             stats.status_namer = response_status_name
         super().__init__(stats, max_frame_bytes, request_timeout, options)
         self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
+        self.header_limit = max(self.max_header_bytes, HDR)
         self.includes_self = self.options.get("length_includes_self", False)
         self.rewriter = RouteRewriter.from_options(self.options)
         self.route_pending = 0
@@ -82,11 +81,11 @@ class RocketMQParser(FrameParser):
                 hlen, start, self.max_header_bytes))
             return -1
         r = self.r[d]
-        r.hlen, r.hbuf, r.stype, r.total, r.phase = hlen, bytearray(), stype, total, P_HEADER
+        r.hlen, r.stype, r.total, r.phase = hlen, stype, total, P_HEADER
         if d == S2C and self.route_pending and self.rewriter is not None:
-            self.st[d].capture = True
+            self.capture_frame(d)              # maybe route data: rewrite() decides
             return total
-        self.st[d].body = True
+        self.stream_body(d, HDR)
         if hlen == 0:
             self._header(d, b"")
         return total
@@ -95,12 +94,10 @@ class RocketMQParser(FrameParser):
         r = self.r[d]
         i = 0
         if r.phase == P_HEADER:
-            take = min(r.hlen - len(r.hbuf), len(chunk))
-            r.hbuf += chunk[:take]
-            i = take
-            if len(r.hbuf) < r.hlen:
+            h, i = self.gather(d, chunk, r.hlen)
+            if h is None:
                 return
-            self._header(d, bytes(r.hbuf))
+            self._header(d, bytes(h))
         if r.phase == P_MESSAGES and i < len(chunk):
             self._walk(d, chunk[i:])
 
@@ -122,15 +119,15 @@ class RocketMQParser(FrameParser):
             r.wbuf = bytearray()
             if size < 4:
                 r.phase = P_SKIP
-                self.stats.error(d, R_BAD_BODY)
+                self.protocol_error(d, R_BAD_BODY)
                 return
-            self.stats.messages[r.wdir][r.wslot] += 1
+            self.add_messages(d, 1)
             r.wskip = size - 4
 
     def on_body_end(self, d):
         r = self.r[d]
         if r.phase == P_MESSAGES and (r.wskip > 0 or r.wbuf):
-            self.stats.error(d, R_BAD_BODY)
+            self.protocol_error(d, R_BAD_BODY)
 
     def _header(self, d, h):
         st = self.stats
@@ -148,52 +145,52 @@ class RocketMQParser(FrameParser):
         except ValueError:
             self._bad_header(d)
             return
-        opaque &= 0xFFFFFFFF
+        opaque = ((opaque + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)   # i32: the id clients log
         code = ((code + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)     # as the C int
         flag = ((flag + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+        outcome = OUTCOME_OK if code in OK_CODES else OUTCOME_ERROR
+        hb = HDR + r.hlen
         if flag & F_RESPONSE:
-            p = self.map_take(1 - d, opaque)
-            if p is not None:
-                slot = p.slot
-                st.frames[d][slot] += 1
-                st.frame_bytes[d][slot] += r.total
-                st.response(slot, code)
-                self.settle(p, 0 if code in OK_CODES else 1)
-                req_code = st.slot_code[slot] if slot < len(st.slot_code) else None
+            # A response answers a request that went the other way.  A c2s frame with
+            # flag 1 that answers nothing is a Go client's oneway request (DESIGN.md).
+            slot = self.take(d, 1 - d, opaque)
+            if slot >= 0:                      # counted under the request's opcode
+                self.begin(d, slot, K_RESPONSE, r.total, hb)
+                self.answer(d, code, outcome)
+                req_code = st.slot_opcode(slot)
                 if req_code == GET_ROUTEINFO_BY_TOPIC and self.route_pending:
                     self.route_pending -= 1
                 if req_code == PULL_MESSAGE and code == 0:
-                    self._start_walk(d, slot)
+                    self._start_walk(d)
                 return
             if d == S2C or flag & F_ONEWAY:
-                slot = st.slot_for(UNMATCHED_RESPONSE)
-                st.frames[d][slot] += 1
-                st.frame_bytes[d][slot] += r.total
-                st.unmatched += 1
+                self.begin(d, st.slot_for(UNMATCHED_RESPONSE), K_RESPONSE, r.total, hb)
+                self.answer(d, code, outcome)
+                self.set_corr(d, opaque, CORR_HI_SIGNED)
                 return
-            flag = F_ONEWAY
-        slot = st.slot_for(code)
-        st.frames[d][slot] += 1
-        st.frame_bytes[d][slot] += r.total
+            flag = F_ONEWAY                    # Go's oneway request
+        self.begin(d, st.slot_for(code), K_ONEWAY if flag & F_ONEWAY else K_REQUEST,
+                   r.total, hb)
         if code in (SEND_MESSAGE, SEND_MESSAGE_V2):
-            st.messages[d][slot] += 1
+            self.add_messages(d, 1)
         elif code == SEND_BATCH_MESSAGE:
-            self._start_walk(d, slot)
-        if not flag & F_ONEWAY:
-            self.map_put(d, opaque, slot)
+            self._start_walk(d)
+        if flag & F_ONEWAY:
+            self.set_corr(d, opaque, CORR_HI_SIGNED)
+        else:
+            self.expect(d, d, opaque, CORR_HI_SIGNED)
             if code == GET_ROUTEINFO_BY_TOPIC and d == 0 and self.rewriter is not None:
                 self.route_pending += 1
-                self.route_opaques.add(opaque)
+                self.route_opaques.add(opaque & 0xFFFFFFFF)
 
-    def _start_walk(self, d, slot):
+    def _start_walk(self, d):
         r = self.r[d]
-        r.phase, r.wskip, r.wbuf, r.wslot, r.wdir = P_MESSAGES, 0, bytearray(), slot, d
+        r.phase, r.wskip, r.wbuf = P_MESSAGES, 0, bytearray()
 
     def _bad_header(self, d):
-        slot = self.stats.slot_for(UNDECODABLE)
-        self.stats.frames[d][slot] += 1
-        self.stats.frame_bytes[d][slot] += self.r[d].total
-        self.stats.error(d, R_BAD_HEADER)
+        self.begin(d, self.stats.slot_for(UNDECODABLE), K_ONEWAY, self.r[d].total,
+                   HDR + self.r[d].hlen)
+        self.protocol_error(d, R_BAD_HEADER)
 
     def rewrite(self, d, frame):
         r = self.r[d]

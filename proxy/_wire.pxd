@@ -1,0 +1,48 @@
+# cython: language_level=3
+# Byte-order and varint readers shared by every compiled parser.  All inline, all
+# noexcept: the caller has checked that the bytes are there (varints check their
+# own end and return -1 when the varint runs past it or is longer than 10 bytes).
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+
+
+cdef inline uint16_t be16(const uint8_t* p) noexcept nogil:
+    return <uint16_t>((<uint16_t>p[0] << 8) | p[1])
+
+cdef inline uint32_t be32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+cdef inline uint64_t be64(const uint8_t* p) noexcept nogil:
+    return (<uint64_t>be32(p) << 32) | be32(p + 4)
+
+cdef inline uint16_t le16(const uint8_t* p) noexcept nogil:
+    return <uint16_t>((<uint16_t>p[1] << 8) | p[0])
+
+cdef inline uint32_t le32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[3] << 24) | (<uint32_t>p[2] << 16) | (<uint32_t>p[1] << 8) | p[0]
+
+cdef inline uint64_t le64(const uint8_t* p) noexcept nogil:
+    return (<uint64_t>le32(p + 4) << 32) | le32(p)
+
+
+cdef inline Py_ssize_t uvarint(const uint8_t* p, Py_ssize_t n, uint64_t* out) noexcept nogil:
+    """Unsigned LEB128 (protobuf / Thrift compact / THeader) at p[0:n].
+
+    Returns the bytes it took (1..10), or -1 when it does not end within n bytes
+    or within 10 bytes.
+    """
+    cdef uint64_t v = 0
+    cdef Py_ssize_t i = 0
+    cdef int shift = 0
+    while i < n and i < 10:
+        v |= <uint64_t>(p[i] & 0x7F) << shift
+        if not (p[i] & 0x80):
+            out[0] = v
+            return i + 1
+        shift += 7
+        i += 1
+    return -1
+
+
+cdef inline int64_t unzigzag(uint64_t v) noexcept nogil:
+    return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))

@@ -1,0 +1,109 @@
+"""FlyMQ conversations, garbage and random frames for the conformance suite."""
+
+import struct
+
+from hypothesis import strategies as st
+
+from proxy.conformance import C2S, S2C, Conversation, Garbage
+
+
+def frame(op, payload=b"", version=1, flags=1, magic=0xAF):
+    return bytes([magic, version, op, flags]) + struct.pack(">I", len(payload)) + payload
+
+
+def produce(value=b"hello", topic=b"test"):
+    payload = struct.pack(">H", len(topic)) + topic + struct.pack(">I", 0) \
+        + struct.pack(">I", len(value)) + value + struct.pack(">i", -1)
+    return frame(0x01, payload)
+
+
+def fetch_response(n):
+    body = struct.pack(">I", n)
+    for i in range(n):
+        body += struct.pack(">I", 0) + struct.pack(">I", 3) + b"abc" + struct.pack(">Q", i)
+    return frame(0x07, body + struct.pack(">Q", n))
+
+
+# PRODUCE, FETCH (3 messages), CONSUME, an unknown opcode answered by ERROR, and an
+# empty-payload LIST_TOPICS: the requests pipelined, then the answers in order.
+REQUESTS = [produce(), frame(0x07, b"\x00\x04test" + b"\0" * 16), frame(0x02, b"x" * 14),
+            frame(0x99, b"?"), frame(0x08)]
+RESPONSES = [frame(0x01, b"r" * 34), fetch_response(3), frame(0x02, b"k" * 12),
+             frame(0xFF, b"\x00\x00\x07unknown"), frame(0x08, b"\0\0\0\0")]
+
+
+def conversations():
+    pipelined = Conversation(
+        "pipelined",
+        [(C2S, f) for f in REQUESTS] + [(S2C, f) for f in RESPONSES],
+        counters={
+            "frames": {("c2s", "PRODUCE"): 1, ("c2s", "FETCH"): 1, ("c2s", "CONSUME"): 1,
+                       ("c2s", "unknown_153"): 1, ("c2s", "LIST_TOPICS"): 1,
+                       ("s2c", "PRODUCE"): 1, ("s2c", "FETCH"): 1, ("s2c", "CONSUME"): 1,
+                       ("s2c", "ERROR"): 1, ("s2c", "LIST_TOPICS"): 1},
+            "messages": {("c2s", "PRODUCE"): 1, ("s2c", "FETCH"): 3, ("s2c", "CONSUME"): 1},
+            "responses": {("PRODUCE", "OK"): 1, ("FETCH", "OK"): 1, ("CONSUME", "OK"): 1,
+                          ("unknown_153", "ERROR"): 1, ("LIST_TOPICS", "OK"): 1},
+            "hist": {("PRODUCE", "ok"): 1, ("FETCH", "ok"): 1, ("CONSUME", "ok"): 1,
+                     ("unknown_153", "error"): 1, ("LIST_TOPICS", "ok"): 1},
+            "in_flight": 0, "unmatched": 0, "timeouts": {}, "errors": {}},
+        records=[{"direction": "c2s", "opcode_name": n, "kind": "request",
+                  "correlation_id": str(i + 1), "frame_bytes": len(REQUESTS[i]),
+                  "header_bytes": 8}
+                 for i, n in enumerate(["PRODUCE", "FETCH", "CONSUME", "unknown_153",
+                                        "LIST_TOPICS"])]
+        + [{"direction": "s2c", "opcode_name": n, "kind": "response",
+            "correlation_id": str(i + 1), "request_opcode_name": r, "status": s,
+            "outcome": o, "messages": m}
+           for i, (n, r, s, o, m) in enumerate([
+               ("PRODUCE", "PRODUCE", "OK", "ok", 0), ("FETCH", "FETCH", "OK", "ok", 3),
+               ("CONSUME", "CONSUME", "OK", "ok", 1),
+               ("ERROR", "unknown_153", "ERROR", "error", 0),
+               ("LIST_TOPICS", "LIST_TOPICS", "OK", "ok", 0)])])
+    unanswered = Conversation(
+        "unanswered",
+        [(C2S, REQUESTS[0]), (S2C, RESPONSES[0]), (C2S, REQUESTS[2]), (S2C, frame(0x01)),
+         (S2C, frame(0x01)), (C2S, REQUESTS[4])],
+        counters={"responses": {("PRODUCE", "OK"): 1, ("CONSUME", "OK"): 1},
+                  "errors": {("s2c", "response_mismatch"): 1}, "unmatched": 1,
+                  "timeouts": {"LIST_TOPICS": 1}, "in_flight": 0},
+        records=[{"kind": "request", "correlation_id": "1"},
+                 {"kind": "response", "correlation_id": "1"},
+                 {"kind": "request", "correlation_id": "2"},
+                 {"kind": "response", "correlation_id": "2",
+                  "request_opcode_name": "CONSUME", "opcode_name": "PRODUCE"},
+                 {"kind": "response", "correlation_id": None, "latency_ns": None},
+                 {"kind": "request", "correlation_id": "3"},
+                 {"kind": "event", "opcode_name": "LIST_TOPICS", "correlation_id": "3",
+                  "request_opcode_name": "LIST_TOPICS"}])
+    return [pipelined, unanswered]
+
+
+def garbage():
+    return [Garbage("tls-hello", C2S, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+                    "bad_magic"),
+            Garbage("http", C2S, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "bad_magic"),
+            Garbage("huge-length", C2S, frame(0x01)[:4] + b"\xff\xff\xff\xff",
+                    "frame_too_large"),
+            Garbage("bad-version", C2S, frame(0x01, b"abc", version=9), "bad_version",
+                    fatal=False)]
+
+
+def requests(n):
+    return [frame(0x01, b"%08d" % i) for i in range(n)]
+
+
+_OPS = [0x01, 0x02, 0x03, 0x07, 0x08, 0x10, 0x30, 0x99]
+
+
+@st.composite
+def _frame(draw):
+    d = draw(st.sampled_from([C2S, S2C]))
+    op = draw(st.sampled_from(_OPS + ([0xFF] if d == S2C else [])))
+    if d == S2C and op == 0x07 and draw(st.booleans()):
+        return d, fetch_response(draw(st.integers(0, 4)))
+    return d, frame(op, draw(st.binary(max_size=40)), version=draw(st.sampled_from([1, 1, 2])))
+
+
+def frames():
+    return st.lists(_frame(), max_size=24)

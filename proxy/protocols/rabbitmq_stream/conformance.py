@@ -1,0 +1,155 @@
+"""RabbitMQ Stream conversations, garbage and random frames for the conformance suite."""
+
+from hypothesis import strategies as st
+
+from proxy.conformance import C2S, S2C, Conversation, Garbage
+from proxy.protocols.rabbitmq_stream import constants as K
+from proxy.protocols.rabbitmq_stream.codec import (PublishedMessage, PublishingError,
+                                                   build_chunk, encode_command, encode_frame)
+
+
+def req(key, **f):
+    return encode_command(key, **f)
+
+
+def resp(key, **f):
+    return encode_command(key, response=True, **f)
+
+
+def publish(pubid, ids, size=100, version=1):
+    msgs = [PublishedMessage(i, b"m" * size, "f" if version >= 2 else None) for i in ids]
+    return encode_command(K.PUBLISH, version=version, publisher_id=pubid, messages=msgs)
+
+
+def deliver(n_records, version=1):
+    chunk = build_chunk([b"r%d" % i for i in range(n_records)], first_offset=0,
+                        timestamp=1700000000000)
+    fields = {"subscription_id": 1, "chunk": chunk}
+    if version >= 2:
+        fields["committed_chunk_id"] = 0
+    return encode_command(K.DELIVER, version=version, **fields)
+
+
+# A client that connects, publishes 3 + 2 messages (one rejected), consumes 5 and answers
+# the server's Close; requests in both directions, Tune proposed by the server.
+C2S_FRAMES = [
+    req(K.PEER_PROPERTIES, correlation_id=1, properties={"product": "test"}),
+    req(K.SASL_HANDSHAKE, correlation_id=2),
+    req(K.SASL_AUTHENTICATE, correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest"),
+    encode_command(K.TUNE, frame_max=1048576, heartbeat=60),          # client's answer
+    req(K.OPEN, correlation_id=4, virtual_host="/"),
+    req(K.DECLARE_PUBLISHER, correlation_id=5, publisher_id=7, reference=None, stream="s"),
+    publish(7, [1, 2, 3]),
+    publish(7, [4, 5], version=2),
+    req(K.SUBSCRIBE, correlation_id=6, subscription_id=1, stream="s", offset_type=1,
+        credit=10, properties={}),
+    req(K.CREDIT, subscription_id=1, credit=1),
+    req(K.STORE_OFFSET, reference="app", stream="s", offset=4),
+    req(K.HEARTBEAT),
+    resp(K.CLOSE, correlation_id=9, code=K.OK),                       # answers server Close
+]
+S2C_FRAMES = [
+    resp(K.PEER_PROPERTIES, correlation_id=1, code=K.OK, properties={}),
+    resp(K.SASL_HANDSHAKE, correlation_id=2, code=K.OK, mechanisms=["PLAIN"]),
+    resp(K.SASL_AUTHENTICATE, correlation_id=3, code=K.OK),
+    encode_command(K.TUNE, frame_max=1048576, heartbeat=60),          # server proposes
+    resp(K.OPEN, correlation_id=4, code=K.OK, properties={}),
+    resp(K.DECLARE_PUBLISHER, correlation_id=5, code=K.OK),
+    req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[1, 2]),
+    req(K.PUBLISH_ERROR, publisher_id=7, errors=[PublishingError(3, K.PUBLISHER_DOES_NOT_EXIST)]),
+    req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[4, 5]),
+    resp(K.SUBSCRIBE, correlation_id=6, code=K.OK),
+    deliver(3),
+    deliver(2, version=2),
+    resp(K.CREDIT, code=K.SUBSCRIPTION_ID_DOES_NOT_EXIST, subscription_id=9),
+    req(K.CLOSE, correlation_id=9, code=K.OK, reason="bye"),            # server-initiated
+]
+# Causal order: every request is fed before the response that answers it.
+SCHEDULE = [(C2S, 0, 3), (S2C, 0, 4), (C2S, 3, 9), (S2C, 4, 14), (C2S, 9, 13)]
+
+
+def steps():
+    out = []
+    for d, i, j in SCHEDULE:
+        out.extend((d, f) for f in (C2S_FRAMES if d == C2S else S2C_FRAMES)[i:j])
+    return out
+
+
+def conversations():
+    full = Conversation(
+        "client-session", steps(),
+        counters={
+            "messages": {("c2s", "Publish"): 5, ("s2c", "Deliver"): 5},
+            "responses": {
+                ("PeerProperties", "OK"): 1, ("SaslHandshake", "OK"): 1,
+                ("SaslAuthenticate", "OK"): 1, ("Tune", "OK"): 1, ("Open", "OK"): 1,
+                ("DeclarePublisher", "OK"): 1, ("Publish", "OK"): 4,
+                ("Publish", "PUBLISHER_DOES_NOT_EXIST"): 1, ("Subscribe", "OK"): 1,
+                ("Credit", "SUBSCRIPTION_ID_DOES_NOT_EXIST"): 1, ("Close", "OK"): 1},
+            "unmatched": 0, "in_flight": 0, "errors": {}, "timeouts": {}})
+    # one row per publishing id; the frame's bytes on its first row only
+    p1, p2 = publish(7, [1, 2, 3]), publish(7, [4, 5], version=2)
+    rows = Conversation(
+        "publish-rows",
+        [(C2S, p1), (C2S, p2),
+         (S2C, req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[1, 2])),
+         (S2C, req(K.PUBLISH_ERROR, publisher_id=7,
+                   errors=[PublishingError(3, K.PUBLISHER_DOES_NOT_EXIST)])),
+         (S2C, deliver(3))],
+        counters={"timeouts": {"Publish": 2}, "in_flight": 0},
+        records=[{"opcode_name": "Publish", "kind": "request", "correlation_id": "7:1",
+                  "frame_bytes": len(p1), "messages": 1},
+                 {"opcode_name": "Publish", "correlation_id": "7:2", "frame_bytes": 0},
+                 {"opcode_name": "Publish", "correlation_id": "7:3", "frame_bytes": 0},
+                 {"opcode_name": "Publish", "correlation_id": "7:4", "frame_bytes": len(p2)},
+                 {"opcode_name": "Publish", "correlation_id": "7:5", "frame_bytes": 0},
+                 {"opcode_name": "PublishConfirm", "kind": "response", "status": "OK",
+                  "correlation_id": "7:1", "request_opcode_name": "Publish"},
+                 {"opcode_name": "PublishConfirm", "correlation_id": "7:2", "frame_bytes": 0},
+                 {"opcode_name": "PublishError", "correlation_id": "7:3", "outcome": "error",
+                  "status": "PUBLISHER_DOES_NOT_EXIST", "request_opcode_name": "Publish"},
+                 {"opcode_name": "Deliver", "kind": "oneway", "messages": 3},
+                 {"kind": "event", "opcode_name": "Publish", "correlation_id": "7:4"},
+                 {"kind": "event", "opcode_name": "Publish", "correlation_id": "7:5"}])
+    return [full, rows]
+
+
+def garbage():
+    return [Garbage("huge-size", C2S, b"\x7f\xff\xff\xff" + b"\0" * 8, "frame_too_large"),
+            Garbage("tiny-size", C2S, b"\0\0\0\x02\0\x11" + req(K.HEARTBEAT), "frame_too_small",
+                    fatal=False),
+            Garbage("unknown-key", C2S, encode_frame(0x0063, 1, b"\0\0\0\1"), "unknown_command",
+                    fatal=False),
+            Garbage("short-fields", S2C, encode_frame(0x8004, 1, b"\0"), "bad_header",
+                    fatal=False)]
+
+
+def requests(n):
+    return [req(K.QUERY_OFFSET, correlation_id=i + 1, reference="r", stream="s")
+            for i in range(n)]
+
+
+_KEYS = [1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 15, 20, 23, 0x8001, 0x8007, 0x800F, 0x8009]
+
+
+@st.composite
+def _frame(draw):
+    d = draw(st.sampled_from([C2S, S2C]))
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
+        return d, publish(draw(st.integers(0, 3)), draw(st.lists(st.integers(0, 9), max_size=4)),
+                          size=draw(st.integers(0, 20)), version=draw(st.sampled_from([1, 2])))
+    if kind == 1:
+        return d, req(K.PUBLISH_CONFIRM, publisher_id=draw(st.integers(0, 3)),
+                      publishing_ids=draw(st.lists(st.integers(0, 9), max_size=4)))
+    if kind == 2:
+        return d, deliver(draw(st.integers(0, 3)), version=draw(st.sampled_from([1, 2])))
+    key = draw(st.sampled_from(_KEYS))
+    body = draw(st.binary(max_size=24))
+    if kind == 3:     # a correlation id the other side may answer
+        body = draw(st.integers(0, 3)).to_bytes(4, "big") + body
+    return d, encode_frame(key, draw(st.sampled_from([1, 2])), body)
+
+
+def frames():
+    return st.lists(_frame(), max_size=24)

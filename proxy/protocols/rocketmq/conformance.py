@@ -1,0 +1,159 @@
+"""RocketMQ remoting conversations, garbage and random frames for the conformance suite."""
+
+import json
+import struct
+
+from hypothesis import strategies as st
+
+from proxy.conformance import C2S, S2C, Conversation, Garbage
+
+
+def jframe(header, body=b"", includes_self=False):
+    h = json.dumps(header).encode() if isinstance(header, dict) else header
+    length = 4 + len(h) + len(body) + (4 if includes_self else 0)
+    return struct.pack(">II", length, len(h)) + h + body
+
+
+def bframe(code, opaque, flag, ext=None, body=b"", remark=b""):
+    ext = ext or {}
+    e = b"".join(struct.pack(">H", len(k)) + k + struct.pack(">i", len(v)) + v
+                 for k, v in ext.items())
+    h = struct.pack(">HBHii", code, 6, 1, opaque, flag) + struct.pack(">i", len(remark)) + \
+        remark + struct.pack(">i", len(e)) + e
+    return struct.pack(">II", 4 + len(h) + len(body), (1 << 24) | len(h)) + h + body
+
+
+def req(code, opaque, flag=0, **ext):
+    return jframe({"code": code, "language": "JAVA", "version": 433, "opaque": opaque,
+                   "flag": flag, "extFields": {k: str(v) for k, v in ext.items()}})
+
+
+def resp(code, opaque, body=b"", **ext):
+    return jframe({"code": code, "language": "JAVA", "version": 433, "opaque": opaque,
+                   "flag": 1, "remark": None, "extFields": ext, "serializeTypeCurrentRPC": "JSON"},
+                  body)
+
+
+def message(body):
+    """A minimal message entry: totalSize (includes itself) then content."""
+    return struct.pack(">i", 4 + 20 + len(body)) + b"\0" * 20 + body
+
+
+# A producer talking to the name server then the broker: the route lookup, a V2 send with
+# the short keys (nested extFields repeating "code"/"flag" names, escapes, odd key order,
+# whitespace), a batch of 3, a pull answered with 2 messages, a oneway offset update, a
+# broker->client request (NOTIFY_CONSUMER_IDS_CHANGED) answered by the client, a binary
+# header send, and a failed send.
+V2_HEADER = (b'{ "extFields" : {"a":"grp","b":"TopicTest","flag":"0","code":"7",'
+             b'"i":"KEYS\\u0001k1\\u0002TAGS\\u0001t\\"a\\"g"} , "flag":0,'
+             b'"opaque" : 3, "language":"CPP","code":310 ,"version":1}')
+C2S_FRAMES = [
+    req(105, 1, topic="TopicTest"),
+    jframe(V2_HEADER, b"hello"),
+    jframe({"code": 320, "opaque": 4, "flag": 0, "extFields": {"b": "TopicTest"}},
+           message(b"one") + message(b"two") + message(b"three!")),
+    req(11, 5, topic="TopicTest", queueId=0, queueOffset=0),
+    req(15, 6, flag=2, topic="TopicTest"),                       # oneway (bit 1)
+    resp(0, 900),                                                # answers the broker's request
+    bframe(10, 7, 0, {b"topic": b"TopicTest"}, b"payload"),
+    req(310, 8, b="TopicTest"),
+]
+S2C_FRAMES = [
+    resp(0, 1, b'{"brokerDatas":[{"brokerAddrs":{0:"10.0.0.7:10911"}}]}'),
+    resp(0, 3, msgId="AC11", queueId="1", queueOffset="0"),
+    resp(0, 4),
+    resp(0, 5, message(b"m1") + message(b"m2"), nextBeginOffset="2"),
+    req(40, 900, consumerGroup="g"),                             # broker -> client request
+    bframe(0, 7, 1),
+    resp(17, 8),                                                 # TOPIC_NOT_EXIST
+]
+SCHEDULE = [(C2S, 0, 5), (S2C, 0, 5), (C2S, 5, 8), (S2C, 5, 7)]
+
+
+def steps():
+    out = []
+    for d, i, j in SCHEDULE:
+        out.extend((d, f) for f in (C2S_FRAMES if d == C2S else S2C_FRAMES)[i:j])
+    return out
+
+
+def conversations():
+    producer = Conversation(
+        "producer", steps(),
+        counters={
+            "frames": {
+                ("c2s", "GET_ROUTEINFO_BY_TOPIC"): 1, ("c2s", "SEND_MESSAGE_V2"): 2,
+                ("c2s", "SEND_BATCH_MESSAGE"): 1, ("c2s", "PULL_MESSAGE"): 1,
+                ("c2s", "UPDATE_CONSUMER_OFFSET"): 1,
+                ("c2s", "NOTIFY_CONSUMER_IDS_CHANGED"): 1, ("c2s", "SEND_MESSAGE"): 1,
+                ("s2c", "GET_ROUTEINFO_BY_TOPIC"): 1, ("s2c", "SEND_MESSAGE_V2"): 2,
+                ("s2c", "SEND_BATCH_MESSAGE"): 1, ("s2c", "PULL_MESSAGE"): 1,
+                ("s2c", "NOTIFY_CONSUMER_IDS_CHANGED"): 1, ("s2c", "SEND_MESSAGE"): 1},
+            "messages": {("c2s", "SEND_MESSAGE_V2"): 2, ("c2s", "SEND_BATCH_MESSAGE"): 3,
+                         ("c2s", "SEND_MESSAGE"): 1, ("s2c", "PULL_MESSAGE"): 2},
+            "responses": {
+                ("GET_ROUTEINFO_BY_TOPIC", "SUCCESS"): 1, ("SEND_MESSAGE_V2", "SUCCESS"): 1,
+                ("SEND_MESSAGE_V2", "TOPIC_NOT_EXIST"): 1, ("SEND_BATCH_MESSAGE", "SUCCESS"): 1,
+                ("PULL_MESSAGE", "SUCCESS"): 1, ("NOTIFY_CONSUMER_IDS_CHANGED", "SUCCESS"): 1,
+                ("SEND_MESSAGE", "SUCCESS"): 1},
+            "unmatched": 0, "in_flight": 0, "errors": {}, "timeouts": {}},
+        records=[{"direction": "c2s", "opcode_name": "GET_ROUTEINFO_BY_TOPIC",
+                  "kind": "request", "correlation_id": "1"},
+                 {"opcode_name": "SEND_MESSAGE_V2", "correlation_id": "3", "messages": 1},
+                 {"opcode_name": "SEND_BATCH_MESSAGE", "correlation_id": "4", "messages": 3},
+                 {"opcode_name": "PULL_MESSAGE", "correlation_id": "5"},
+                 {"opcode_name": "UPDATE_CONSUMER_OFFSET", "kind": "oneway",
+                  "correlation_id": "6"},
+                 {"direction": "s2c", "kind": "response", "correlation_id": "1",
+                  "request_opcode_name": "GET_ROUTEINFO_BY_TOPIC", "status": "SUCCESS"},
+                 {"correlation_id": "3"}, {"correlation_id": "4"},
+                 {"correlation_id": "5", "messages": 2},
+                 {"direction": "s2c", "kind": "request", "correlation_id": "900",
+                  "opcode_name": "NOTIFY_CONSUMER_IDS_CHANGED"},
+                 {"direction": "c2s", "kind": "response", "correlation_id": "900"},
+                 {"opcode_name": "SEND_MESSAGE", "correlation_id": "7"},
+                 {"opcode_name": "SEND_MESSAGE_V2", "correlation_id": "8"},
+                 {"correlation_id": "7", "outcome": "ok"},
+                 {"correlation_id": "8", "status": "TOPIC_NOT_EXIST", "outcome": "error"}])
+    go_oneway = Conversation(
+        "go-oneway-and-unmatched",
+        [(C2S, req(15, 40, flag=1, topic="t")), (S2C, resp(0, 41)), (C2S, req(11, 42))],
+        counters={"unmatched": 1, "timeouts": {"PULL_MESSAGE": 1},
+                  "frames": {("c2s", "UPDATE_CONSUMER_OFFSET"): 1,
+                             ("s2c", "unmatched_response"): 1, ("c2s", "PULL_MESSAGE"): 1}},
+        records=[{"kind": "oneway", "correlation_id": "40"},
+                 {"kind": "response", "correlation_id": "41", "latency_ns": None},
+                 {"kind": "request", "correlation_id": "42"},
+                 {"kind": "event", "correlation_id": "42", "opcode_name": "PULL_MESSAGE"}])
+    return [producer, go_oneway]
+
+
+def garbage():
+    return [Garbage("huge-length", C2S, b"\x7f\xff\xff\xff\0\0\0\x10", "frame_too_large"),
+            Garbage("tiny-length", C2S, b"\0\0\0\x01\0\0\0\0", "frame_too_small"),
+            Garbage("bad-serialization", C2S, b"\0\0\0\x10\x07\0\0\x02{}" + b"\0" * 10,
+                    "bad_header"),
+            Garbage("header-past-frame", C2S, b"\0\0\0\x08\0\0\0\x40abcd", "bad_header"),
+            Garbage("not-json", C2S, jframe(b"{nope", b""), "bad_header", fatal=False),
+            Garbage("http", C2S, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "frame_too_large")]
+
+
+def requests(n):
+    return [req(11, i + 1) for i in range(n)]
+
+
+@st.composite
+def _frame(draw):
+    d = draw(st.sampled_from([C2S, S2C]))
+    code = draw(st.sampled_from([0, 10, 11, 15, 17, 40, 105, 310, 320]))
+    opaque = draw(st.integers(0, 5))
+    flag = draw(st.sampled_from([0, 1, 2, 3]))
+    body = draw(st.sampled_from([b"", message(b"a"), message(b"b") + message(b"cc"),
+                                 b"\0\0\0\x01"]))
+    if draw(st.booleans()):
+        return d, bframe(code, opaque, flag, {b"topic": b"t"}, body)
+    return d, jframe({"code": code, "opaque": opaque, "flag": flag}, body)
+
+
+def frames():
+    return st.lists(_frame(), max_size=24)
