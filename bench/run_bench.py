@@ -50,6 +50,8 @@ LOAD_CPU = "1"  # flyload server and client share the other core
 
 PASSTHROUGH = "passthrough"
 FRAMETAP = "frametap"
+PREVIOUS = "previous"      # frametap from another checkout (--previous DIR), the before build
+PREVIOUS_TOLERANCE = 0.03  # a change to the hot path may cost at most 3% against it
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,7 @@ class Env:
     warmup: float
     logdir: Path
     frametap_cwd: Path | None
+    previous_dir: Path | None = None
 
 
 def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, int, int | None, Path]:
@@ -260,8 +263,12 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
                 "--listen", f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{env.server_port}",
                 "--admin", f"127.0.0.1:{admin}"]
         cwd = env.frametap_cwd
+    penv = frametap_env()
+    if which == PREVIOUS:
+        cwd = env.previous_dir
+        penv["PYTHONPATH"] = str(env.previous_dir)
     proc = subprocess.Popen(pinned(PROXY_CPU, argv), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                            env=frametap_env())
+                            env=penv)
     out.close()
     try:
         wait_port(listen, proc, 20, which, logfile)
@@ -383,6 +390,17 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
                 checks[key] = {"ratio": ratio, "target": f"<= {sc.target}", "pass": ratio <= sc.target}
         checks["metrics"] = {"pass": ft["metrics_ok"]}
         out["checks"] = checks
+    if PREVIOUS in out["proxies"] and FRAMETAP in out["proxies"]:
+        prev, ft = out["proxies"][PREVIOUS], out["proxies"][FRAMETAP]
+        checks = out.setdefault("checks", {})
+        key = "rps" if sc.kind == "throughput" else "p50_us"
+        ratio = ft["median_" + key] / prev["median_" + key] if prev["median_" + key] else float("nan")
+        ok = ratio >= 1 - PREVIOUS_TOLERANCE if key == "rps" else ratio <= 1 + PREVIOUS_TOLERANCE
+        spread = {w: (min(p[key]), max(p[key])) for w, p in ((PREVIOUS, prev), (FRAMETAP, ft))}
+        checks["vs_previous_" + key] = {
+            "ratio": ratio, "pass": ok, "spread": spread,
+            "target": (f">= {1 - PREVIOUS_TOLERANCE:.2f}" if key == "rps"
+                       else f"<= {1 + PREVIOUS_TOLERANCE:.2f}")}
     return out
 
 
@@ -409,6 +427,9 @@ def print_summary(summaries: list[dict]) -> list[str]:
                 failed.append(f"{s['scenario']}:{name}")
             if name == "metrics":
                 log(f"    frametap metrics saw every request: {verdict}")
+            elif name.startswith("vs_previous"):
+                log(f"    frametap/previous build {name[12:]} ratio {c['ratio']:.3f} "
+                    f"(target {c['target']}): {verdict}")
             else:
                 log(f"    frametap/passthrough {name} ratio {c['ratio']:.3f} (target {c['target']}): {verdict}")
     return failed
@@ -431,7 +452,7 @@ def write_chart(summaries: list[dict], path: Path) -> str:
             panels.append((s, "p50_us", "p50 latency (us)"))
             panels.append((s, "p99_us", "p99 latency (us)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.8), squeeze=False)
-    colors = {PASSTHROUGH: "#8c8c8c", FRAMETAP: "#1f77b4"}
+    colors = {PASSTHROUGH: "#8c8c8c", FRAMETAP: "#1f77b4", PREVIOUS: "#aec7e8"}
     for ax, (s, key, label) in zip(axes[0], panels):
         names = list(s["proxies"])
         meds = [s["proxies"][n]["median_" + key] for n in names]
@@ -488,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default="a,b,c", help="comma list of scenarios to run (default a,b,c)")
     ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP}",
                     help="comma list from passthrough,frametap (default both)")
+    ap.add_argument("--previous", type=Path, metavar="DIR",
+                    help="also run frametap from this checkout (built in place: `python setup.py "
+                         "build_ext --inplace`), interleaved: the before build of a hot-path change")
     ap.add_argument("--skip-parser", action="store_true", help="do not run bench/parser_bench.py")
     ap.add_argument("--strict", action="store_true", help="exit 1 when any target FAILs")
     ap.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.json", help="results JSON path")
@@ -498,7 +522,12 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, value)
 
     proxies = [p.strip() for p in args.proxies.split(",") if p.strip()]
-    bad = set(proxies) - {PASSTHROUGH, FRAMETAP}
+    if args.previous is not None:
+        if not (args.previous / "proxy" / "__main__.py").is_file():
+            ap.error(f"--previous {args.previous}: not a frametap checkout")
+        args.previous = args.previous.resolve()
+        proxies.append(PREVIOUS)
+    bad = set(proxies) - {PASSTHROUGH, FRAMETAP, PREVIOUS}
     if bad or not proxies:
         ap.error(f"--proxies: unknown {sorted(bad)}; choose from passthrough,frametap")
     keys = [k.strip() for k in args.scenarios.split(",") if k.strip()]
@@ -544,7 +573,8 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
     runs: list[dict] = []
     try:
         wait_port(server_port, server, 10, "flyload server", server_log)
-        env = Env(flyload, server_port, server.pid, args.seconds, args.warmup, workdir, frametap_cwd)
+        env = Env(flyload, server_port, server.pid, args.seconds, args.warmup, workdir, frametap_cwd,
+                  args.previous)
         log(f"python {platform.python_version()} ({sys.executable}); flyload in {workdir}")
         if framing_file:
             kind = "PURE-PYTHON (not compiled!)" if ".py " in framing_file + " " else "compiled"

@@ -153,7 +153,6 @@ class RouteStats:
         self.error(DIRECTIONS.index(direction), REASONS.index(reason))
 
     def snapshot(self):
-        opname = self.opcode_namer or (lambda c: "unknown_%d" % c)
         stname = self.status_namer or str
         names = [self.slot_name(s) for s in range(len(self.slot_code))]
         names.extend(["other"] * (OPCODE_SLOTS - len(names)))

@@ -1,6 +1,9 @@
-"""RabbitMQ Stream parser on both twins: golden conversations, every split point,
-publish->confirm per message, Deliver records, server-initiated requests, rewriting,
-and bad input (unknown key, tiny/huge sizes, unmatched correlation ids)."""
+"""RabbitMQ Stream parser specifics on both twins: publish->confirm latency per message,
+rewriting, and bad input (unknown key, tiny/huge sizes, unmatched correlation ids).
+
+The golden conversation, every split point, byte-at-a-time feeding and the
+twin-agreement fuzzer are in tests/test_conformance.py (data: rabbitmq_stream/conformance.py).
+"""
 
 import os
 
@@ -10,10 +13,9 @@ from hypothesis import given, settings, strategies as st
 from proxy import framing_py
 from proxy.protocols.rabbitmq_stream import constants as K
 from proxy.protocols.rabbitmq_stream import parser_py
-from proxy.protocols.rabbitmq_stream.codec import (PublishedMessage, PublishingError,
-                                                   build_chunk, decode_metadata_response,
-                                                   encode_command, encode_frame,
-                                                   encode_metadata_response)
+from proxy.protocols.rabbitmq_stream.codec import (decode_metadata_response, encode_command,
+                                                   encode_frame, encode_metadata_response)
+from proxy.protocols.rabbitmq_stream.conformance import publish, req, resp
 
 IMPLS = {"py-parser": (framing_py.RouteStats, parser_py.StreamParser)}
 if not os.environ.get("FRAMETAP_NO_EXTENSIONS"):
@@ -35,134 +37,11 @@ def make(impl, **kw):
     return stats, Parser(stats, **kw)
 
 
-def req(key, **f):
-    return encode_command(key, **f)
-
-
-def resp(key, **f):
-    return encode_command(key, response=True, **f)
-
-
-def publish(pubid, ids, size=100, version=1):
-    msgs = [PublishedMessage(i, b"m" * size, "f" if version >= 2 else None) for i in ids]
-    return encode_command(K.PUBLISH, version=version, publisher_id=pubid, messages=msgs)
-
-
-def deliver(n_records, version=1):
-    chunk = build_chunk([b"r%d" % i for i in range(n_records)], first_offset=0,
-                        timestamp=1700000000000)
-    fields = {"subscription_id": 1, "chunk": chunk}
-    if version >= 2:
-        fields["committed_chunk_id"] = 0
-    return encode_command(K.DELIVER, version=version, **fields)
-
-
-# The connection sequence of a client that publishes 3 + 2 messages and consumes them.
-C2S_FRAMES = [
-    req(K.PEER_PROPERTIES, correlation_id=1, properties={"product": "test"}),
-    req(K.SASL_HANDSHAKE, correlation_id=2),
-    req(K.SASL_AUTHENTICATE, correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest"),
-    encode_command(K.TUNE, frame_max=1048576, heartbeat=60),          # client's answer
-    req(K.OPEN, correlation_id=4, virtual_host="/"),
-    req(K.DECLARE_PUBLISHER, correlation_id=5, publisher_id=7, reference=None, stream="s"),
-    publish(7, [1, 2, 3]),
-    publish(7, [4, 5], version=2),
-    req(K.SUBSCRIBE, correlation_id=6, subscription_id=1, stream="s", offset_type=1,
-        credit=10, properties={}),
-    req(K.CREDIT, subscription_id=1, credit=1),
-    req(K.STORE_OFFSET, reference="app", stream="s", offset=4),
-    req(K.HEARTBEAT),
-    resp(K.CLOSE, correlation_id=9, code=K.OK),                       # answers server Close
-]
-S2C_FRAMES = [
-    resp(K.PEER_PROPERTIES, correlation_id=1, code=K.OK, properties={}),
-    resp(K.SASL_HANDSHAKE, correlation_id=2, code=K.OK, mechanisms=["PLAIN"]),
-    resp(K.SASL_AUTHENTICATE, correlation_id=3, code=K.OK),
-    encode_command(K.TUNE, frame_max=1048576, heartbeat=60),          # server proposes
-    resp(K.OPEN, correlation_id=4, code=K.OK, properties={}),
-    resp(K.DECLARE_PUBLISHER, correlation_id=5, code=K.OK),
-    req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[1, 2]),
-    req(K.PUBLISH_ERROR, publisher_id=7, errors=[PublishingError(3, K.PUBLISHER_DOES_NOT_EXIST)]),
-    req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[4, 5]),
-    resp(K.SUBSCRIBE, correlation_id=6, code=K.OK),
-    deliver(3),
-    deliver(2, version=2),
-    resp(K.CREDIT, code=K.SUBSCRIPTION_ID_DOES_NOT_EXIST, subscription_id=9),
-    req(K.CLOSE, correlation_id=9, code=K.OK, reason="bye"),            # server-initiated
-]
-C2S_STREAM = b"".join(C2S_FRAMES)
-S2C_STREAM = b"".join(S2C_FRAMES)
-
-
-def _at(frames, i):
-    return len(b"".join(frames[:i]))
-
-
-# Causal order: every request is fed before the response that answers it.
-SCHEDULE = [(C2S, 0, 3), (S2C, 0, 4), (C2S, 3, 9), (S2C, 4, 14), (C2S, 9, 13)]
-
-
-def feed_conversation(p, c2s_cuts=(), s2c_cuts=()):
-    for d, i, j in SCHEDULE:
-        frames, data, cuts = ((C2S_FRAMES, C2S_STREAM, c2s_cuts) if d == C2S
-                              else (S2C_FRAMES, S2C_STREAM, s2c_cuts))
-        _feed_range(p, d, data, _at(frames, i), _at(frames, j), cuts)
-
-
-def _feed_range(p, d, data, lo, hi, cuts):
-    points = [lo] + sorted(c for c in cuts if lo < c < hi) + [hi]
-    for a, b in zip(points, points[1:]):
-        assert p.feed(d, data[a:b]) == b - a
-
-
-def _feed(p, d, data, cuts):
-    _feed_range(p, d, data, 0, len(data), cuts)
-
-
 def counters(stats):
     s = stats.snapshot()
     return {k: s[k] for k in ("frames", "messages", "responses", "timeouts", "unmatched",
                               "in_flight", "errors")} | {
         "hist": {k: sum(v[0]) for k, v in s["hist"].items()}}
-
-
-def test_conversation(impl):
-    stats, p = make(impl)
-    feed_conversation(p)
-    c = counters(stats)
-    assert c["messages"] == {("c2s", "Publish"): 5, ("s2c", "Deliver"): 5}
-    assert c["responses"] == {
-        ("PeerProperties", "OK"): 1, ("SaslHandshake", "OK"): 1, ("SaslAuthenticate", "OK"): 1,
-        ("Tune", "OK"): 1, ("Open", "OK"): 1, ("DeclarePublisher", "OK"): 1,
-        ("Publish", "OK"): 4, ("Publish", "PUBLISHER_DOES_NOT_EXIST"): 1,
-        ("Subscribe", "OK"): 1, ("Credit", "SUBSCRIPTION_ID_DOES_NOT_EXIST"): 1,
-        ("Close", "OK"): 1}
-    assert c["hist"][("Publish", "ok")] == 4 and c["hist"][("Publish", "error")] == 1
-    assert c["hist"][("Close", "ok")] == 1          # server-initiated, answered c2s
-    assert c["hist"][("Tune", "ok")] == 1
-    assert c["unmatched"] == 0 and c["in_flight"] == 0 and c["errors"] == {}
-    assert c["frames"][("c2s", "Publish")] == 2 and c["frames"][("s2c", "Deliver")] == 2
-
-
-@pytest.fixture(scope="module")
-def reference():
-    stats, p = make(IMPLS["py-parser"])
-    feed_conversation(p)
-    return counters(stats)
-
-
-def test_every_split_point(impl, reference):
-    longest = max(len(C2S_STREAM), len(S2C_STREAM))
-    for cut in range(1, longest):
-        stats, p = make(impl)
-        feed_conversation(p, [cut], [cut])
-        assert counters(stats) == reference, f"cut at {cut}"
-
-
-def test_one_byte_at_a_time(impl, reference):
-    stats, p = make(impl)
-    feed_conversation(p, range(len(C2S_STREAM)), range(len(S2C_STREAM)))
-    assert counters(stats) == reference
 
 
 def test_publish_confirm_latency_per_message(impl):
@@ -305,17 +184,6 @@ def test_random_bytes_never_crash(data, cut):
                 p.feed(d, data[cut:])
         p.close()
         assert stats.snapshot()["in_flight"] == 0
-
-
-@settings(max_examples=100, deadline=None)
-@given(cuts=st.lists(st.integers(1, len(C2S_STREAM) - 1), max_size=6))
-def test_twins_agree(cuts):
-    results = []
-    for impl in IMPLS.values():
-        stats, p = make(impl)
-        feed_conversation(p, cuts, cuts)
-        results.append(counters(stats))
-    assert all(r == results[0] for r in results)
 
 
 def test_output_belongs_to_one_call_only(impl):

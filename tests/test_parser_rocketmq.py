@@ -1,6 +1,8 @@
-"""RocketMQ remoting parser on both twins: JSON and binary headers, golden frames split at
-every byte, opaque correlation both ways, oneway (bit and Go style), batch/pull message
-counts, the JSON scanner against json.loads, route-data rewriting, and bad input."""
+"""RocketMQ remoting parser specifics on both twins: idle pulls, oneway (Go style), the
+length_includes_self option, the JSON scanner against json.loads, route-data rewriting,
+and bad input.  The golden conversation, every split point, byte-at-a-time feeding and
+the twin-agreement fuzzer are in tests/test_conformance.py (data: rocketmq/conformance.py).
+"""
 
 import json
 import os
@@ -11,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from proxy import framing_py
 from proxy.protocols.rocketmq import jsonscan, parser_py
+from proxy.protocols.rocketmq.conformance import jframe, req, resp
 
 IMPLS = {"py-parser": (framing_py.RouteStats, parser_py.RocketMQParser)}
 if not os.environ.get("FRAMETAP_NO_EXTENSIONS"):
@@ -30,137 +33,6 @@ def make(impl, **kw):
     RouteStats, Parser = impl
     stats = RouteStats("rmq", "rocketmq")
     return stats, Parser(stats, **kw)
-
-
-def jframe(header, body=b"", includes_self=False):
-    h = json.dumps(header).encode() if isinstance(header, dict) else header
-    length = 4 + len(h) + len(body) + (4 if includes_self else 0)
-    return struct.pack(">II", length, len(h)) + h + body
-
-
-def bframe(code, opaque, flag, ext=None, body=b"", remark=b""):
-    ext = ext or {}
-    e = b"".join(struct.pack(">H", len(k)) + k + struct.pack(">i", len(v)) + v
-                 for k, v in ext.items())
-    h = struct.pack(">HBHii", code, 6, 1, opaque, flag) + struct.pack(">i", len(remark)) + \
-        remark + struct.pack(">i", len(e)) + e
-    return struct.pack(">II", 4 + len(h) + len(body), (1 << 24) | len(h)) + h + body
-
-
-def req(code, opaque, flag=0, **ext):
-    return jframe({"code": code, "language": "JAVA", "version": 433, "opaque": opaque,
-                   "flag": flag, "extFields": {k: str(v) for k, v in ext.items()}})
-
-
-def resp(code, opaque, body=b"", **ext):
-    return jframe({"code": code, "language": "JAVA", "version": 433, "opaque": opaque,
-                   "flag": 1, "remark": None, "extFields": ext, "serializeTypeCurrentRPC": "JSON"},
-                  body)
-
-
-def message(body):
-    """A minimal message entry: totalSize (includes itself) then content."""
-    return struct.pack(">i", 4 + 20 + len(body)) + b"\0" * 20 + body
-
-
-# A producer talking to the name server then the broker: the route lookup, a V2 send with
-# the short keys (nested extFields repeating "code"/"flag" names, escapes, odd key order,
-# whitespace), a batch of 3, a pull answered with 2 messages, a oneway offset update, a
-# broker->client request (NOTIFY_CONSUMER_IDS_CHANGED) answered by the client, a binary
-# header send, and a failed send.
-V2_HEADER = (b'{ "extFields" : {"a":"grp","b":"TopicTest","flag":"0","code":"7",'
-             b'"i":"KEYS\\u0001k1\\u0002TAGS\\u0001t\\"a\\"g"} , "flag":0,'
-             b'"opaque" : 3, "language":"CPP","code":310 ,"version":1}')
-C2S_FRAMES = [
-    req(105, 1, topic="TopicTest"),
-    jframe(V2_HEADER, b"hello"),
-    jframe({"code": 320, "opaque": 4, "flag": 0, "extFields": {"b": "TopicTest"}},
-           message(b"one") + message(b"two") + message(b"three!")),
-    req(11, 5, topic="TopicTest", queueId=0, queueOffset=0),
-    req(15, 6, flag=2, topic="TopicTest"),                       # oneway (bit 1)
-    resp(0, 900),                                                # answers the broker's request
-    bframe(10, 7, 0, {b"topic": b"TopicTest"}, b"payload"),
-    req(310, 8, b="TopicTest"),
-]
-S2C_FRAMES = [
-    resp(0, 1, b'{"brokerDatas":[{"brokerAddrs":{0:"10.0.0.7:10911"}}]}'),
-    resp(0, 3, msgId="AC11", queueId="1", queueOffset="0"),
-    resp(0, 4),
-    resp(0, 5, message(b"m1") + message(b"m2"), nextBeginOffset="2"),
-    req(40, 900, consumerGroup="g"),                             # broker -> client request
-    bframe(0, 7, 1),
-    resp(17, 8),                                                 # TOPIC_NOT_EXIST
-]
-C2S_STREAM = b"".join(C2S_FRAMES)
-S2C_STREAM = b"".join(S2C_FRAMES)
-
-
-def _at(frames, i):
-    return len(b"".join(frames[:i]))
-
-
-SCHEDULE = [(C2S, 0, 5), (S2C, 0, 5), (C2S, 5, 8), (S2C, 5, 7)]
-
-
-def feed_conversation(p, c2s_cuts=(), s2c_cuts=()):
-    for d, i, j in SCHEDULE:
-        frames, data, cuts = ((C2S_FRAMES, C2S_STREAM, c2s_cuts) if d == C2S
-                              else (S2C_FRAMES, S2C_STREAM, s2c_cuts))
-        lo, hi = _at(frames, i), _at(frames, j)
-        points = [lo] + sorted(c for c in cuts if lo < c < hi) + [hi]
-        for a, b in zip(points, points[1:]):
-            assert p.feed(d, data[a:b]) == b - a
-
-
-def counters(stats):
-    s = stats.snapshot()
-    return {k: s[k] for k in ("frames", "messages", "responses", "timeouts", "unmatched",
-                              "in_flight", "errors")} | {
-        "hist": {k: sum(v[0]) for k, v in s["hist"].items()}}
-
-
-def test_conversation(impl):
-    stats, p = make(impl)
-    feed_conversation(p)
-    c = counters(stats)
-    assert c["frames"] == {
-        ("c2s", "GET_ROUTEINFO_BY_TOPIC"): 1, ("c2s", "SEND_MESSAGE_V2"): 2,
-        ("c2s", "SEND_BATCH_MESSAGE"): 1, ("c2s", "PULL_MESSAGE"): 1,
-        ("c2s", "UPDATE_CONSUMER_OFFSET"): 1, ("c2s", "NOTIFY_CONSUMER_IDS_CHANGED"): 1,
-        ("c2s", "SEND_MESSAGE"): 1,
-        ("s2c", "GET_ROUTEINFO_BY_TOPIC"): 1, ("s2c", "SEND_MESSAGE_V2"): 2,
-        ("s2c", "SEND_BATCH_MESSAGE"): 1, ("s2c", "PULL_MESSAGE"): 1,
-        ("s2c", "NOTIFY_CONSUMER_IDS_CHANGED"): 1, ("s2c", "SEND_MESSAGE"): 1}
-    assert c["messages"] == {("c2s", "SEND_MESSAGE_V2"): 2, ("c2s", "SEND_BATCH_MESSAGE"): 3,
-                             ("c2s", "SEND_MESSAGE"): 1, ("s2c", "PULL_MESSAGE"): 2}
-    assert c["responses"] == {
-        ("GET_ROUTEINFO_BY_TOPIC", "SUCCESS"): 1, ("SEND_MESSAGE_V2", "SUCCESS"): 1,
-        ("SEND_MESSAGE_V2", "TOPIC_NOT_EXIST"): 1, ("SEND_BATCH_MESSAGE", "SUCCESS"): 1,
-        ("PULL_MESSAGE", "SUCCESS"): 1, ("NOTIFY_CONSUMER_IDS_CHANGED", "SUCCESS"): 1,
-        ("SEND_MESSAGE", "SUCCESS"): 1}
-    assert c["hist"][("SEND_MESSAGE_V2", "error")] == 1
-    assert c["hist"][("NOTIFY_CONSUMER_IDS_CHANGED", "ok")] == 1   # correlated s2c->c2s
-    assert c["unmatched"] == 0 and c["in_flight"] == 0 and c["errors"] == {}
-
-
-@pytest.fixture(scope="module")
-def reference():
-    stats, p = make(IMPLS["py-parser"])
-    feed_conversation(p)
-    return counters(stats)
-
-
-def test_every_split_point(impl, reference):
-    for cut in range(1, max(len(C2S_STREAM), len(S2C_STREAM))):
-        stats, p = make(impl)
-        feed_conversation(p, [cut], [cut])
-        assert counters(stats) == reference, f"cut at {cut}"
-
-
-def test_one_byte_at_a_time(impl, reference):
-    stats, p = make(impl)
-    feed_conversation(p, range(len(C2S_STREAM)), range(len(S2C_STREAM)))
-    assert counters(stats) == reference
 
 
 def test_idle_pull_is_not_an_error(impl):

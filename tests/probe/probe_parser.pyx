@@ -1,0 +1,23 @@
+# cython: language_level=3
+"""A test-only parser that asks the core for `want` header bytes per frame (the probe
+of issue 7: a header request over the old fixed 64-byte buffer, fed across reads)."""
+
+from libc.stdint cimport uint8_t, int64_t
+
+from proxy._framing cimport FrameParser, RouteStats, K_ONEWAY
+from proxy._wire cimport be32
+
+
+cdef class ProbeParser(FrameParser):
+    cdef public Py_ssize_t want
+
+    def __init__(self, RouteStats stats, want=100):
+        self.header_size = 5
+        self.want = want
+        FrameParser.__init__(self, stats, 1 << 20, 30.0, None)
+
+    cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
+        if avail < self.want:
+            return self.want_header(d, self.want)
+        self.begin(d, self.stats.slot_for(h[4]), K_ONEWAY, be32(h), self.want)
+        return be32(h)

@@ -1,0 +1,129 @@
+"""The core's contract with parsers: header requests are bounded by header_limit and
+never touch the other direction's state; gather() hands back split body bytes."""
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy import framing_py
+from proxy.framing_common import K_ONEWAY
+
+HERE = Path(__file__).resolve().parent
+
+
+class PyProbe(framing_py.FrameParser):
+    header_size = 5
+    max_frame_bytes = 1 << 20
+
+    def __init__(self, stats, want=100):
+        self.want = want
+        super().__init__(stats)
+
+    def on_header(self, d, h, avail):
+        if avail < self.want:
+            return self.want_header(d, self.want)
+        total = int.from_bytes(h[:4], "big")
+        self.begin(d, self.stats.slot_for(h[4]), K_ONEWAY, total, self.want)
+        return total
+
+
+@pytest.fixture(scope="session")
+def c_probe(tmp_path_factory):
+    """ProbeParser compiled against proxy/_framing.pxd, in a temporary directory."""
+    if os.environ.get("FRAMETAP_NO_EXTENSIONS"):
+        pytest.skip("FRAMETAP_NO_EXTENSIONS=1: the twin probe covers this run")
+    try:
+        import Cython.Build  # noqa: F401
+    except ImportError:
+        pytest.fail("Cython is a test dependency (pip install -e '.[test]')")
+    out = tmp_path_factory.mktemp("probe")
+    shutil.copy(HERE / "probe" / "probe_parser.pyx", out / "probe_parser.pyx")
+    root = HERE.parent
+    script = ("from setuptools import setup, Extension; from Cython.Build import cythonize; "
+              "setup(script_args=['build_ext', '--inplace', '-q'], ext_modules=cythonize("
+              "[Extension('probe_parser', ['probe_parser.pyx'])], include_path=[%r], quiet=True))"
+              % str(root))
+    res = subprocess.run([sys.executable, "-c", script], cwd=out, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    sys.path.insert(0, str(out))
+    try:
+        import probe_parser
+    finally:
+        sys.path.remove(str(out))
+    from proxy import _framing
+    return _framing.RouteStats, probe_parser.ProbeParser
+
+
+def impls(c_probe=None):
+    out = [(framing_py.RouteStats, PyProbe)]
+    if c_probe is not None:
+        out.append(c_probe)
+    return out
+
+
+def frame(n, op=7):
+    return struct.pack(">IB", n, op) + bytes(range(256))[:n - 5] * 1
+
+
+def _check_probe(RouteStats, Probe):
+    # 1. a 100-byte header request, fed across reads, while s2c is mid-frame
+    stats = RouteStats("r", "probe")
+    p = Probe(stats, want=100)
+    s2c, c2s = frame(200, op=1), frame(150, op=2)
+    assert p.feed(1, s2c[:120]) == 120                  # s2c: 80 bytes still to come
+    assert p.feed(0, c2s[:50]) == 50                    # header split: 50 of 100 held
+    assert p.feed(0, c2s[50:]) == 100
+    assert p.feed(1, s2c[120:]) == 80                   # s2c state untouched
+    assert p.feed(1, frame(60, op=3)[:5]) == 5
+    snap = stats.snapshot()
+    assert snap["frames"] == {("s2c", "unknown_1"): 1, ("c2s", "unknown_2"): 1}
+    assert snap["errors"] == {} and p.error is None
+    # 2. past header_limit: a clear error on that direction, never an overwrite
+    stats = RouteStats("r", "probe")
+    p = Probe(stats, want=100)
+    p.header_limit = 64
+    assert p.feed(1, s2c[:120]) == 120
+    assert p.feed(0, c2s[:3]) == 3                      # less than the fixed header: held
+    assert p.feed(0, c2s[3:50]) == 0                    # the request for 100 is refused
+    assert p.error is not None and p.error.reason == "header_too_large"
+    assert p.error.direction == "c2s" and "exceeds the header limit 64" in str(p.error)
+    assert p.error.offset == 0
+    assert stats.snapshot()["errors"] == {("c2s", "header_too_large"): 1}
+    assert stats.snapshot()["frames"] == {("s2c", "unknown_1"): 1}     # s2c untouched
+
+
+def test_probe_twin():
+    _check_probe(*impls()[0])
+
+
+def test_probe_compiled(c_probe):
+    _check_probe(*c_probe)
+
+
+def test_frame_shorter_than_its_header_is_a_contract_error():
+    for RouteStats, Probe in impls():
+        stats = RouteStats("r", "probe")
+        p = Probe(stats, want=20)
+        short = struct.pack(">IB", 10, 1) + b"x" * 30
+        assert p.feed(0, short[:3]) == 3
+        assert p.feed(0, short[3:]) == 0
+        assert p.error.reason == "bad_header" and "parser contract" in str(p.error)
+
+
+def test_name_interning_is_bounded():
+    """Opcode names (Thrift methods...) share the 256 slots with codes, then "other"."""
+    from proxy.framing import RouteStats
+    for cls in {RouteStats, framing_py.RouteStats}:
+        stats = cls("r", "p")
+        first = stats.name_slot(b"getUser")
+        assert stats.name_slot("getUser") == first and stats.slot_name(first) == "getUser"
+        assert stats.opcode_slot(5) != first
+        slots = {stats.name_slot("m%d" % i) for i in range(300)}
+        assert 256 in slots and len(slots) == 256 - 2 + 1
+        assert stats.name_slot(b"getUser") == first          # known names keep their slot
+        assert stats.slot_name(256) == "other"
