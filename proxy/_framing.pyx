@@ -14,8 +14,8 @@ from libc.string cimport memcpy, memset, memcmp, memmove
 from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint64_t
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES, KINDS,
-                                  DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT)
+from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
+                                  DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, record_dict)
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -344,7 +344,7 @@ cdef class FrameParser:
                     r = self.on_header(d, buf + pos, n - pos)
                     if r > 0:
                         s.need = self.header_size
-                        if r < asked:
+                        if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
                             self._short_frame(d, r, asked)
                             if hold and emit < pos:
                                 out.append(bytes(mv[emit:pos]))
@@ -398,7 +398,7 @@ cdef class FrameParser:
             asked = s.have
             r = self.on_header(d, s.hbuf, s.have)
             if r > 0:
-                if r < asked:
+                if r < asked or (s.body and (s.skip > asked or s.skip > r)):
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
@@ -447,8 +447,8 @@ cdef class FrameParser:
 
     cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1:
         self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
-                  "header bytes its parser read (parser contract)" % (
-                      r, self.st[d].frame_start, asked))
+                  "header bytes its parser read, or its body skip is longer (parser "
+                  "contract)" % (r, self.st[d].frame_start, asked))
         return 0
 
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1:
@@ -821,28 +821,7 @@ cdef class FrameParser:
             pass
 
     cdef dict _record_dict(self, FrameRecord* rec):
-        st = self.stats
-        corr = None
-        if rec.corr_fmt == CORR_INT:
-            corr = str(<uint64_t>rec.corr)
-        elif rec.corr_fmt == CORR_SINT:
-            corr = str(rec.corr)
-        elif rec.corr_fmt == CORR_PAIR:
-            corr = "%d:%d" % (rec.corr_hi, <uint64_t>rec.corr)
-        stname = st.status_namer or str
-        return {
-            "t_ns": rec.t_ns, "conn_id": self.conn_id,
-            "direction": DIRECTIONS[rec.direction], "opcode": rec.opcode,
-            "opcode_name": st.slot_name(rec.slot), "kind": KINDS[rec.kind],
-            "correlation_id": corr,
-            "status": stname(rec.status) if rec.has_status else None,
-            "outcome": OUTCOMES[rec.outcome] if rec.outcome >= 0 else None,
-            "frame_bytes": rec.frame_bytes, "header_bytes": rec.header_bytes,
-            "payload_bytes": rec.frame_bytes - rec.header_bytes if rec.frame_bytes else 0,
-            "messages": rec.messages,
-            "latency_ns": rec.latency_ns if rec.latency_ns >= 0 else None,
-            "request_opcode_name": st.slot_name(rec.req_slot) if rec.req_slot >= 0 else None,
-        }
+        return record_dict(self.stats, self.conn_id, rec[0])
 
     # ---- correlation map ------------------------------------------------------
 

@@ -53,3 +53,11 @@ class Garbage:
     data: bytes
     reason: str                           # frametap_protocol_errors_total reason
     fatal: bool = True                    # the connection must be closed (feed stops early)
+
+
+def scheduled(schedule, c2s_frames, s2c_frames):
+    """Steps from a schedule of (direction, first, end) slices of the two frame lists."""
+    out = []
+    for d, i, j in schedule:
+        out.extend((d, f) for f in (c2s_frames if d == C2S else s2c_frames)[i:j])
+    return out

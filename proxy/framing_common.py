@@ -40,3 +40,33 @@ HEADER_LIMIT = 65536           # default header_limit (most header bytes a parse
 
 DEFAULT_FIFO_LIMIT = 65536
 DEFAULT_MAP_LIMIT = 262144     # pending keyed requests per connection (e.g. unconfirmed publishes)
+
+
+_U64 = (1 << 64) - 1
+
+
+def record_dict(stats, conn_id, r):
+    """One frame-log record (a FrameRecord as a dict of its raw fields) with its names
+    resolved: what the tracer sees, and the shape the frame-log writer produces."""
+    fmt, corr = r["corr_fmt"], r["corr"] & _U64
+    if fmt == 1:
+        cid = str(corr)
+    elif fmt == 2:
+        cid = "%d:%d" % (r["corr_hi"], corr)
+    elif fmt == 3:
+        cid = str(corr - (1 << 64) if corr >> 63 else corr)
+    else:
+        cid = None
+    status_name = stats.status_namer or str
+    fb, lat = r["frame_bytes"], r["latency_ns"]
+    return {
+        "t_ns": r["t_ns"], "conn_id": conn_id, "direction": DIRECTIONS[r["direction"]],
+        "opcode": r["opcode"], "opcode_name": stats.slot_name(r["slot"]),
+        "kind": KINDS[r["kind"]], "correlation_id": cid,
+        "status": status_name(r["status"]) if r["has_status"] else None,
+        "outcome": OUTCOMES[r["outcome"]] if r["outcome"] >= 0 else None,
+        "frame_bytes": fb, "header_bytes": r["header_bytes"],
+        "payload_bytes": fb - r["header_bytes"] if fb else 0, "messages": r["messages"],
+        "latency_ns": lat if lat >= 0 else None,
+        "request_opcode_name": stats.slot_name(r["req_slot"]) if r["req_slot"] >= 0 else None,
+    }

@@ -9,17 +9,16 @@ and a fuzzer asserts they agree on every counter and record.
 import time
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES, KINDS,
+from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
                                   R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
-                                  K_EVENT, OUTCOME_NONE)
+                                  K_EVENT, OUTCOME_NONE, record_dict)
 
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
 CORR_NONE, CORR_INT, CORR_PAIR, CORR_SINT = 0, 1, 2, 3
 CORR_HI_SIGNED = -2
-U64 = (1 << 64) - 1
 
 
 def _corr_fmt(corr_hi):
@@ -324,7 +323,7 @@ class FrameParser:
                     r = self.on_header(d, mv[pos:], n - pos)
                     if r > 0:
                         s.need = self.header_size
-                        if r < asked:
+                        if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
                             self._short_frame(d, r, asked)
                             if hold and emit < pos:
                                 out.append(bytes(mv[emit:pos]))
@@ -373,7 +372,7 @@ class FrameParser:
             asked = len(s.hdr)
             r = self.on_header(d, s.hdr, asked)
             if r > 0:
-                if r < asked:
+                if r < asked or (s.body and (s.skip > asked or s.skip > r)):
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
@@ -408,8 +407,8 @@ class FrameParser:
 
     def _short_frame(self, d, r, asked):
         self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
-                  "header bytes its parser read (parser contract)" % (
-                      r, self.st[d].frame_start, asked))
+                  "header bytes its parser read, or its body skip is longer (parser "
+                  "contract)" % (r, self.st[d].frame_start, asked))
 
     def _too_large(self, d, n):
         self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
@@ -625,28 +624,8 @@ class FrameParser:
             pass
 
     def _record_dict(self, rec):
-        st = self.stats
-        corr = None
-        if rec.corr_fmt == CORR_INT:
-            corr = str(rec.corr & U64)
-        elif rec.corr_fmt == CORR_SINT:
-            corr = str(rec.corr)
-        elif rec.corr_fmt == CORR_PAIR:
-            corr = "%d:%d" % (rec.corr_hi, rec.corr & U64)
-        stname = st.status_namer or str
-        return {
-            "t_ns": rec.t_ns, "conn_id": self.conn_id,
-            "direction": DIRECTIONS[rec.direction], "opcode": rec.opcode,
-            "opcode_name": st.slot_name(rec.slot), "kind": KINDS[rec.kind],
-            "correlation_id": corr,
-            "status": stname(rec.status) if rec.has_status else None,
-            "outcome": OUTCOMES[rec.outcome] if rec.outcome >= 0 else None,
-            "frame_bytes": rec.frame_bytes, "header_bytes": rec.header_bytes,
-            "payload_bytes": rec.frame_bytes - rec.header_bytes if rec.frame_bytes else 0,
-            "messages": rec.messages,
-            "latency_ns": rec.latency_ns if rec.latency_ns >= 0 else None,
-            "request_opcode_name": st.slot_name(rec.req_slot) if rec.req_slot >= 0 else None,
-        }
+        return record_dict(self.stats, self.conn_id,
+                           {k: getattr(rec, k) for k in Record.__slots__})
 
     # ---- lifecycle ------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from hypothesis import strategies as st
 
-from proxy.conformance import C2S, S2C, Conversation, Garbage
+from proxy.conformance import C2S, S2C, Conversation, Garbage, scheduled
 from proxy.protocols.rabbitmq_stream import constants as K
 from proxy.protocols.rabbitmq_stream.codec import (PublishedMessage, PublishingError,
                                                    build_chunk, encode_command, encode_frame)
@@ -68,16 +68,9 @@ S2C_FRAMES = [
 SCHEDULE = [(C2S, 0, 3), (S2C, 0, 4), (C2S, 3, 9), (S2C, 4, 14), (C2S, 9, 13)]
 
 
-def steps():
-    out = []
-    for d, i, j in SCHEDULE:
-        out.extend((d, f) for f in (C2S_FRAMES if d == C2S else S2C_FRAMES)[i:j])
-    return out
-
-
 def conversations():
     full = Conversation(
-        "client-session", steps(),
+        "client-session", scheduled(SCHEDULE, C2S_FRAMES, S2C_FRAMES),
         counters={
             "messages": {("c2s", "Publish"): 5, ("s2c", "Deliver"): 5},
             "responses": {

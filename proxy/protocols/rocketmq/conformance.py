@@ -5,7 +5,7 @@ import struct
 
 from hypothesis import strategies as st
 
-from proxy.conformance import C2S, S2C, Conversation, Garbage
+from proxy.conformance import C2S, S2C, Conversation, Garbage, scheduled
 
 
 def jframe(header, body=b"", includes_self=False):
@@ -70,16 +70,9 @@ S2C_FRAMES = [
 SCHEDULE = [(C2S, 0, 5), (S2C, 0, 5), (C2S, 5, 8), (S2C, 5, 7)]
 
 
-def steps():
-    out = []
-    for d, i, j in SCHEDULE:
-        out.extend((d, f) for f in (C2S_FRAMES if d == C2S else S2C_FRAMES)[i:j])
-    return out
-
-
 def conversations():
     producer = Conversation(
-        "producer", steps(),
+        "producer", scheduled(SCHEDULE, C2S_FRAMES, S2C_FRAMES),
         counters={
             "frames": {
                 ("c2s", "GET_ROUTEINFO_BY_TOPIC"): 1, ("c2s", "SEND_MESSAGE_V2"): 2,
