@@ -81,7 +81,7 @@ def route_from_table(table, index):
         raise ConfigError(f"{where}.protocol = {protocol!r}: expected one of "
                           f"{', '.join(protocols.accepted())}")
     if protocol not in protocols.names():
-        raise ConfigError(f"{where}.protocol = {protocol!r}: not available in this build "
+        raise ConfigError(f"{where}.protocol = {protocol!r}: not implemented in this build "
                           f"(available: {', '.join(protocols.names())})")
     name = table.get("name", f"{protocol}-{index}")
     if not isinstance(name, str) or not name:

@@ -53,7 +53,7 @@ upstream = "127.0.0.1:9092"
     ("[[routes]]\nprotocol = \"flymq\"\n", "missing required key 'listen'"),
     (GOOD_ROUTE + GOOD_ROUTE, "duplicate route name"),
     ("[framelog]\nformat = \"csv\"\n" + GOOD_ROUTE, "framelog.format = 'csv'"),
-    (GOOD_ROUTE.replace('"flymq"', '"ttheader"'), "not available in this build"),
+    (GOOD_ROUTE.replace('"flymq"', '"ttheader"'), "not implemented in this build"),
     ("not toml ===", "invalid TOML"),
 ])
 def test_bad_config_exits_2_with_one_line(tmp_path, text, needle):

@@ -275,3 +275,17 @@ def test_literal_scan_would_catch_a_list(tmp_path):
                     'HELP = "e.g. frametap serve rocketmq"\n')
     assert protocol_literals(path, protocols.specs()) == [(2, "flymq"),
                                                           (2, "loadgen.flymq.server")]
+
+
+@pytest.mark.parametrize("module, must_not_import", [
+    # option validators used proxy.config.parse_address; proxy.config imports the registry
+    ("proxy.protocols.rocketmq.options", "proxy.config"),
+    ("proxy.protocols.rabbitmq_stream.rewrite", "proxy.config"),
+    # the demo took locustfile_path from proxy.cli, which imports the demo
+    ("loadgen.demo", "proxy.cli"),
+])
+def test_no_import_cycle(module, must_not_import):
+    code = f"import sys, {module}; print({must_not_import!r} in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"

@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DemoRoute:
     """One proxy route of the demo, in front of one listener of the reference server.
 
@@ -29,7 +29,7 @@ class DemoRoute:
     options: Mapping = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DemoSpec:
     """How ``frametap demo`` runs this protocol's reference server behind the proxy.
 
@@ -45,7 +45,7 @@ class DemoSpec:
     locust_listener: str = "listen"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)       # compared and hashed by identity: one per protocol
 class ProtocolSpec:
     """Descriptor of one protocol package (``proxy/protocols/<pkg>/__init__.py``).
 
