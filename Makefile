@@ -13,7 +13,7 @@ $(STAMP): $(SOURCES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
-	$(BIN)/python -c "import proxy._framing, proxy.protocols.flymq._parser"
+	$(BIN)/python -m proxy.protocols --check-build
 	touch $@
 
 demo: $(STAMP)

@@ -1,19 +1,27 @@
-"""Build the Cython extensions; everything else lives in pyproject.toml."""
+"""Build the Cython extensions; everything else lives in pyproject.toml.
+
+Every ``.pyx`` under ``proxy/`` is an extension named after its path (so a new
+protocol's ``proxy/protocols/<pkg>/_parser.pyx`` needs no line here).
+"""
+
+from pathlib import Path
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-EXTENSIONS = [
-    Extension("proxy._framing", ["proxy/_framing.pyx"]),
-    Extension("proxy.protocols.flymq._parser", ["proxy/protocols/flymq/_parser.pyx"]),
-    Extension("proxy.protocols.rabbitmq_stream._parser",
-              ["proxy/protocols/rabbitmq_stream/_parser.pyx"]),
-    Extension("proxy.protocols.rocketmq._parser", ["proxy/protocols/rocketmq/_parser.pyx"]),
-]
+ROOT = Path(__file__).resolve().parent
+
+
+def find_extensions():
+    """One Extension per proxy/**/*.pyx, e.g. proxy/protocols/flymq/_parser.pyx ->
+    proxy.protocols.flymq._parser (sources relative to setup.py, as setuptools wants)."""
+    return [Extension(".".join(pyx.with_suffix("").parts), [pyx.as_posix()])
+            for pyx in sorted(p.relative_to(ROOT) for p in (ROOT / "proxy").rglob("*.pyx"))]
+
 
 setup(
     ext_modules=cythonize(
-        EXTENSIONS,
+        find_extensions(),
         compiler_directives={"language_level": "3", "embedsignature": True},
     ),
 )

@@ -1,21 +1,18 @@
 """Parser microbenchmarks: each compiled parser against its pure-Python twin.
 
-flymq: 4096 PRODUCE request frames (64-byte payload) and the 4096 matching
-response frames (35-byte RecordMetadata).  rabbitmq-stream: 4096 Publish frames of
-10 messages x 100 B and one PublishConfirm (10 ids) per Publish, every message
-correlated publish->confirm.  Both streams are cut into 64 KiB reads the way a
-socket delivers them (so frames straddle reads) and interleaved causally: a
-response is fed only after its request.  Times ``parser.feed(direction, chunk)``
-over that schedule, best of N trials, pinned to one cpu.  Request and response
-frames both count.
+For every protocol found in proxy/protocols/ (its ``PROTOCOL`` descriptor), the
+protocol's ``samples.bench_frames(n, size)`` gives 4096 request frames (64-byte
+payloads where the protocol has a payload size) and their 4096 responses. Both
+streams are cut into 64 KiB reads the way a socket delivers them (so frames straddle
+reads) and interleaved causally: a response is fed only after its request. Times
+``parser.feed(direction, chunk)`` over that schedule, best of N trials, pinned to one
+cpu. Request and response frames both count.
 
-rocketmq: 4096 SEND_MESSAGE_V2 requests with a realistic ~300-byte JSON header and
-their responses, correlated by opaque.
+Targets (compiled frames/s, compiled / pure-Python ratio) are each protocol's
+``samples.TARGET_FPS`` and ``samples.TARGET_RATIO``: flymq >= 10 M frames/s and 20x,
+rabbitmq-stream >= 3 M and 20x, rocketmq >= 1 M and 10x.
 
-Targets: flymq compiled >= 10 M frames/s, rabbitmq-stream >= 3 M frames/s (both
->= 20x the pure-Python parser); rocketmq >= 1 M frames/s and >= 10x.
-
-    python bench/parser_bench.py [--protocol flymq|rabbitmq-stream|rocketmq|all] [--quick]
+    python bench/parser_bench.py [--protocol NAME|all] [--quick]
 """
 
 from __future__ import annotations
@@ -26,87 +23,21 @@ import itertools
 import gc
 import json
 import os
-import struct
 import sys
 import time
 from pathlib import Path
 
-MAGIC, VERSION, FLAG_BINARY, PRODUCE = 0xAF, 0x01, 0x01, 0x01
 C2S, S2C = 0, 1
 FRAMES_PER_SIDE = 4096
 PAYLOAD = 64
 READ_SIZE = 64 * 1024
 
-TARGET_FPS = 10_000_000
-TARGET_FPS_STREAM = 3_000_000
-TARGET_FPS_ROCKETMQ = 1_000_000
-TARGET_RATIO_ROCKETMQ = 10.0
-TARGET_RATIO = 20.0
 
-
-def frame(opcode: int, payload: bytes) -> bytes:
-    """Header per shared/specs/flymq-binary.md "Wire Format"."""
-    return struct.pack(">BBBBI", MAGIC, VERSION, opcode, FLAG_BINARY, len(payload)) + payload
-
-
-def produce_request(size: int) -> bytes:
-    # topic "bench", no key, value filling the rest, partition -1 ("PRODUCE (0x01)")
-    value = b"v" * (size - 19)
-    return frame(PRODUCE, b"\x00\x05bench" + struct.pack(">I", 0) + struct.pack(">I", len(value))
-                 + value + struct.pack(">i", -1))
-
-
-def produce_response(offset: int) -> bytes:
-    # RecordMetadata: topic, partition, offset, timestamp, key_size, value_size
-    return frame(PRODUCE, b"\x00\x05bench" + struct.pack(">iQqii", 0, offset, 1705123456000, -1, 45))
-
-
-def stream_frame(key: int, body: bytes) -> bytes:
-    """RabbitMQ Stream frame: Size u32, Key u16, Version u16 (PROTOCOL.adoc)."""
-    return struct.pack(">IHH", len(body) + 4, key, 1) + body
-
-
-def stream_publish(first_id: int, count: int = 10, size: int = 100) -> bytes:
-    body = struct.pack(">BI", 1, count) + b"".join(
-        struct.pack(">QI", first_id + i, size) + b"m" * size for i in range(count))
-    return stream_frame(2, body)
-
-
-def stream_confirm(first_id: int, count: int = 10) -> bytes:
-    return stream_frame(3, struct.pack(">BI", 1, count) + b"".join(
-        struct.pack(">Q", first_id + i) for i in range(count)))
-
-
-ROCKETMQ_V2_HEADER = (
-    b'{"code":310,"extFields":{"a":"please_rename_unique_group_name","b":"BenchTopic",'
-    b'"c":"TBW102","d":"4","e":"%d","f":"0","g":"1732201234567","h":"0",'
-    b'"i":"KEYS\\u0001order-000042\\u0002TAGS\\u0001TagA\\u0002WAIT\\u0001true",'
-    b'"j":"0","k":"false","m":"false"},"flag":0,"language":"JAVA","opaque":%d,'
-    b'"serializeTypeCurrentRPC":"JSON","version":433}')
-ROCKETMQ_RESPONSE_HEADER = (
-    b'{"code":0,"extFields":{"msgId":"7F00000100002A9F0000000000000%03X","queueId":"%d",'
-    b'"queueOffset":"%d"},"flag":1,"language":"JAVA","opaque":%d,'
-    b'"serializeTypeCurrentRPC":"JSON","version":433}')
-
-
-def rocketmq_frame(header: bytes, body: bytes = b"") -> bytes:
-    return struct.pack(">II", 4 + len(header) + len(body), len(header)) + header + body
-
-
-def build_schedule(n: int = FRAMES_PER_SIDE, size: int = PAYLOAD,
-                   protocol: str = "flymq") -> tuple[list[tuple[int, bytes]], int]:
+def build_schedule(reqs: list[bytes], resps: list[bytes]) -> tuple[list[tuple[int, bytes]], int]:
     """(direction, chunk) reads: c2s in 64 KiB reads, each followed by the
-    responses to every request completed so far (also in <= 64 KiB reads)."""
-    if protocol == "flymq":
-        reqs = [produce_request(size)] * n
-        resps = [produce_response(i) for i in range(n)]
-    elif protocol == "rocketmq":
-        reqs = [rocketmq_frame(ROCKETMQ_V2_HEADER % (i % 4, i), b"x" * size) for i in range(n)]
-        resps = [rocketmq_frame(ROCKETMQ_RESPONSE_HEADER % (i % 4096, i % 4, i, i))
-                 for i in range(n)]
-    else:
-        reqs = [stream_publish(10 * i) for i in range(n)]
-        resps = [stream_confirm(10 * i) for i in range(n)]
+    responses to every request completed so far (also in <= 64 KiB reads).
+    ``resps[i]`` answers ``reqs[i]``."""
+    n = len(reqs)
     c2s, s2c = b"".join(reqs), b"".join(resps)
     req_ends = list(itertools.accumulate(map(len, reqs)))
     resp_ends = [0] + list(itertools.accumulate(map(len, resps)))
@@ -183,14 +114,30 @@ def is_compiled(cls) -> bool:
     return bool(mod and getattr(mod, "__file__", "") and not mod.__file__.endswith((".py", ".pyc")))
 
 
+def import_frametap():
+    """Import the protocol registry, from an install or from the repo this file sits in."""
+    # This benchmark compares both parsers, so the pure-Python switch must be off.
+    if os.environ.pop("FRAMETAP_NO_EXTENSIONS", None):
+        print("note: ignoring FRAMETAP_NO_EXTENSIONS (both parsers are measured here)")
+    try:
+        import proxy.protocols  # noqa: F401
+    except ImportError:
+        # not installed: an in-place build in the repo this file sits in
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from proxy import protocols
+    return protocols
+
+
 def main(argv: list[str] | None = None) -> int:
+    protocols = import_frametap()
+    names = protocols.names()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", type=int, default=0, help="cpu to pin to (default 0)")
     ap.add_argument("--trials", type=int, default=5, help="timed trials, best is reported (default 5)")
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per trial at least (default 0.3)")
     ap.add_argument("--quick", action="store_true", help="3 trials of >= 0.1 s")
     ap.add_argument("--json-out", type=Path, help="also write the results as JSON here")
-    ap.add_argument("--protocol", default="all", choices=["all", "flymq", "rabbitmq-stream", "rocketmq"],
+    ap.add_argument("--protocol", default="all", choices=["all"] + names,
                     help="which parser to measure (default all)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -203,23 +150,15 @@ def main(argv: list[str] | None = None) -> int:
             args.json_out.write_text(json.dumps(result, indent=2) + "\n")
         return code
 
-    # This benchmark compares both parsers, so the pure-Python switch must be off.
-    if os.environ.pop("FRAMETAP_NO_EXTENSIONS", None):
-        print("note: ignoring FRAMETAP_NO_EXTENSIONS (both parsers are measured here)")
-    try:
-        import proxy.framing  # noqa: F401
-    except ImportError:
-        # not installed: an in-place build in the repo this file sits in
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    chosen = names if args.protocol == "all" else [args.protocol]
     try:
         from proxy.framing import RouteStats
         from proxy.framing_py import RouteStats as PyRouteStats
-        from proxy.protocols.flymq import FlyMQParser
-        from proxy.protocols.flymq.parser_py import FlyMQParser as PyFlyMQParser
-        from proxy.protocols.rabbitmq_stream import StreamParser
-        from proxy.protocols.rabbitmq_stream.parser_py import StreamParser as PyStreamParser
-        from proxy.protocols.rocketmq import RocketMQParser
-        from proxy.protocols.rocketmq.parser_py import RocketMQParser as PyRocketMQParser
+        benches = {}
+        for name in chosen:
+            spec = protocols.load(name)
+            benches[name] = (spec.load_parser(pure_python=False),
+                             spec.load_parser(pure_python=True), spec.load_samples())
     except ImportError as exc:
         result["error"] = f"cannot import frametap's parser: {exc}"
         print(f"parser_bench: {result['error']}\n  build/install frametap first (e.g. `pip install -e .`) "
@@ -232,24 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     except (AttributeError, OSError) as exc:
         pinned = f"not pinned ({exc})"
 
-    benches = {
-        "flymq": (FlyMQParser, PyFlyMQParser, TARGET_FPS,
-                  f"{FRAMES_PER_SIDE} PRODUCE ({PAYLOAD} B payload) + {FRAMES_PER_SIDE} responses"),
-        "rabbitmq-stream": (StreamParser, PyStreamParser, TARGET_FPS_STREAM,
-                            f"{FRAMES_PER_SIDE} Publish (10 x 100 B) + {FRAMES_PER_SIDE} "
-                            "PublishConfirm (10 ids)"),
-        "rocketmq": (RocketMQParser, PyRocketMQParser, TARGET_FPS_ROCKETMQ,
-                     f"{FRAMES_PER_SIDE} SEND_MESSAGE_V2 ({len(ROCKETMQ_V2_HEADER) - 4} B JSON "
-                     f"header, {PAYLOAD} B body) + {FRAMES_PER_SIDE} responses",
-                     TARGET_RATIO_ROCKETMQ),
-    }
-    chosen = list(benches) if args.protocol == "all" else [args.protocol]
     all_ok = True
     result = {"pinned": pinned, "protocols": {}}
     for protocol in chosen:
-        parser_cls, py_cls, target_fps, what, *rest = benches[protocol]
-        target_ratio = rest[0] if rest else TARGET_RATIO
-        schedule, frames_per_pass = build_schedule(protocol=protocol)
+        parser_cls, py_cls, samples = benches[protocol]
+        target_fps, target_ratio = samples.TARGET_FPS, samples.TARGET_RATIO
+        what, reqs, resps = samples.bench_frames(FRAMES_PER_SIDE, PAYLOAD)
+        schedule, frames_per_pass = build_schedule(reqs, resps)
         nbytes = sum(len(c) for _, c in schedule)
         print(f"[{protocol}] {what}, {nbytes:,} bytes in {len(schedule)} reads of <= 64 KiB; "
               f"{pinned}")

@@ -15,44 +15,78 @@ import time
 import urllib.error
 
 from loadgen import promread
-from proxy.cli import locustfile_path
-
-def _single(proto, server_cmd, extra):
-    """A server with one listener behind one proxy route named after the protocol."""
-    def setup(args):
-        sport, pport = free_port(), free_port()
-        argv = server_cmd + ["--listen", f"127.0.0.1:{sport}",
-                             *[a.format(service_time=args.service_time) for a in extra]]
-        route = (f'[[routes]]\nname = "{proto}"\nprotocol = "{proto}"\n'
-                 f'listen = "127.0.0.1:{pport}"\nupstream = "127.0.0.1:{sport}"\n')
-        return argv, [sport], [route], f"127.0.0.1:{pport}", [proto]
-    return setup
+from proxy import protocols
+from proxy.paths import locustfile_path
 
 
-def _rocketmq(args):
-    """Name server + broker behind two routes; route data advertises the broker route,
-    so the clients' broker traffic crosses the proxy too."""
-    ns, br, pns, pbr = free_port(), free_port(), free_port(), free_port()
-    argv = ["serve", "rocketmq", "--namesrv", f"127.0.0.1:{ns}", "--broker", f"127.0.0.1:{br}",
-            "--service-time", args.service_time]
-    routes = [
-        f'[[routes]]\nname = "rocketmq-namesrv"\nprotocol = "rocketmq"\n'
-        f'listen = "127.0.0.1:{pns}"\nupstream = "127.0.0.1:{ns}"\n'
-        f'[routes.options]\nadvertise = {{ "127.0.0.1:{br}" = "127.0.0.1:{pbr}" }}\n',
-        f'[[routes]]\nname = "rocketmq-broker"\nprotocol = "rocketmq"\n'
-        f'listen = "127.0.0.1:{pbr}"\nupstream = "127.0.0.1:{br}"\n']
-    return argv, [ns, br], routes, f"127.0.0.1:{pns}", ["rocketmq-namesrv", "rocketmq-broker"]
+def demo_protocols():
+    """{name: ProtocolSpec} of the protocols the demo can run: every descriptor in
+    proxy/protocols/ with demo settings, a reference server and Locust users."""
+    return {spec.name: spec for spec in protocols.specs()
+            if spec.demo and spec.server and spec.users}
 
 
-PROTOCOL_SETUPS = {
-    # protocol -> (setup(args) -> (server argv, ports, route tables, Locust host, route
-    # names), Locust user classes)
-    "flymq": (_single("flymq", ["serve", "flymq"], ["--service-time", "{service_time}"]),
-              ["FlyMQProducer", "FlyMQConsumer"]),
-    "rabbitmq-stream": (_single("rabbitmq-stream", ["serve", "rabbitmq-stream"], []),
-                        ["StreamPublisher", "StreamConsumer"]),
-    "rocketmq": (_rocketmq, ["RocketMQProducer", "RocketMQConsumer"]),
-}
+def toml_value(value):
+    """A TOML literal for a route option (strings, numbers, booleans, lists, tables)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)   # JSON's escapes are valid TOML
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}"
+                                for k, v in value.items()) + " }"
+    raise TypeError(f"demo route option {value!r}: cannot write it as TOML")
+
+
+def toml_key(key):
+    """A bare TOML key when it can be one, else a quoted key."""
+    key = str(key)
+    return key if key and all(c.isalnum() or c in "_-" for c in key) and key.isascii() \
+        else toml_value(key)
+
+
+def _fill(value, names):
+    """``value`` with ``{server_<listener>}``-style placeholders filled in, recursively."""
+    if isinstance(value, str):
+        return value.format(**names)
+    if isinstance(value, dict):
+        return {_fill(k, names): _fill(v, names) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_fill(v, names) for v in value]
+    return value
+
+
+def plan(spec, service_time):
+    """Ports, server command line and proxy routes for one protocol, from its
+    ``PROTOCOL.demo`` (see proxy.protocols.spec.DemoSpec).
+
+    Returns (server argv after ``frametap``, server ports to wait for, route tables,
+    Locust host, route names).
+    """
+    demo = spec.demo
+    names = {"service_time": service_time}
+    for listener in demo.listeners:
+        names[f"server_{listener}"] = f"127.0.0.1:{free_port()}"
+        names[f"proxy_{listener}"] = f"127.0.0.1:{free_port()}"
+    argv = ["serve", spec.name] + [_fill(a, names) for a in demo.server_args]
+    ports = [int(names[f"server_{listener}"].rpartition(":")[2]) for listener in demo.listeners]
+    tables, route_names = [], []
+    for route in demo.routes:
+        name = spec.name + route.suffix
+        table = (f'[[routes]]\nname = "{name}"\nprotocol = "{spec.name}"\n'
+                 f'listen = "{names["proxy_" + route.listener]}"\n'
+                 f'upstream = "{names["server_" + route.listener]}"\n')
+        if route.options:
+            table += "[routes.options]\n" + "".join(
+                f"{toml_key(k)} = {toml_value(v)}\n"
+                for k, v in _fill(dict(route.options), names).items())
+        tables.append(table)
+        route_names.append(name)
+    return argv, ports, tables, names["proxy_" + demo.locust_listener], route_names
 
 
 def free_port():
@@ -186,7 +220,7 @@ def build_parser():
     p.add_argument("--users", type=int, default=8, help="Locust users (8)")
     p.add_argument("--service-time", default="1ms±0.5ms",
                    help="reference server service time per request (1ms±0.5ms)")
-    p.add_argument("--protocols", default=",".join(PROTOCOL_SETUPS),
+    p.add_argument("--protocols", default=",".join(demo_protocols()),
                    help="comma list of protocols to include (default: all available)")
     p.add_argument("--out", default=None, help="directory for the proxy config and the final metrics "
                    "scrape (default: a temporary directory)")
@@ -195,11 +229,12 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
-    for p in protocols:
-        if p not in PROTOCOL_SETUPS:
+    available = demo_protocols()
+    chosen = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    for p in chosen:
+        if p not in available:
             print(f"frametap demo: --protocols: {p!r} is not available "
-                  f"(expected: {', '.join(PROTOCOL_SETUPS)})", file=sys.stderr)
+                  f"(expected: {', '.join(available)})", file=sys.stderr)
             return 2
     if args.seconds < 1 or args.users < 1:
         print("frametap demo: --seconds and --users must be >= 1", file=sys.stderr)
@@ -213,8 +248,8 @@ def main(argv=None):
         admin = free_port()
         routes, hosts = [], {}
         route_names = {}
-        for proto in protocols:
-            argv, ports, tables, host, names = PROTOCOL_SETUPS[proto][0](args)
+        for proto in chosen:
+            argv, ports, tables, host, names = plan(available[proto], args.service_time)
             print(f"[demo] starting reference {proto} server: frametap {' '.join(argv)}",
                   flush=True)
             srv = procs.start(f"{proto} server", frametap + argv + ["--log-level", "WARNING"],
@@ -234,8 +269,8 @@ def main(argv=None):
         wait_ready(f"http://127.0.0.1:{admin}/readyz", proxy)
 
         loads = []
-        for proto in protocols:
-            _, classes = PROTOCOL_SETUPS[proto]
+        for proto in chosen:
+            classes = available[proto].user_classes
             env = dict(os.environ, FRAMETAP_PROTOCOLS=proto)
             print(f"[demo] Locust: {args.users} users ({', '.join(classes)}) for "
                   f"{args.seconds}s through the proxy at {hosts[proto]}", flush=True)
@@ -257,7 +292,7 @@ def main(argv=None):
             print(f"[demo] {el:5.1f}s / {args.seconds}s  proxy has seen {n:,.0f} answered "
                   f"requests ({n / max(el, 0.1):,.0f}/s)", flush=True)
         rows = {}
-        for proto, p in zip(protocols, loads):
+        for proto, p in zip(chosen, loads):
             stdout, stderr = p.communicate()
             rows[proto] = locust_totals(stdout)
             if p.returncode != 0:
@@ -270,7 +305,7 @@ def main(argv=None):
             f.write(text)
         print()
         total = 0
-        for proto in protocols:
+        for proto in chosen:
             for route in route_names[proto]:
                 print(f"== {proto} (route {route}) ==")
                 ops = report(text, rows.get(proto, {}), args.seconds, route=route)

@@ -1,12 +1,13 @@
 """frametap's packaged locustfile: ``locust -f loadgen/locustfile.py --host HOST:PORT``.
 
-``FRAMETAP_PROTOCOLS`` (comma-separated, default: every protocol listed in ``PROTOCOLS``)
-selects which protocols' user classes this file exposes to Locust. Each protocol adds one
-line to ``PROTOCOLS``: module path and the user classes it contributes. Protocol-specific
-settings are read from ``FRAMETAP_<PROTOCOL>_*`` variables by the user modules.
+``FRAMETAP_PROTOCOLS`` (comma-separated, default: every protocol with Locust users)
+selects which protocols' user classes this file exposes to Locust. The protocols and
+their users come from the descriptors in proxy/protocols/<pkg>/__init__.py
+(``PROTOCOL.users``, ``PROTOCOL.user_classes``); nothing here names a protocol.
+Protocol-specific settings are read from ``FRAMETAP_<PROTOCOL>_*`` variables by the
+user modules.
 """
 
-import importlib
 import os
 import sys
 
@@ -15,11 +16,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-PROTOCOLS = {
-    "flymq": ("loadgen.flymq.users", ("FlyMQProducer", "FlyMQConsumer")),
-    "rabbitmq-stream": ("loadgen.rabbitmq_stream.users", ("StreamPublisher", "StreamConsumer")),
-    "rocketmq": ("loadgen.rocketmq.users", ("RocketMQProducer", "RocketMQConsumer")),
-}
+from proxy import protocols  # noqa: E402  (needs the sys.path fix above)
+
+#: protocol name -> its ProtocolSpec, for every protocol that offers Locust users
+PROTOCOLS = {spec.name: spec for spec in protocols.specs() if spec.users}
 
 
 def selected_protocols(text=None):
@@ -37,7 +37,4 @@ def selected_protocols(text=None):
 
 
 for _name in selected_protocols():
-    _module_name, _classes = PROTOCOLS[_name]
-    _module = importlib.import_module(_module_name)
-    for _cls in _classes:
-        globals()[_cls] = getattr(_module, _cls)
+    globals().update(PROTOCOLS[_name].load_users())

@@ -5,19 +5,18 @@ never a traceback.
 """
 
 import argparse
-import importlib
-import importlib.util
 import logging
 import os
 import sys
 
+from proxy import protocols
 from proxy.errors import ConfigError
+from proxy.paths import locustfile_path
 
-SERVERS = {
-    "flymq": "loadgen.flymq.server",
-    "rabbitmq-stream": "loadgen.rabbitmq_stream.server",
-    "rocketmq": "loadgen.rocketmq.server",
-}
+
+def servers():
+    """{protocol name: ProtocolSpec} of the protocols with a reference server."""
+    return {spec.name: spec for spec in protocols.specs() if spec.server}
 
 
 def _setup_logging(level):
@@ -33,7 +32,8 @@ def _add_proxy(sub):
         epilog="example: frametap proxy --protocol flymq --listen 127.0.0.1:19092 "
                "--upstream 127.0.0.1:9092 --admin 127.0.0.1:9400")
     p.add_argument("-c", "--config", metavar="FILE", help="TOML config (see README)")
-    p.add_argument("--protocol", help="protocol of the single route (e.g. flymq)")
+    p.add_argument("--protocol",
+                   help="protocol of the single route: " + ", ".join(protocols.names()))
     p.add_argument("--listen", metavar="HOST:PORT", help="where clients connect")
     p.add_argument("--upstream", metavar="HOST:PORT", help="the real server")
     p.add_argument("--admin", metavar="HOST:PORT",
@@ -58,7 +58,7 @@ def build_config(args):
             raise ConfigError("use either -c/--config or --protocol/--listen/--upstream, not both")
         cfg = load_config(args.config)
         if args.admin:
-            from proxy.config import parse_address
+            from proxy.addresses import parse_address
             cfg.admin_listen = parse_address(args.admin, "--admin", allow_port_zero=True)
     else:
         missing = [flag for flag, v in zip(("--protocol", "--listen", "--upstream"), single)
@@ -93,22 +93,18 @@ def cmd_proxy(args):
 
 
 def cmd_serve(args):
-    if args.protocol not in SERVERS:
+    available = servers()
+    if args.protocol not in protocols.names():
+        raise ConfigError(f"serve: protocol {protocols.unavailable_message(args.protocol)}")
+    if args.protocol not in available:
         raise ConfigError(f"serve: protocol {args.protocol!r} has no reference server in this "
-                          f"build (available: {', '.join(SERVERS)})")
-    module = importlib.import_module(SERVERS[args.protocol])
-    return module.main(args.args)
+                          f"build (available: {', '.join(available)})")
+    return available[args.protocol].load_server().main(args.args)
 
 
 def cmd_load(args):
     argv = ["locust", "-f", locustfile_path()] + args.args
     os.execvp(sys.executable, [sys.executable, "-m"] + argv)
-
-
-def locustfile_path():
-    """Path of the packaged locustfile, without importing it (importing Locust
-    gevent-patches the whole process)."""
-    return importlib.util.find_spec("loadgen.locustfile").origin
 
 
 def cmd_demo(args):
@@ -128,7 +124,7 @@ def make_parser():
     _add_proxy(sub)
     s = sub.add_parser("serve", help="run a reference server (frametap serve flymq --help)",
                        description="Run the reference server for a protocol.", add_help=True)
-    s.add_argument("protocol", help="protocol name: " + ", ".join(SERVERS))
+    s.add_argument("protocol", help="protocol name: " + ", ".join(servers()))
     s.add_argument("args", nargs=argparse.REMAINDER, help="server options (see its --help)")
     s.set_defaults(func=cmd_serve)
     ld = sub.add_parser("load", help="run Locust with the packaged locustfile",

@@ -4,13 +4,12 @@ Every problem raises ConfigError with one line naming the key, the value and wha
 was expected; the CLI prints it and exits 2.
 """
 
-import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 
+from proxy import protocols
+from proxy.addresses import parse_address  # noqa: F401  (also proxy.config's public API)
 from proxy.errors import ConfigError
-from proxy.protocols import IMPLEMENTED, KNOWN
-from proxy.protocols import load as load_protocol
 
 
 @dataclass
@@ -40,31 +39,6 @@ class Config:
     admin_listen: tuple | None = None
     framelog: FramelogConfig | None = None
     shutdown_timeout: float = 10.0
-
-
-def parse_address(text, key, allow_port_zero=False):
-    """'host:port' or '[v6]:port' -> (host, port); ConfigError naming ``key`` otherwise."""
-    if not isinstance(text, str):
-        raise ConfigError(f"{key}: expected a 'host:port' string, got {text!r}")
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise ConfigError(f"{key} = {text!r}: expected 'host:port' (e.g. 127.0.0.1:9092)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ConfigError(f"{key} = {text!r}: {host!r} is not an IPv6 address") from None
-    elif any(c.isspace() for c in host) or "/" in host:
-        raise ConfigError(f"{key} = {text!r}: {host!r} is not a host name or address")
-    try:
-        port_no = int(port)
-    except ValueError:
-        raise ConfigError(f"{key} = {text!r}: port {port!r} is not a number") from None
-    low = 0 if allow_port_zero else 1
-    if not low <= port_no <= 65535:
-        raise ConfigError(f"{key} = {text!r}: port must be {low}..65535")
-    return host, port_no
 
 
 def _check_keys(table, allowed, where):
@@ -103,20 +77,21 @@ def route_from_table(table, index):
         if key not in table:
             raise ConfigError(f"{where}: missing required key {key!r}")
     protocol = table["protocol"]
-    if protocol not in KNOWN:
-        raise ConfigError(f"{where}.protocol = {protocol!r}: expected one of {', '.join(KNOWN)}")
-    if protocol not in IMPLEMENTED:
-        raise ConfigError(f"{where}.protocol = {protocol!r}: not available in this build "
-                          f"(available: {', '.join(IMPLEMENTED)})")
+    if not isinstance(protocol, str) or protocol not in protocols.accepted():
+        raise ConfigError(f"{where}.protocol = {protocol!r}: expected one of "
+                          f"{', '.join(protocols.accepted())}")
+    if protocol not in protocols.names():
+        raise ConfigError(f"{where}.protocol = {protocol!r}: not implemented in this build "
+                          f"(available: {', '.join(protocols.names())})")
     name = table.get("name", f"{protocol}-{index}")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}.name = {name!r}: expected a non-empty string")
     options = table.get("options", {})
     if not isinstance(options, dict):
         raise ConfigError(f"{where}.options = {options!r}: expected a table")
-    module = load_protocol(protocol)
-    if hasattr(module, "validate_options"):
-        options = module.validate_options(options, where)
+    spec = protocols.load(protocol)
+    if spec.validate_options is not None:
+        options = spec.validate_options(options, where)
     elif options:
         raise ConfigError(f"{where}.options: unknown key {next(iter(options))!r} "
                           f"({protocol} has no route options)")

@@ -52,9 +52,10 @@ class Route:
     def __init__(self, cfg, loop=None):
         self.cfg = cfg
         self.loop = loop or asyncio.get_event_loop()
-        self.module = protocols.load(cfg.protocol)
+        self.protocol = protocols.load(cfg.protocol)
+        self.parser_class = self.protocol.load_parser()
         self.stats = RouteStats(cfg.name, cfg.protocol)
-        self.max_frame_bytes = cfg.max_frame_bytes or self.module.MAX_FRAME_BYTES
+        self.max_frame_bytes = cfg.max_frame_bytes or self.protocol.max_frame_bytes
         self.connections = set()
         self.server = None
         self._sweeper = None
@@ -72,8 +73,8 @@ class Route:
         self._sweeper = self.loop.create_task(self._sweep())
 
     def new_parser(self, local_address):
-        parser = self.module.Parser(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
-                                    self.cfg.options)
+        parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
+                                   self.cfg.options)
         if hasattr(parser, "local_address"):       # parsers that rewrite addresses
             parser.local_address = local_address[:2] if local_address else None
             parser.upstream_address = self.cfg.upstream

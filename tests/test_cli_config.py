@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from proxy import protocols
 from proxy.config import config_from_dict
 from proxy.errors import ConfigError
 from tests.conftest import free_port
@@ -52,7 +53,7 @@ upstream = "127.0.0.1:9092"
     ("[[routes]]\nprotocol = \"flymq\"\n", "missing required key 'listen'"),
     (GOOD_ROUTE + GOOD_ROUTE, "duplicate route name"),
     ("[framelog]\nformat = \"csv\"\n" + GOOD_ROUTE, "framelog.format = 'csv'"),
-    (GOOD_ROUTE.replace('"flymq"', '"ttheader"'), "not available in this build"),
+    (GOOD_ROUTE.replace('"flymq"', '"ttheader"'), "not implemented in this build"),
     ("not toml ===", "invalid TOML"),
 ])
 def test_bad_config_exits_2_with_one_line(tmp_path, text, needle):
@@ -100,14 +101,24 @@ def test_config_values_parsed():
 
 
 @pytest.mark.parametrize("args", [["--help"], ["proxy", "--help"], ["serve", "--help"],
-                                  ["serve", "flymq", "--help"],
-                                  ["serve", "rabbitmq-stream", "--help"],
-                                  ["serve", "rocketmq", "--help"], ["demo", "--help"],
-                                  ["load", "--help"]])
+                                  ["demo", "--help"], ["load", "--help"]] +
+                         [["serve", spec.name, "--help"] for spec in protocols.specs()
+                          if spec.server])
 def test_every_command_has_help(args):
     r = frametap(*args)
     assert r.returncode == 0, r.stderr
     assert "usage" in r.stdout.lower() or "Usage" in r.stdout
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("ttheader", "serve: protocol 'ttheader' is not implemented in this build (available: "),
+    ("kafka", "serve: protocol 'kafka' is not a protocol (expected one of: "),
+])
+def test_serve_unavailable_protocol_one_line(name, needle):
+    r = frametap("serve", name)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
 
 
 def start_proxy_process(tmp_path, upstream_port, extra=""):

@@ -50,3 +50,19 @@ def test_demo_cleans_up_on_ctrl_c(tmp_path):
     assert p.returncode == 130, seen + rest
     assert "interrupted" in rest
     assert_all_closed(ports_in(seen))
+
+
+def test_demo_runs_every_protocol_with_demo_settings():
+    from loadgen import demo
+    from proxy import protocols
+    expected = [s.name for s in protocols.specs() if s.demo and s.server and s.users]
+    assert expected and list(demo.demo_protocols()) == expected
+    assert demo.build_parser().parse_args([]).protocols == ",".join(expected)
+
+
+def test_demo_unknown_protocol_one_line():
+    r = subprocess.run([sys.executable, "-m", "proxy", "demo", "--protocols", "kafka"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--protocols: 'kafka' is not available (expected: " in lines[0]

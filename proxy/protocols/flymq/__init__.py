@@ -1,13 +1,21 @@
 """FlyMQ: opcode table, frame parser (compiled + pure-Python twin) and codec."""
 
-from proxy.framing import NO_EXTENSIONS
 from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, OPCODES, opcode_name  # noqa: F401
+from proxy.protocols.spec import DemoSpec, ProtocolSpec
 
-if NO_EXTENSIONS:
-    from proxy.protocols.flymq.parser_py import FlyMQParser
-else:
-    from proxy.protocols.flymq._parser import FlyMQParser
+PROTOCOL = ProtocolSpec(
+    name="flymq",
+    package=__name__,
+    parser_class="FlyMQParser",
+    default_port=9092,
+    max_frame_bytes=MAX_FRAME_BYTES,
+    server="loadgen.flymq.server",
+    users="loadgen.flymq.users",
+    user_classes=("FlyMQProducer", "FlyMQConsumer"),
+    demo=DemoSpec(server_args=("--listen", "{server_listen}",
+                               "--service-time", "{service_time}")),
+)
 
-Parser = FlyMQParser
-NAME = "flymq"
-DEFAULT_PORT = 9092
+NAME = PROTOCOL.name
+DEFAULT_PORT = PROTOCOL.default_port
+__getattr__ = PROTOCOL.module_getattr()       # Parser / FlyMQParser, imported on first use

@@ -14,7 +14,7 @@ to reach the proxy, and a response naming a single broker is taken to be that
 upstream (a one-node server often advertises a host name the proxy does not dial).
 """
 
-from proxy.config import parse_address
+from proxy.addresses import parse_address
 from proxy.errors import ConfigError
 from proxy.framing_common import DIRECTIONS, R_BAD_BODY, REASONS
 from proxy.protocols.rabbitmq_stream.codec import (StreamCodecError, decode_metadata_response,

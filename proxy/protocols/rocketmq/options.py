@@ -14,7 +14,7 @@ server also carries the broker traffic (each broker needs its own frametap route
 
 import struct
 
-from proxy.config import parse_address
+from proxy.addresses import parse_address
 from proxy.errors import ConfigError
 
 MAX_FRAME_BYTES = 32 * 1024 * 1024
