@@ -9,12 +9,15 @@ side aborts the other.
 """
 
 import asyncio
+import itertools
 import logging
 import socket
 import time
 
 from proxy import protocols
 from proxy.framing import RouteStats, now_ns
+
+_conn_ids = itertools.count(1)            # conn_id of the frame log (DESIGN.md)
 
 log = logging.getLogger("frametap.relay")
 
@@ -75,6 +78,7 @@ class Route:
     def new_parser(self, local_address):
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
                                    self.cfg.options)
+        parser.conn_id = next(_conn_ids)            # frame-log conn_id, unique per process
         if hasattr(parser, "local_address"):       # parsers that rewrite addresses
             parser.local_address = local_address[:2] if local_address else None
             parser.upstream_address = self.cfg.upstream

@@ -8,8 +8,6 @@ and its pure-Python twin with the same random input, asserting that they agree o
 counter, every record, every return value and every error.
 """
 
-import importlib
-import inspect
 import os
 import pkgutil
 import random
@@ -25,40 +23,16 @@ if HAVE_C:
     from proxy import _framing
 
 
-def _discover():
-    """Protocol packages that ship a conformance module: {package: module}."""
-    found = {}
-    for info in pkgutil.iter_modules(proxy.protocols.__path__):
-        if not info.ispkg:
-            continue
-        name = "proxy.protocols." + info.name
-        try:
-            found[info.name] = importlib.import_module(name + ".conformance")
-        except ModuleNotFoundError as exc:
-            if exc.name != name + ".conformance":
-                raise
-    return found
-
-
-PROTOCOLS = _discover()
-
-
-def _parser_class(module, base):
-    classes = [c for _, c in inspect.getmembers(module, inspect.isclass)
-               if issubclass(c, base) and c is not base and c.__module__ == module.__name__]
-    assert len(classes) == 1, f"{module.__name__} must define exactly one parser class"
-    return classes[0]
+SPECS = {spec.package.rsplit(".", 1)[1]: spec for spec in proxy.protocols.specs()}
+PROTOCOLS = {pkg: spec.load_conformance() for pkg, spec in SPECS.items()}
 
 
 def impls(pkg):
     """[(label, RouteStats, Parser)]: the twin always, the compiled parser when built."""
-    out = [("py", framing_py.RouteStats,
-            _parser_class(importlib.import_module(f"proxy.protocols.{pkg}.parser_py"),
-                          framing_py.FrameParser))]
+    spec = SPECS[pkg]
+    out = [("py", framing_py.RouteStats, spec.load_parser(pure_python=True))]
     if HAVE_C:
-        out.append(("c", _framing.RouteStats,
-                    _parser_class(importlib.import_module(f"proxy.protocols.{pkg}._parser"),
-                                  _framing.FrameParser)))
+        out.append(("c", _framing.RouteStats, spec.load_parser(pure_python=False)))
     return out
 
 
@@ -79,13 +53,14 @@ def normal(rec):
 
 def events_sorted(records):
     """Timeout events settled together (expire(), close()) come in the order of each
-    twin's pending table; sort each run of them by (direction, correlation id)."""
+    twin's pending table; sort each run of them (direction, correlation id, the rest)."""
     out, run = [], []
     for r in records + [None]:
         if r is not None and r["kind"] == "event":
             run.append(r)
             continue
-        out.extend(sorted(run, key=lambda e: (e["direction"], e["correlation_id"] or "")))
+        out.extend(sorted(run, key=lambda e: (e["direction"], e["correlation_id"] or "",
+                                              repr(sorted(e.items())))))
         run = []
         if r is not None:
             out.append(r)
@@ -304,7 +279,7 @@ def test_reason_and_kind_tables_match_the_compiled_enums():
     assert {n: i for i, n in enumerate(framing_common.KINDS)} == _framing.KIND_IDS
 
 
-def test_every_protocol_has_a_conformance_module():
-    impl_dirs = {info.name for info in pkgutil.iter_modules(proxy.protocols.__path__)
-                 if info.ispkg}
-    assert impl_dirs and impl_dirs == set(PROTOCOLS)
+def test_every_protocol_folder_is_covered():
+    folders = {info.name for info in pkgutil.iter_modules(proxy.protocols.__path__)
+               if info.ispkg}
+    assert folders and folders == set(PROTOCOLS)

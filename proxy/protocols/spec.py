@@ -62,6 +62,7 @@ class ProtocolSpec:
     validate_options: Callable | None = None
     codec: str | None = None          # default "<package>.codec"
     samples: str | None = None        # default "<package>.samples" (bench frames)
+    conformance: str | None = None    # default "<package>.conformance" (tests/test_conformance.py)
     server: str | None = None         # reference server module with main(argv), in loadgen/
     users: str | None = None          # module of the Locust users, in loadgen/
     user_classes: tuple = ()          # the concrete Locust users it offers
@@ -72,6 +73,8 @@ class ProtocolSpec:
             object.__setattr__(self, "codec", self.package + ".codec")
         if self.samples is None:
             object.__setattr__(self, "samples", self.package + ".samples")
+        if self.conformance is None:
+            object.__setattr__(self, "conformance", self.package + ".conformance")
 
     @property
     def extension(self):
@@ -97,6 +100,10 @@ class ProtocolSpec:
 
     def load_samples(self):
         return importlib.import_module(self.samples)
+
+    def load_conformance(self):
+        """Golden conversations, garbage and frame strategies (tests only: hypothesis)."""
+        return importlib.import_module(self.conformance)
 
     def load_server(self):
         """The reference server module (``main(argv)``); None when there is none."""
