@@ -281,32 +281,30 @@ def format_address(addr) -> str:
 
 # ---------------------------------------------------------------------- Locust users
 
-def env_int(name: str, default: int, minimum: int = 1) -> int:
-    """Integer environment variable ``name`` (``default`` when unset or blank)."""
+def _env_number(name: str, default, convert, valid, expected: str):
+    """``convert(text)`` of environment variable ``name`` (``default`` when unset or
+    blank); ValueError naming the variable, the value and ``expected`` otherwise."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
+        value = None
+    if value is None or not valid(value):
+        raise ValueError(f"{name}={text!r}: expected {expected}")
     return value
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    """Integer environment variable ``name`` (``default`` when unset or blank)."""
+    return _env_number(name, default, int, lambda v: v >= minimum,
+                       f"an integer >= {minimum}")
 
 
 def env_float(name: str, default: float) -> float:
     """Positive number of seconds from environment variable ``name``."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
-    return value
+    return _env_number(name, default, float, lambda v: v > 0, "a number of seconds > 0")
 
 
 def env_bool(name: str, default: bool) -> bool:
