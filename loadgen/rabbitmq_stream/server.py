@@ -672,7 +672,8 @@ class StreamBroker(ReferenceServer):
     ``users`` maps user names to passwords; ``vhosts`` are the virtual hosts Open accepts;
     ``advertised_host`` / ``advertised_port`` are what Metadata and Open announce (default:
     the listen host and the bound port); ``frame_max`` (bytes, 0 = no limit) and
-    ``heartbeat`` (seconds, 0 = none) are what Tune proposes.
+    ``heartbeat`` (seconds, 0 = none) are what Tune proposes; ``service_time`` (a
+    :class:`~loadgen.servicetime.ServiceTime` or its text, ``"2ms±1ms"``) delays answers.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, users=None,
