@@ -7,7 +7,8 @@
 * Sync clients: :func:`parse_host` (Locust's ``--host``), :func:`connect_tcp`,
   :class:`SocketClient` (``closed``, ``close()``, context manager), :func:`format_address`.
 * Locust users: the ``FRAMETAP_*`` settings readers (:func:`env_int`, :func:`env_float`,
-  :func:`env_bool`, :func:`env_choice`) and :class:`RequestReporter` (fires Locust's
+  :func:`env_bool`, :func:`env_choice`) and :class:`RequestReporter` (its
+  :meth:`~RequestReporter.timed` context manager times a request and fires Locust's
   request event).
 
 Nothing here imports Locust, so the servers can use it without gevent-patching anything.
@@ -23,7 +24,9 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from loadgen.servicetime import ServiceTime, parse_service_time
 
@@ -278,32 +281,30 @@ def format_address(addr) -> str:
 
 # ---------------------------------------------------------------------- Locust users
 
-def env_int(name: str, default: int, minimum: int = 1) -> int:
-    """Integer environment variable ``name`` (``default`` when unset or blank)."""
+def _env_number(name: str, default, convert, valid, expected: str):
+    """``convert(text)`` of environment variable ``name`` (``default`` when unset or
+    blank); ValueError naming the variable, the value and ``expected`` otherwise."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}")
+        value = None
+    if value is None or not valid(value):
+        raise ValueError(f"{name}={text!r}: expected {expected}")
     return value
+
+
+def env_int(name: str, default: int, minimum: int = 1) -> int:
+    """Integer environment variable ``name`` (``default`` when unset or blank)."""
+    return _env_number(name, default, int, lambda v: v >= minimum,
+                       f"an integer >= {minimum}")
 
 
 def env_float(name: str, default: float) -> float:
     """Positive number of seconds from environment variable ``name``."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
-    return value
+    return _env_number(name, default, float, lambda v: v > 0, "a number of seconds > 0")
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -327,13 +328,52 @@ def env_choice(name: str, default: str, choices: tuple) -> str:
 
 
 class RequestReporter:
-    """Mixin for Locust users: :meth:`fire` reports one request as ``request_type``."""
+    """Mixin for Locust users: report requests to Locust as ``request_type``.
+
+    :meth:`timed` times a block (a round trip); :meth:`fire` reports a request timed some
+    other way (e.g. a publish confirmed by a later read). ``last_exception`` is the
+    failure of the last :meth:`timed` block (None when it succeeded).
+    """
 
     request_type = ""
+    last_exception: Exception | None = None
+
+    @contextmanager
+    def timed(self, name: str, response_length: int = 0, quiet: bool = False,
+              **context) -> Iterator[dict]:
+        """Time the ``with`` block and report it to Locust as request ``name``.
+
+        Shaped like Locust's ``EventHook.measure``: yields the request's metadata dict
+        (``request_type``, ``name``, ``response_length``, ``context``, ``exception``,
+        ``start_time``), which the block may change (``req["response_length"] = n``, or
+        ``req["exception"] = exc`` to fail without raising); ``response_time`` is added
+        at the end, in milliseconds from :func:`time.perf_counter` (an unrounded float),
+        and the dict is fired as the ``request`` event. An ``Exception`` raised in the
+        block is the request's failure and does not propagate.
+
+        The one convention for every protocol's users: what the block obtains it binds
+        itself, and after the block ``req["exception"] is None`` means success.
+        ``quiet``: report only a failure (e.g. a connection set up in ``on_start``).
+        """
+        meta = {"request_type": self.request_type, "name": name,
+                "response_length": response_length, "context": context,
+                "exception": None, "start_time": time.time()}
+        start = time.perf_counter()
+        try:
+            yield meta
+        except Exception as exc:  # noqa: BLE001 - every failure is reported to Locust
+            meta["exception"] = exc
+        # A BaseException (GreenletExit when Locust stops the user mid-request) propagates
+        # unreported: that request never completed (Locust's measure would count it as a
+        # success with whatever the block had set).
+        meta["response_time"] = (time.perf_counter() - start) * 1000.0
+        self.last_exception = meta["exception"]
+        if not quiet or meta["exception"] is not None:
+            self.environment.events.request.fire(**meta)
 
     def fire(self, name: str, response_time: float, length: int = 0,
              exception: Exception | None = None, **context) -> None:
-        """Report one request to Locust (``response_time`` in ms)."""
+        """Report one request timed elsewhere (``response_time`` in ms)."""
         self.environment.events.request.fire(
             request_type=self.request_type, name=name, response_time=response_time,
             response_length=length, exception=exception, context=context)

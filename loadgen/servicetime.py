@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import re
 
-__all__ = ["ServiceTime", "parse_service_time", "parse_duration"]
+__all__ = ["ServiceTime", "parse_service_time", "parse_duration", "as_service_time"]
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0}
 _DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s)?$", re.IGNORECASE)
@@ -112,3 +112,16 @@ def parse_service_time(text: str, rng: random.Random | None = None) -> ServiceTi
         raise ValueError(
             f"bad service time {text!r}: expected e.g. '0', '500us', '2ms±1ms', "
             f"'2ms+-1ms' or 'exp:2ms' (durations need a unit: ns, us, ms or s)") from None
+
+
+def as_service_time(value: "ServiceTime | str | None") -> ServiceTime | None:
+    """A server's ``service_time`` argument as a distribution, or None when every sample
+    would be 0 (or none was given): text is parsed (ValueError on bad text)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_service_time(value)
+    if not isinstance(value, ServiceTime):
+        raise ValueError(f"bad service time {value!r}: expected a ServiceTime or text "
+                         f"such as '2ms±1ms'")
+    return None if value.is_zero else value

@@ -26,10 +26,14 @@ from proxy.protocols.rabbitmq_stream.codec import (
     decode_command,
     decode_frame,
     decode_metadata_response,
+    encode_body,
     encode_command,
     encode_frame,
     encode_metadata_response,
     parse_chunk,
+    parse_chunk_header,
+    parse_delivered_chunk,
+    split_deliver,
 )
 
 CHUNK = build_chunk([b"first", SubBatch.of([b"a", b"bb"]), b""], first_offset=40,
@@ -413,3 +417,56 @@ def test_map_round_trip_property(props, corr):
 def test_chunk_dataclass_computes_counts():
     chunk = Chunk(0, 0, [b"a", SubBatch.of([b"b", b"c"])])
     assert chunk.num_records == 3 and chunk.num_entries == 2
+
+
+# --------------------------------------------------------------------------- Deliver as sent
+
+def _tracked_chunk(records, trailer=b"\x00" * 13, chunk_type=0):
+    return Chunk(7, 1_700_000_000_000, list(records), chunk_type=chunk_type,
+                 trailer=trailer).to_bytes()
+
+
+def test_delivered_chunk_without_its_trailer_is_accepted():
+    """The real server sends header + data only while the header counts the trailer."""
+    whole = _tracked_chunk([b"a", SubBatch.of([b"b", b"c"])])
+    without = whole[:-13]
+    for data in (whole, without):
+        header = parse_chunk_header(data)
+        assert (header.first_offset, header.num_entries, header.num_records) == (7, 2, 3)
+        assert header.trailer_length == 13
+        chunk = parse_delivered_chunk(data)
+        assert chunk.records() == [b"a", b"b", b"c"]
+    assert parse_delivered_chunk(whole).trailer == b"\x00" * 13
+    assert parse_delivered_chunk(without).trailer == b""
+    with pytest.raises(StreamCodecError, match="without the trailer"):
+        parse_chunk_header(without[:-1])
+
+
+def test_delivered_tracking_chunk_has_no_entries():
+    data = _tracked_chunk([b"\x00tracking-data-not-entries"], trailer=b"", chunk_type=1)
+    chunk = parse_delivered_chunk(data)
+    assert (chunk.chunk_type, chunk.entries, chunk.num_records) == (1, [], 1)
+
+
+def test_delivered_chunk_checks_crc_and_counts():
+    data = bytearray(_tracked_chunk([b"abc"], trailer=b""))
+    data[-1] ^= 0xFF
+    with pytest.raises(StreamCodecError, match="CRC") as info:
+        parse_delivered_chunk(bytes(data))
+    assert info.value.reason == "bad_crc"
+    lying = Chunk(0, 0, [b"x"], num_records=2).to_bytes()
+    with pytest.raises(StreamCodecError, match="says 2 records"):
+        parse_delivered_chunk(lying)
+
+
+def test_split_deliver_v1_and_v2():
+    chunk = Chunk(0, 0, [b"x"]).to_bytes()
+    v1 = encode_body(C.DELIVER, version=1, subscription_id=3, chunk=chunk)
+    v2 = encode_body(C.DELIVER, version=2, subscription_id=3, committed_chunk_id=9,
+                     chunk=chunk)
+    assert split_deliver(1, v1) == (3, None, chunk)
+    assert split_deliver(2, v2) == (3, 9, chunk)
+    with pytest.raises(StreamCodecError, match="version 3"):
+        split_deliver(3, v2)
+    with pytest.raises(StreamCodecError, match="truncated"):
+        split_deliver(2, v2[:5])

@@ -2,10 +2,11 @@
 
 import random
 import statistics
+import time
 
 import pytest
 
-from loadgen.servicetime import parse_duration, parse_service_time
+from loadgen.servicetime import as_service_time, parse_duration, parse_service_time
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -65,3 +66,83 @@ def test_bad_text_raises_clear_value_error(text):
 
 def test_str_keeps_original_text():
     assert str(parse_service_time("2ms±1ms")) == "2ms±1ms"
+
+
+# --------------------------------------------------------------------------- servers
+
+def test_as_service_time():
+    assert as_service_time(None) is None
+    assert as_service_time("0") is None and as_service_time(parse_service_time("0ms")) is None
+    assert as_service_time("2ms").mean == pytest.approx(0.002)
+    with pytest.raises(ValueError, match="bad service time"):
+        as_service_time("soon")
+    with pytest.raises(ValueError, match="bad service time"):
+        as_service_time(0.002)
+
+
+def _flymq(service_time):
+    from loadgen.flymq.client import FlyMQClient
+    from loadgen.flymq.server import FlyMQServerThread
+    srv = FlyMQServerThread(service_time=service_time).start()
+    client = FlyMQClient("127.0.0.1", srv.port)
+    return srv, client, client.list_topics
+
+
+def _stream(service_time):
+    from loadgen.rabbitmq_stream.client import StreamClient
+    from loadgen.rabbitmq_stream.server import StreamBrokerThread
+    srv = StreamBrokerThread(service_time=service_time).start()
+    client = StreamClient("127.0.0.1", srv.port)
+    return srv, client, lambda: client.metadata("no-such-stream")
+
+
+def _stream_confirm(service_time):
+    from loadgen.rabbitmq_stream.client import StreamClient
+    from loadgen.rabbitmq_stream.server import StreamBrokerThread
+    srv = StreamBrokerThread(service_time=service_time).start()
+    client = StreamClient("127.0.0.1", srv.port)
+    client.create("st")
+    client.declare_publisher(1, "st")
+
+    def publish_and_confirm():
+        ids = client.publish_batch(1, [b"m1", b"m2"])
+        assert client.wait_confirms(1, ids, timeout=5).complete
+    return srv, client, publish_and_confirm
+
+
+def _rocketmq(service_time):
+    from loadgen.rocketmq.client import RocketMQClient
+    from loadgen.rocketmq.server import RocketMQServerThread
+    srv = RocketMQServerThread(service_time=service_time).start()
+    client = RocketMQClient("127.0.0.1", srv.broker_port)
+    return srv, client, lambda: client.get_max_offset("t", 0)
+
+
+@pytest.mark.parametrize("setup", [_flymq, _stream, _stream_confirm, _rocketmq],
+                         ids=["flymq", "rabbitmq-stream", "rabbitmq-stream-confirm",
+                              "rocketmq"])
+def test_every_reference_server_applies_its_service_time(setup):
+    """``--service-time`` really delays the answers of every reference server (the Stream
+    broker's answers and its PublishConfirms included)."""
+    timings = {}
+    for text in ("0", "60ms"):
+        srv, client, request = setup(text)
+        try:
+            request()  # warm up
+            started = time.perf_counter()
+            for _ in range(3):
+                request()
+            timings[text] = (time.perf_counter() - started) / 3
+        finally:
+            client.close()
+            srv.stop()
+    assert timings["60ms"] >= 0.055
+    assert timings["0"] < 0.03
+
+
+def test_stream_broker_cli_takes_service_time():
+    from loadgen.rabbitmq_stream.server import _make_broker, build_parser
+    args = build_parser().parse_args(["--listen", "127.0.0.1:0", "--service-time", "2ms±1ms"])
+    broker, _listen = _make_broker(args)
+    assert broker.service_time is not None and broker.service_time.mean == pytest.approx(0.002)
+    assert build_parser().parse_args([]).service_time is None

@@ -30,7 +30,6 @@ the core opcodes of ../specs/flymq-binary.md with the payload layouts of
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hmac
 import logging
 import sys
@@ -47,7 +46,8 @@ from loadgen.common import (
     service_time_arg,
     user_arg,
 )
-from loadgen.servicetime import ServiceTime, parse_service_time
+from loadgen.serverbase import ReferenceServer, ServerConnection
+from loadgen.servicetime import ServiceTime
 from proxy.protocols.flymq.codec import (
     AuthResponse,
     CommitResponse,
@@ -121,13 +121,26 @@ class _Topic:
         self.next_rr = 0
 
 
-class _ConnState:
-    __slots__ = ("peer", "user", "roles")
+class _FlyMQConnection(ServerConnection):
+    """One client: 8-byte header + payload frames, answered in order (FIFO)."""
 
-    def __init__(self, peer: str):
-        self.peer = peer
+    def __init__(self, server, reader, writer, role=""):
+        super().__init__(server, reader, writer, role)
         self.user: str | None = None
         self.roles: list[str] = []
+
+    def split_frame(self, buf):
+        if len(buf) < HEADER_SIZE:
+            return None
+        _magic, version, opcode, _flags, length = decode_header(buf, self.server.max_frame_bytes)
+        if len(buf) < HEADER_SIZE + length:
+            return None
+        return (version, opcode, bytes(buf[HEADER_SIZE:HEADER_SIZE + length])), \
+            HEADER_SIZE + length
+
+    def frame_received(self, frame, received: float) -> None:
+        resp_opcode, resp_payload = self.server.handle_request(self, *frame)
+        self.send(encode_frame(resp_opcode, resp_payload), self.reply_due(received))
 
 
 def _normalize_users(users) -> dict[str, tuple[str, list[str]]]:
@@ -145,7 +158,7 @@ def _normalize_users(users) -> dict[str, tuple[str, list[str]]]:
     return result
 
 
-class FlyMQServer:
+class FlyMQServer(ReferenceServer):
     """In-memory FlyMQ broker on one listening socket (see the module docstring).
 
     ``users`` maps a user name to a password, or to ``(password, roles)``; users given a
@@ -156,12 +169,10 @@ class FlyMQServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, users=None,
                  service_time: ServiceTime | str | None = None, require_auth: bool = False,
                  max_frame_bytes: int = MAX_FRAME_BYTES, retention_messages: int = 100_000):
+        super().__init__(service_time)
         self.host = host
         self.port = port
         self.users = _normalize_users(users)
-        if isinstance(service_time, str):
-            service_time = parse_service_time(service_time)
-        self.service_time = None if service_time is None or service_time.is_zero else service_time
         self.require_auth = require_auth
         self.max_frame_bytes = max_frame_bytes
         if retention_messages < 1:
@@ -171,8 +182,6 @@ class FlyMQServer:
         # (group, topic, partition) -> committed offset
         self.committed: dict[tuple[str, str, int], int] = {}
         self.requests_served = 0
-        self._server: asyncio.base_events.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
         self._handlers = {
             PRODUCE: self._produce,
             CONSUME: self._consume,
@@ -186,110 +195,19 @@ class FlyMQServer:
             AUTH: self._auth,
         }
 
-    # ------------------------------------------------------------------ lifecycle
+    what = "flymq server"
+    log = log  # the module logger
+    connection_class = _FlyMQConnection
+    ordered_replies = True  # no correlation id: answers must keep request order
 
     async def start(self) -> None:
         """Bind and start accepting; sets :attr:`port` to the bound port."""
-        self._server = await asyncio.start_server(self._handle_connection, self.host,
-                                                  self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self.listen(self.host, self.port)
         log.info("flymq server listening on %s:%d", self.host, self.port)
-
-    async def serve_forever(self) -> None:
-        if self._server is None:
-            await self.start()
-        await self._server.serve_forever()
-
-    async def close(self) -> None:
-        """Stop listening and close every client connection."""
-        if self._server is not None:
-            self._server.close()
-        for writer in list(self._writers):
-            writer.close()
-        if self._server is not None:
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), 5)
-            except asyncio.TimeoutError:  # pragma: no cover - defensive
-                pass
-            self._server = None
-
-    # ------------------------------------------------------------------ connections
-
-    async def _handle_connection(self, reader: asyncio.StreamReader,
-                                 writer: asyncio.StreamWriter) -> None:
-        peername = writer.get_extra_info("peername")
-        peer = f"{peername[0]}:{peername[1]}" if peername else "?"
-        conn = _ConnState(peer)
-        self._writers.add(writer)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue | None = None
-        delayed_writer = None
-        if self.service_time is not None:
-            queue = asyncio.Queue()
-            delayed_writer = asyncio.ensure_future(self._write_delayed(queue, writer))
-        abort = False
-        try:
-            while True:
-                header = await reader.readexactly(HEADER_SIZE)
-                try:
-                    _magic, version, opcode, _flags, length = decode_header(
-                        header, self.max_frame_bytes)
-                except FlyMQCodecError as exc:
-                    log.warning("flymq server: closing connection from %s: %s", peer, exc)
-                    abort = True
-                    break
-                payload = await reader.readexactly(length) if length else b""
-                received = loop.time()
-                resp_opcode, resp_payload = self.handle_request(conn, version, opcode, payload)
-                frame = encode_frame(resp_opcode, resp_payload)
-                if queue is None:
-                    writer.write(frame)
-                    if writer.transport.get_write_buffer_size() > 256 * 1024:
-                        await writer.drain()
-                else:
-                    queue.put_nowait((received + self.service_time.sample(), frame))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except asyncio.CancelledError:
-            abort = True
-        except Exception:  # never let one connection take the server down
-            log.exception("flymq server: error on connection from %s", peer)
-            abort = True
-        finally:
-            if delayed_writer is not None:
-                if abort:
-                    delayed_writer.cancel()
-                else:
-                    queue.put_nowait(None)
-                try:
-                    await delayed_writer
-                except (asyncio.CancelledError, Exception):
-                    pass
-            self._writers.discard(writer)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (ConnectionError, OSError, asyncio.CancelledError):
-                pass
-
-    @staticmethod
-    async def _write_delayed(queue: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
-        """Send queued responses in order, each no earlier than its due time."""
-        loop = asyncio.get_running_loop()
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            due, frame = item
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            writer.write(frame)
-            await writer.drain()
 
     # ------------------------------------------------------------------ requests
 
-    def handle_request(self, conn: _ConnState, version: int, opcode: int,
+    def handle_request(self, conn: _FlyMQConnection, version: int, opcode: int,
                        payload: bytes) -> tuple[int, bytes]:
         """Process one request; returns the response ``(opcode, payload)``."""
         self.requests_served += 1

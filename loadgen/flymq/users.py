@@ -36,7 +36,6 @@ import random
 import string
 import time
 from dataclasses import dataclass
-from time import perf_counter
 
 from locust import User, between, task
 
@@ -94,12 +93,12 @@ class FlyMQUser(RequestReporter, User):
         self.client: FlyMQClient | None = None
         self.settings: FlyMQSettings | None = None
         self._address: tuple[str, int] | None = None
-        self.last_exception: Exception | None = None
 
     def on_start(self) -> None:
         self.settings = FlyMQSettings.from_env()
         self._address = parse_host(self.host)
-        self._timed(None, lambda c: None)  # connect (and AUTH) now; reported only on failure
+        with self.timed("CONNECT", quiet=True):  # connect (and AUTH) now; failures only
+            self._connect()
 
     def on_stop(self) -> None:
         if self.client is not None:
@@ -114,37 +113,28 @@ class FlyMQUser(RequestReporter, User):
             client = FlyMQClient(host, port, timeout=self.settings.timeout)
             self.client = client
             if self.settings.user:
-                ok = self._timed("AUTH",
-                                 lambda c: c.auth(self.settings.user, self.settings.password),
-                                 client=client)
-                if ok is None:
+                with self.timed("AUTH") as req:
+                    client.auth(self.settings.user, self.settings.password)
+                    req["response_length"] = client.last_response_bytes
+                if req["exception"] is not None:
                     client.close()  # retried on the next request
         return client
 
-    def _timed(self, name: str | None, call, client: FlyMQClient | None = None):
-        """Run ``call(client)`` and report it to Locust as request ``name``.
+    def _create_topic(self, topic: str) -> None:
+        """CREATE_TOPIC (an "already exists" answer is a normal answer, not a failure)."""
+        with self.timed("CREATE_TOPIC") as req:
+            client = self._connect()
+            client.create_topic(topic, self.settings.partitions)
+            req["response_length"] = client.last_response_bytes
 
-        Returns the call's result, or None when it failed (the failure is reported).
-        ``name=None`` only connects and reports nothing unless the connection fails.
-        """
-        start = perf_counter()
-        exc = None
-        result = None
-        try:
-            if client is None:
-                client = self._connect()
-            result = call(client)
-        except Exception as e:  # noqa: BLE001 - every failure is reported to Locust
-            exc = e
-        self.last_exception = exc
-        if name is None and exc is None:
-            return None
-        response_time = (perf_counter() - start) * 1000.0
-        length = 0
-        if client is not None and (exc is None or isinstance(exc, FlyMQServerError)):
-            length = client.last_response_bytes
-        self.fire(name or "CONNECT", response_time, length, exception=exc)
-        return None if exc is not None else result
+    def _metadata(self, topic: str):
+        """METADATA; the response, or None when it failed (reported)."""
+        meta = None
+        with self.timed("METADATA") as req:
+            client = self._connect()
+            meta = client.metadata(topic)
+            req["response_length"] = client.last_response_bytes
+        return meta
 
 
 _PAD_ALPHABET = (string.ascii_letters + string.digits).encode()
@@ -163,8 +153,7 @@ class FlyMQProducer(FlyMQUser):
         self._pad = bytes(self._rng.choice(_PAD_ALPHABET) for _ in range(4096))
         for topic in self.settings.topics:
             # success=False ("already exists") is a normal answer, not a failure
-            self._timed("CREATE_TOPIC",
-                        lambda c, t=topic: c.create_topic(t, self.settings.partitions))
+            self._create_topic(topic)
 
     def _make_value(self, key: bytes, topic: str) -> bytes:
         head = (b'{"event":"%s","topic":"%s","key":"%s","seq":%d,"ts_ms":%d,"pad":"' % (
@@ -182,12 +171,14 @@ class FlyMQProducer(FlyMQUser):
         topic = self._rng.choice(self.settings.topics)
         key = b"user-%05d" % self._rng.randrange(self.settings.keys)
         value = self._make_value(key, topic)
-        self._timed("PRODUCE", lambda c: c.produce(topic, value, key))
+        with self.timed("PRODUCE") as req:
+            client = self._connect()
+            client.produce(topic, value, key)
+            req["response_length"] = client.last_response_bytes
 
     @task(1)
     def metadata(self) -> None:
-        topic = self._rng.choice(self.settings.topics)
-        self._timed("METADATA", lambda c: c.metadata(topic))
+        self._metadata(self._rng.choice(self.settings.topics))
 
 
 class FlyMQConsumer(FlyMQUser):
@@ -201,23 +192,27 @@ class FlyMQConsumer(FlyMQUser):
         s = self.settings
         index = next(self._instances)
         self.topic = s.topics[index % len(s.topics)]
-        self._timed("CREATE_TOPIC", lambda c: c.create_topic(self.topic, s.partitions))
-        meta = self._timed("METADATA", lambda c: c.metadata(self.topic))
+        self._create_topic(self.topic)
+        meta = self._metadata(self.topic)
         partitions = meta.partitions if meta is not None and meta.partitions else 1
         self.partition = (index // len(s.topics)) % partitions
-        offset = self._timed("SUBSCRIBE",
-                             lambda c: c.subscribe(self.topic, s.group, self.partition, "commit"))
-        self.offset = offset if offset is not None else 0
+        self.offset = 0
+        with self.timed("SUBSCRIBE") as req:
+            client = self._connect()
+            self.offset = client.subscribe(self.topic, s.group, self.partition, "commit")
+            req["response_length"] = client.last_response_bytes
         self.fetches = 0
         self.consumed = 0
 
     @task
     def poll(self) -> None:
         s = self.settings
-        resp = self._timed("FETCH",
-                           lambda c: c.fetch(self.topic, self.partition, self.offset, s.fetch_max))
-        if resp is None:
-            if isinstance(self.last_exception, FlyMQServerError):
+        with self.timed("FETCH") as req:
+            client = self._connect()
+            resp = client.fetch(self.topic, self.partition, self.offset, s.fetch_max)
+            req["response_length"] = client.last_response_bytes
+        if req["exception"] is not None:
+            if isinstance(req["exception"], FlyMQServerError):
                 # e.g. offset out of range after the topic was re-created: restart from
                 # the log start (the server clamps offsets below it)
                 self.offset = 0
@@ -226,5 +221,7 @@ class FlyMQConsumer(FlyMQUser):
         self.consumed += len(resp.messages)
         self.fetches += 1
         if self.fetches % s.commit_every == 0:
-            self._timed("COMMIT",
-                        lambda c: c.commit(self.topic, s.group, self.partition, self.offset))
+            with self.timed("COMMIT") as req:
+                client = self._connect()
+                client.commit(self.topic, s.group, self.partition, self.offset)
+                req["response_length"] = client.last_response_bytes

@@ -7,6 +7,14 @@ correlation id, while Publish, PublishConfirm, PublishError, Deliver, Credit, St
 Heartbeat, Tune and MetadataUpdate do not. All commands are sent as version 1, so the
 server answers with version-1 Deliver frames (no committed-offset field).
 
+Every frame is encoded and decoded by the protocol's codec
+(:mod:`proxy.protocols.rabbitmq_stream.codec`), so the client follows its rules: a string
+is int16 length + UTF-8 (-1 = null, read as None); text that UTF-8 cannot carry, or over
+32767 bytes, raises the codec's ``StreamCodecError`` (a ValueError) before anything is
+sent; invalid UTF-8 or any other malformed frame from the server is a
+:class:`StreamProtocolError`. Deliver chunks are read as the real server sends them
+(without the trailer their header counts); tracking chunks carry no records.
+
 The connection is opened in the constructor: PeerProperties, SaslHandshake,
 SaslAuthenticate (PLAIN), the server's Tune echoed back, Open(vhost).
 
@@ -39,13 +47,23 @@ from __future__ import annotations
 import socket
 import struct
 import time
-import zlib
 from collections import deque
 from time import perf_counter
 from typing import NamedTuple
 
 from loadgen import common
+from proxy.protocols.rabbitmq_stream.codec import (
+    Command,
+    PublishedMessage,
+    StreamCodecError,
+    decode_body,
+    decode_frame,
+    encode_command,
+    parse_delivered_chunk,
+    split_deliver,
+)
 from proxy.protocols.rabbitmq_stream.constants import (
+    CHUNK_HEADER_SIZE,
     CLOSE,
     CREATE,
     CREDIT,
@@ -58,7 +76,6 @@ from proxy.protocols.rabbitmq_stream.constants import (
     MAX_FRAME_BYTES,
     METADATA,
     METADATA_UPDATE,
-    MIN_FRAME_SIZE,
     NO_OFFSET,
     OFFSET_FIRST,
     OFFSET_LAST,
@@ -73,7 +90,6 @@ from proxy.protocols.rabbitmq_stream.constants import (
     PUBLISH_ERROR,
     QUERY_OFFSET,
     QUERY_PUBLISHER_SEQUENCE,
-    RESPONSE_BIT,
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
     STORE_OFFSET,
@@ -96,18 +112,11 @@ __all__ = [
 OFFSET_TYPES = {"first": OFFSET_FIRST, "last": OFFSET_LAST, "next": OFFSET_NEXT,
                 "offset": OFFSET_OFFSET, "timestamp": OFFSET_TIMESTAMP}
 
-_VERSION = 1
-_HEADER = struct.Struct(">IHH")         # Size, Key, Version
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_I32 = struct.Struct(">i")
-_U64 = struct.Struct(">Q")
-_CORR_CODE = struct.Struct(">IH")       # CorrelationId, ResponseCode
-# Osiris chunk header (osiris_log.erl): magic+version i8, chunk type i8, entries u16,
-# records u32, timestamp i64, epoch u64, first offset u64, crc i32, data length u32,
-# trailer length u32, 4 reserved bytes.
-_CHUNK = struct.Struct(">BBHIqQQiII4x")
+# Publish v1 item: PublishingId u64 + Message bytes (int32 length); Size + Key + Version +
+# PublisherId u8 + item count: what a Publish frame costs before its items.
+_PUBLISH_ITEM_OVERHEAD = 8 + 4
+_PUBLISH_FRAME_OVERHEAD = 4 + 4 + 1 + 4
 
 
 def parse_host(host: str | None) -> tuple[str, int]:
@@ -185,87 +194,6 @@ class StreamMetadata(NamedTuple):
 class Metadata(NamedTuple):
     brokers: dict            # reference -> (host, port)
     streams: dict            # name -> StreamMetadata
-
-
-# ---------------------------------------------------------------------- encoding
-
-def _string(text: str | None) -> bytes:
-    if text is None:
-        return b"\xff\xff"  # int16 -1: null
-    raw = text.encode()
-    if len(raw) > 0x7FFF:
-        raise ValueError(f"rabbitmq-stream: string of {len(raw)} bytes is too long")
-    return _U16.pack(len(raw)) + raw
-
-
-def _bytes(data: bytes) -> bytes:
-    return _I32.pack(len(data)) + data
-
-
-def _properties(props: dict | None) -> bytes:
-    props = props or {}
-    return _I32.pack(len(props)) + b"".join(_string(str(k)) + _string(str(v))
-                                            for k, v in props.items())
-
-
-class _Reader:
-    """Reads PROTOCOL.adoc types from one frame body, naming the field on a short read."""
-
-    __slots__ = ("data", "pos", "command")
-
-    def __init__(self, data: bytes, pos: int, command: str):
-        self.data = data
-        self.pos = pos
-        self.command = command
-
-    def _take(self, n: int, what: str) -> int:
-        pos = self.pos
-        if pos + n > len(self.data):
-            raise StreamProtocolError(
-                f"rabbitmq-stream: {self.command} frame ends at byte {len(self.data)} "
-                f"inside {what} (needed {n} bytes at {pos})")
-        self.pos = pos + n
-        return pos
-
-    def u8(self, what="u8"):
-        return self.data[self._take(1, what)]
-
-    def u16(self, what="u16"):
-        return _U16.unpack_from(self.data, self._take(2, what))[0]
-
-    def u32(self, what="u32"):
-        return _U32.unpack_from(self.data, self._take(4, what))[0]
-
-    def i32(self, what="i32"):
-        return _I32.unpack_from(self.data, self._take(4, what))[0]
-
-    def u64(self, what="u64"):
-        return _U64.unpack_from(self.data, self._take(8, what))[0]
-
-    def string(self, what="string"):
-        n = _U16.unpack_from(self.data, self._take(2, what))[0]
-        if n == 0xFFFF:
-            return None
-        pos = self._take(n, what)
-        return self.data[pos:pos + n].decode(errors="replace")
-
-    def bytes_(self, what="bytes"):
-        n = self.i32(what)
-        if n < 0:
-            return None
-        pos = self._take(n, what)
-        return self.data[pos:pos + n]
-
-    def array_len(self, what="array"):
-        n = self.i32(what)
-        if n < 0 or n > len(self.data):
-            raise StreamProtocolError(
-                f"rabbitmq-stream: {self.command}: bad {what} length {n} at byte "
-                f"{self.pos - 4}")
-        return n
-
-    def properties(self, what="properties"):
-        return {self.string(what): self.string(what) for _ in range(self.array_len(what))}
 
 
 # ---------------------------------------------------------------------- AMQP 1.0
@@ -355,7 +283,7 @@ class StreamClient(common.SocketClient):
         self.metadata_updates: list[tuple[int, str]] = []   # (code, stream)
         self._buf = bytearray()
         self._correlation = 0
-        self._responses: dict[int, tuple[int, bytes]] = {}  # corr -> (key, frame body)
+        self._responses: dict[int, tuple[Command, int]] = {}  # corr -> (response, bytes)
         self._deliveries: deque[Delivery] = deque()
         self._confirmed: dict[int, dict[int, float]] = {}   # publisher -> {id: recv time}
         self._errored: dict[int, dict[int, int]] = {}       # publisher -> {id: code}
@@ -387,8 +315,8 @@ class StreamClient(common.SocketClient):
         briefly for the server's answer."""
         if graceful and self._sock is not None:
             try:
-                self._request(CLOSE, _U16.pack(OK) + _string("frametap: bye"),
-                              timeout=min(self.timeout or 2.0, 2.0))
+                self._request(CLOSE, timeout=min(self.timeout or 2.0, 2.0), code=OK,
+                              reason="frametap: bye")
             except (OSError, StreamError):
                 pass
         super().close()
@@ -396,11 +324,14 @@ class StreamClient(common.SocketClient):
     def __exit__(self, *exc) -> None:
         self.close(graceful=True)
 
-    def _send(self, key: int, body: bytes) -> int:
+    def _send(self, key: int, **fields) -> int:
+        """Encode command ``key`` (version 1) with the codec and send it; returns its size.
+        A field the protocol cannot carry (e.g. a string over 32767 UTF-8 bytes) raises
+        :class:`~proxy.protocols.rabbitmq_stream.codec.StreamCodecError`, a ValueError."""
         if self._sock is None:
             raise ConnectionError(
                 f"rabbitmq-stream: client for {self.host}:{self.port} is closed")
-        frame = _HEADER.pack(len(body) + 4, key, _VERSION) + body
+        frame = encode_command(key, **fields)
         try:
             self._sock.sendall(frame)
         except OSError:
@@ -413,33 +344,37 @@ class StreamClient(common.SocketClient):
         self._correlation = (self._correlation + 1) & 0xFFFFFFFF
         return self._correlation
 
-    def _read_frame(self, timeout: float | None) -> tuple[int, bytes] | None:
-        """The next frame as ``(key, body)`` (body after Key/Version), or None when
-        ``timeout`` (seconds; None = block) passes first. Partial frames stay buffered."""
+    def _protocol_error(self, exc: StreamCodecError) -> StreamProtocolError:
+        """Close the connection; the codec's complaint as this client's error."""
+        self.close()
+        error = StreamProtocolError(f"{exc} (from {self.host}:{self.port})")
+        error.__cause__ = exc
+        return error
+
+    def _read_frame(self, timeout: float | None) -> tuple[int, int, bytes] | None:
+        """The next frame as ``(key, version, body)`` (body after Key/Version), or None
+        when ``timeout`` (seconds; None = block) passes first. Partial frames stay
+        buffered; a Size over the limit is refused as soon as it has arrived."""
         sock = self._sock
         if sock is None:
             raise ConnectionError(
                 f"rabbitmq-stream: client for {self.host}:{self.port} is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
         buf = self._buf
+        limit = max(self.frame_max or MAX_FRAME_BYTES, MAX_FRAME_BYTES)
         attempted = False
         while True:
+            try:
+                split = decode_frame(buf, limit)
+            except StreamCodecError as exc:
+                raise self._protocol_error(exc) from exc
+            if split is not None:
+                key, version, body, size = split
+                del buf[:size]
+                self.bytes_received += size
+                return key, version, body
             if len(buf) >= 4:
-                size = _U32.unpack_from(buf)[0]
-                limit = self.frame_max or MAX_FRAME_BYTES
-                if size < MIN_FRAME_SIZE or size > max(limit, MAX_FRAME_BYTES):
-                    self.close()
-                    raise StreamProtocolError(
-                        f"rabbitmq-stream: frame size {size} at offset 0 of the stream "
-                        f"from {self.host}:{self.port} (expected {MIN_FRAME_SIZE}.."
-                        f"{max(limit, MAX_FRAME_BYTES)}) — is this a stream port?")
-                if len(buf) >= 4 + size:
-                    key = _U16.unpack_from(buf, 4)[0]
-                    body = bytes(buf[8:4 + size])
-                    del buf[:4 + size]
-                    self.bytes_received += 4 + size
-                    return key, body
-                want = 4 + size - len(buf)
+                want = 4 + _U32.unpack_from(buf)[0] - len(buf)
             else:
                 want = 4 - len(buf)
             if deadline is None:
@@ -466,85 +401,64 @@ class StreamClient(common.SocketClient):
                     f"the server")
             buf += chunk
 
-    def _dispatch(self, key: int, body: bytes) -> None:
+    def _dispatch(self, key: int, version: int, body: bytes) -> None:
         """Handle one received frame: store responses, record the server's own frames."""
-        if key & RESPONSE_BIT:
-            command = key & ~RESPONSE_BIT
-            if command == CREDIT:  # CreditResponse: ResponseCode SubscriptionId, no corr id
-                r = _Reader(body, 0, "Credit")
-                code = r.u16("response code")
-                self.credit_errors.append((r.u8("subscription id"), code))
-                return
-            if len(body) < 4:
-                raise StreamProtocolError(
-                    f"rabbitmq-stream: {command_name(key)} response of {len(body)} bytes "
-                    f"has no correlation id")
-            self._responses[_U32.unpack_from(body)[0]] = (key, body)
+        if key == DELIVER:
+            self._deliveries.append(self._delivery(version, body))
             return
-        if key == HEARTBEAT:
-            self._send(HEARTBEAT, b"")
-        elif key == DELIVER:
-            self._deliveries.append(self._parse_deliver(body))
-        elif key == PUBLISH_CONFIRM:
-            r = _Reader(body, 0, "PublishConfirm")
-            publisher = r.u8("publisher id")
+        try:
+            cmd = decode_body(key, version, body)
+        except StreamCodecError as exc:
+            if exc.reason == "unknown_key":
+                return  # commands this client does not know are ignored
+            raise self._protocol_error(exc) from exc
+        if cmd.response:
+            if cmd.key == CREDIT:  # sent only on failure; no correlation id
+                self.credit_errors.append((cmd.subscription_id, cmd.code))
+            elif "correlation_id" in cmd.fields:
+                self._responses[cmd.correlation_id] = (cmd, len(body) + 8)
+            return
+        if cmd.key == HEARTBEAT:
+            self._send(HEARTBEAT)
+        elif cmd.key == PUBLISH_CONFIRM:
             now = perf_counter()
-            confirmed = self._confirmed.setdefault(publisher, {})
-            for _ in range(r.array_len("publishing ids")):
-                confirmed[r.u64("publishing id")] = now
-        elif key == PUBLISH_ERROR:
-            r = _Reader(body, 0, "PublishError")
-            publisher = r.u8("publisher id")
-            errored = self._errored.setdefault(publisher, {})
-            for _ in range(r.array_len("publishing errors")):
-                pid = r.u64("publishing id")
-                errored[pid] = r.u16("code")
-        elif key == CLOSE:
-            r = _Reader(body, 0, "Close")
-            corr = r.u32("correlation id")
-            code = r.u16("closing code")
-            reason = r.string("closing reason") or ""
+            confirmed = self._confirmed.setdefault(cmd.publisher_id, {})
+            for pid in cmd.publishing_ids:
+                confirmed[pid] = now
+        elif cmd.key == PUBLISH_ERROR:
+            errored = self._errored.setdefault(cmd.publisher_id, {})
+            for pid, code in cmd.errors:
+                errored[pid] = code
+        elif cmd.key == CLOSE:
             try:
-                self._send(CLOSE | RESPONSE_BIT, _CORR_CODE.pack(corr, OK))
+                self._send(CLOSE, response=True, correlation_id=cmd.correlation_id, code=OK)
             except OSError:
                 pass
             self.close()
-            raise StreamConnectionClosed(code, reason)
-        elif key == METADATA_UPDATE:
-            r = _Reader(body, 0, "MetadataUpdate")
-            code = r.u16("code")
-            self.metadata_updates.append((code, r.string("stream") or ""))
+            raise StreamConnectionClosed(cmd.code, cmd.reason or "")
+        elif cmd.key == METADATA_UPDATE:
+            self.metadata_updates.append((cmd.code, cmd.stream or ""))
         # Tune after the handshake, ConsumerUpdate (single active consumer, not used
-        # here) and unknown commands are ignored.
+        # here) and the rest are ignored.
 
-    def _parse_deliver(self, body: bytes) -> Delivery:
-        # Deliver v1: SubscriptionId u8, then one Osiris chunk (PROTOCOL.adoc "Deliver")
-        if len(body) < 1 + _CHUNK.size:
-            raise StreamProtocolError(
-                f"rabbitmq-stream: Deliver frame of {len(body)} bytes is shorter than the "
-                f"{1 + _CHUNK.size}-byte chunk header")
-        subscription = body[0]
-        (magic, chunk_type, num_entries, num_records, timestamp, _epoch, first_offset,
-         crc, data_length, _trailer) = _CHUNK.unpack_from(body, 1)
-        start = 1 + _CHUNK.size
-        data = body[start:start + data_length]
-        if len(data) != data_length:
-            raise StreamProtocolError(
-                f"rabbitmq-stream: Deliver chunk at offset {first_offset} declares "
-                f"{data_length} data bytes, frame holds {len(data)}")
-        if zlib.crc32(data) & 0xFFFFFFFF != crc & 0xFFFFFFFF:
-            raise StreamProtocolError(
-                f"rabbitmq-stream: Deliver chunk at offset {first_offset}: CRC mismatch")
-        records = _chunk_records(data, num_entries, first_offset) if chunk_type == 0 else []
-        return Delivery(subscription, num_records, first_offset, records, timestamp,
-                        data_length)
+    def _delivery(self, version: int, body: bytes) -> Delivery:
+        # Deliver: SubscriptionId u8 (v2: CommittedChunkId u64), then one osiris chunk.
+        # Only user chunks (type 0) hold records; tracking chunks are checked and skipped.
+        try:
+            subscription_id, _committed, chunk_bytes = split_deliver(version, body)
+            chunk = parse_delivered_chunk(chunk_bytes)
+            records = chunk.records()
+        except StreamCodecError as exc:
+            raise self._protocol_error(exc) from exc
+        data_bytes = len(chunk_bytes) - CHUNK_HEADER_SIZE - len(chunk.trailer)
+        return Delivery(subscription_id, chunk.num_records, chunk.first_offset, records,
+                        chunk.timestamp, data_bytes)
 
-    def _request(self, command: int, payload: bytes, timeout: float | None = -1.0,
-                 ) -> tuple[bytes, int]:
-        """Send a request with a fresh correlation id; return (response body, offset
-        after the correlation id). Response codes are not checked here."""
+    def _request(self, command: int, timeout: float | None = -1.0, **fields) -> Command:
+        """Send a request with a fresh correlation id; return the decoded response.
+        Response codes are not checked here."""
         corr = self._next_correlation()
-        self._send(command, _U32.pack(corr) + payload)
+        self._send(command, correlation_id=corr, **fields)
         if timeout == -1.0:
             timeout = self.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -560,41 +474,39 @@ class StreamClient(common.SocketClient):
                 exc.command = name
                 raise exc
             self._dispatch(*frame)
-        key, body = self._responses.pop(corr)
-        if key != command | RESPONSE_BIT:
+        response, size = self._responses.pop(corr)
+        if response.key != command:
             self.close()
             raise StreamProtocolError(
                 f"rabbitmq-stream: correlation id {corr} answered by "
-                f"{command_name(key)} (0x{key:04x}), expected a {name} response")
-        self.last_response_bytes = len(body) + 8
-        return body, 4
+                f"{command_name(response.key)} (0x{response.wire_key:04x}), expected a "
+                f"{name} response")
+        self.last_response_bytes = size
+        return response
 
-    def _call(self, command: int, payload: bytes, ok=(OK,)) -> tuple[_Reader, int]:
-        """A request whose response has a code: returns (reader after the code, code)."""
-        body, pos = self._request(command, payload)
-        r = _Reader(body, pos, command_name(command))
-        code = r.u16("response code")
-        if code not in ok:
-            raise StreamServerError(command_name(command), code)
-        return r, code
+    def _call(self, command: int, ok=(OK,), **fields) -> Command:
+        """A request whose response has a code; raises :class:`StreamServerError` unless
+        the code is in ``ok``."""
+        response = self._request(command, **fields)
+        if response.code not in ok:
+            raise StreamServerError(command_name(command), response.code)
+        return response
 
     def _handshake(self, user: str, password: str, connection_name: str) -> None:
         # PROTOCOL.adoc "Authentication": PeerProperties, SaslHandshake,
         # SaslAuthenticate, Tune (server first, we echo), Open.
         self._stage = "PeerProperties"
-        r, _ = self._call(PEER_PROPERTIES, _properties({
+        self.server_properties = self._call(PEER_PROPERTIES, properties={
             "product": "frametap", "version": "0", "platform": "Python",
-            "connection_name": connection_name}))
-        self.server_properties = r.properties()
+            "connection_name": connection_name}).properties
         self._stage = "SaslHandshake"
-        r, _ = self._call(SASL_HANDSHAKE, b"")
-        mechanisms = [r.string("mechanism") for _ in range(r.array_len("mechanisms"))]
+        mechanisms = self._call(SASL_HANDSHAKE).mechanisms
         if "PLAIN" not in mechanisms:
             raise StreamServerError("SaslHandshake", 0x07,
                                     f"server offers {mechanisms}, this client needs PLAIN")
         self._stage = "SaslAuthenticate"
-        self._call(SASL_AUTHENTICATE, _string("PLAIN") + _bytes(
-            b"\0" + user.encode() + b"\0" + password.encode()))
+        self._call(SASL_AUTHENTICATE, mechanism="PLAIN",
+                   data=b"\0" + user.encode() + b"\0" + password.encode())
         self._stage = "Tune"
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
@@ -604,17 +516,16 @@ class StreamClient(common.SocketClient):
                 raise TimeoutError(f"rabbitmq-stream: no Tune from {self.host}:{self.port} "
                                    f"after authentication")
             if frame[0] == TUNE:
-                r = _Reader(frame[1], 0, "Tune")
-                self.frame_max = r.u32("frame max")
-                self.heartbeat = r.u32("heartbeat")
+                try:
+                    tune = decode_body(*frame)
+                except StreamCodecError as exc:
+                    raise self._protocol_error(exc) from exc
+                self.frame_max, self.heartbeat = tune.frame_max, tune.heartbeat
                 break
             self._dispatch(*frame)
-        self._send(TUNE, _U32.pack(self.frame_max) + _U32.pack(self.heartbeat))
+        self._send(TUNE, frame_max=self.frame_max, heartbeat=self.heartbeat)
         self._stage = "Open"
-        r, _ = self._call(OPEN, _string(self.vhost))
-        if r.pos < len(r.data):
-            self.connection_properties = r.properties()
-        self._stage = "Open"
+        self.connection_properties = self._call(OPEN, virtual_host=self.vhost).properties or {}
 
     # ------------------------------------------------------------------ publishing
 
@@ -623,8 +534,8 @@ class StreamClient(common.SocketClient):
         """DeclarePublisher; returns the last publishing id of this publisher (0 for a
         new or unnamed one; with a ``reference`` the server deduplicates, so numbering
         continues from QueryPublisherSequence)."""
-        self._call(DECLARE_PUBLISHER, _U8.pack(publisher_id) + _string(reference or "")
-                   + _string(stream))
+        self._call(DECLARE_PUBLISHER, publisher_id=publisher_id, reference=reference or "",
+                   stream=stream)
         last = 0
         if reference:
             last = self.query_publisher_sequence(reference, stream)
@@ -635,12 +546,12 @@ class StreamClient(common.SocketClient):
 
     def query_publisher_sequence(self, reference: str, stream: str) -> int:
         """QueryPublisherSequence: the last publishing id stored for ``reference``."""
-        r, _ = self._call(QUERY_PUBLISHER_SEQUENCE, _string(reference) + _string(stream))
-        return r.u64("sequence")
+        return self._call(QUERY_PUBLISHER_SEQUENCE, reference=reference,
+                          stream=stream).sequence
 
     def delete_publisher(self, publisher_id: int) -> None:
         """DeletePublisher."""
-        self._call(DELETE_PUBLISHER, _U8.pack(publisher_id))
+        self._call(DELETE_PUBLISHER, publisher_id=publisher_id)
         self._sequences.pop(publisher_id, None)
 
     def publish_batch(self, publisher_id: int, messages: list[bytes]) -> list[int]:
@@ -652,27 +563,21 @@ class StreamClient(common.SocketClient):
         seq = self._sequences[publisher_id]
         limit = self.frame_max or (1 << 31)
         ids: list[int] = []
-        parts: list[bytes] = []
-        empty = 4 + 4 + 1 + 4           # Size, Key+Version, publisher id, count
-        size = empty
+        items: list[PublishedMessage] = []
+        size = _PUBLISH_FRAME_OVERHEAD
         for message in messages:
             seq += 1
-            entry = _U64.pack(seq) + _I32.pack(len(message)) + message
-            if parts and size + len(entry) > limit:
-                self._send_publish(publisher_id, parts)
-                parts, size = [], empty
-            parts.append(entry)
-            size += len(entry)
+            item_size = _PUBLISH_ITEM_OVERHEAD + len(message)
+            if items and size + item_size > limit:
+                self._send(PUBLISH, publisher_id=publisher_id, messages=items)
+                items, size = [], _PUBLISH_FRAME_OVERHEAD
+            items.append(PublishedMessage(seq, message))
+            size += item_size
             ids.append(seq)
-        if parts:
-            self._send_publish(publisher_id, parts)
+        if items:
+            self._send(PUBLISH, publisher_id=publisher_id, messages=items)
         self._sequences[publisher_id] = seq
         return ids
-
-    def _send_publish(self, publisher_id: int, entries: list[bytes]) -> None:
-        # Publish v1: PublisherId u8, [PublishingId u64, Message bytes]
-        self._send(PUBLISH, _U8.pack(publisher_id) + _I32.pack(len(entries))
-                   + b"".join(entries))
 
     def pump(self, timeout: float = 0.0) -> int:
         """Handle the frames already received; when there are none, wait up to
@@ -729,16 +634,17 @@ class StreamClient(common.SocketClient):
 
     def create(self, stream: str, arguments: dict | None = None,
                exist_ok: bool = False) -> bool:
-        """Create ``stream`` (arguments such as ``max-length-bytes``, ``max-age``);
-        returns False when it already existed and ``exist_ok``."""
-        _r, code = self._call(CREATE, _string(stream) + _properties(arguments),
-                              ok=(OK, STREAM_ALREADY_EXISTS) if exist_ok else (OK,))
+        """Create ``stream`` (arguments such as ``max-length-bytes``, ``max-age``; values
+        are sent as strings); returns False when it already existed and ``exist_ok``."""
+        arguments = {str(k): str(v) for k, v in (arguments or {}).items()}
+        code = self._call(CREATE, ok=(OK, STREAM_ALREADY_EXISTS) if exist_ok else (OK,),
+                          stream=stream, arguments=arguments).code
         return code == OK
 
     def delete(self, stream: str, missing_ok: bool = False) -> bool:
         """Delete ``stream``; returns False when it did not exist and ``missing_ok``."""
-        _r, code = self._call(DELETE, _string(stream),
-                              ok=(OK, STREAM_DOES_NOT_EXIST) if missing_ok else (OK,))
+        code = self._call(DELETE, ok=(OK, STREAM_DOES_NOT_EXIST) if missing_ok else (OK,),
+                          stream=stream).code
         return code == OK
 
     def metadata(self, streams) -> Metadata:
@@ -746,23 +652,13 @@ class StreamClient(common.SocketClient):
         ``.streams[name].code``, not raised (the response has no overall code)."""
         if isinstance(streams, str):
             streams = [streams]
-        body, pos = self._request(METADATA, _I32.pack(len(streams))
-                                  + b"".join(_string(s) for s in streams))
-        r = _Reader(body, pos, "Metadata")
-        brokers = {}
-        for _ in range(r.array_len("brokers")):
-            ref = r.u16("broker reference")
-            host = r.string("broker host")
-            brokers[ref] = (host, r.u32("broker port"))
+        response = self._request(METADATA, streams=list(streams))
+        brokers = {b.reference: (b.host, b.port) for b in response.brokers}
         result = {}
-        for _ in range(r.array_len("stream metadata")):
-            name = r.string("stream name")
-            code = r.u16("stream response code")
-            leader = r.u16("leader reference")
-            replicas = [r.u16("replica reference") for _ in range(r.array_len("replicas"))]
-            result[name] = StreamMetadata(
-                code, brokers.get(leader) if code == OK else None,
-                [brokers[x] for x in replicas if x in brokers])
+        for entry in response.streams:
+            result[entry.name] = StreamMetadata(
+                entry.code, brokers.get(entry.leader) if entry.code == OK else None,
+                [brokers[x] for x in entry.replicas if x in brokers])
         return Metadata(brokers, result)
 
     # ------------------------------------------------------------------ consuming
@@ -779,19 +675,16 @@ class StreamClient(common.SocketClient):
             except KeyError:
                 raise ValueError(f"offset type {offset_type!r}: expected one of "
                                  f"{', '.join(OFFSET_TYPES)}") from None
-        # The server reads an Offset field only for the offset and timestamp types.
-        spec = _U16.pack(offset_type)
-        if offset_type == OFFSET_OFFSET:
-            spec += _U64.pack(offset)
-        elif offset_type == OFFSET_TIMESTAMP:
-            spec += struct.pack(">q", offset)
-        self._call(SUBSCRIBE, _U8.pack(subscription_id) + _string(stream) + spec
-                   + _U16.pack(credit) + _properties(properties))
+        # The codec writes the Offset field only for the offset and timestamp types, as
+        # the server reads it.
+        self._call(SUBSCRIBE, subscription_id=subscription_id, stream=stream,
+                   offset_type=offset_type, offset=offset, credit=credit,
+                   properties=properties or {})
 
     def credit(self, subscription_id: int, n: int = 1) -> None:
         """Credit: let the server send ``n`` more chunks (no response unless it fails,
         which lands in ``credit_errors``)."""
-        self._send(CREDIT, _U8.pack(subscription_id) + _U16.pack(n))
+        self._send(CREDIT, subscription_id=subscription_id, credit=n)
 
     def poll_deliver(self, timeout: float | None = None) -> Delivery | None:
         """The next Deliver chunk, waiting up to ``timeout`` seconds (None: the
@@ -818,52 +711,14 @@ class StreamClient(common.SocketClient):
 
     def store_offset(self, reference: str, stream: str, offset: int) -> None:
         """StoreOffset (no response)."""
-        self._send(STORE_OFFSET, _string(reference) + _string(stream) + _U64.pack(offset))
+        self._send(STORE_OFFSET, reference=reference, stream=stream, offset=offset)
 
     def query_offset(self, reference: str, stream: str) -> int | None:
         """QueryOffset: the stored offset, or None when nothing is stored."""
-        r, code = self._call(QUERY_OFFSET, _string(reference) + _string(stream),
-                             ok=(OK, NO_OFFSET))
-        return r.u64("offset") if code == OK else None
+        response = self._call(QUERY_OFFSET, ok=(OK, NO_OFFSET), reference=reference,
+                              stream=stream)
+        return response.offset if response.code == OK else None
 
     def unsubscribe(self, subscription_id: int) -> None:
         """Unsubscribe; chunks already received for it stay in the delivery queue."""
-        self._call(UNSUBSCRIBE, _U8.pack(subscription_id))
-
-
-def _chunk_records(data: bytes, num_entries: int, first_offset: int) -> list[bytes]:
-    """The records of a user chunk (osiris_log.erl data layout): simple entries
-    ``0 | size:31 | data`` and sub-entry batches ``1 | compression:3 | reserved:4 |
-    records u16 | uncompressed size u32 | size u32 | data`` (compression 0 none, 1 gzip)."""
-    records = []
-    pos = 0
-    for _ in range(num_entries):
-        if pos + 4 > len(data):
-            raise StreamProtocolError(
-                f"rabbitmq-stream: chunk at offset {first_offset}: entry header past the "
-                f"end of the data ({pos} of {len(data)} bytes)")
-        head = data[pos]
-        if head & 0x80 == 0:
-            size = _U32.unpack_from(data, pos)[0]
-            pos += 4
-            records.append(data[pos:pos + size])
-            pos += size
-            continue
-        compression = (head & 0x70) >> 4
-        count = _U16.unpack_from(data, pos + 1)[0]
-        size = _U32.unpack_from(data, pos + 7)[0]
-        pos += 11
-        batch = data[pos:pos + size]
-        pos += size
-        if compression == 1:
-            batch = zlib.decompress(batch, 31)  # gzip
-        elif compression != 0:
-            raise StreamProtocolError(
-                f"rabbitmq-stream: chunk at offset {first_offset}: sub-entry compression "
-                f"{compression} is not supported (0 none, 1 gzip)")
-        bpos = 0
-        for _ in range(count):
-            n = _U32.unpack_from(batch, bpos)[0]
-            records.append(batch[bpos + 4:bpos + 4 + n])
-            bpos += 4 + n
-    return records
+        self._call(UNSUBSCRIBE, subscription_id=subscription_id)

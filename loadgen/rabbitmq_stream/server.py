@@ -51,6 +51,12 @@ protocol of the real server (RabbitMQ 3.13 stream plugin, see
   for two intervals (as the real server does).
 * Retention: each stream keeps about ``retention_bytes`` of chunks; older chunks are
   dropped (offsets are never reused; FIRST then starts at the oldest chunk kept).
+* Service time (``service_time`` / ``--service-time``, :mod:`loadgen.servicetime`):
+  everything a client frame makes the broker send on that connection (the answer, the
+  PublishConfirm of a Publish, Tune after SaslAuthenticate, Deliver after
+  Subscribe/Credit) leaves one sample after the frame was read; frames leave each
+  connection in the order they were sent (Deliver to *other* connections and Heartbeat
+  are not delayed, but queue behind held answers).
 """
 
 from __future__ import annotations
@@ -64,7 +70,16 @@ import socket
 import sys
 import time
 
-from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, user_arg
+from loadgen.common import (
+    ServerThread,
+    address_arg,
+    new_event_loop,
+    serve_main,
+    service_time_arg,
+    user_arg,
+)
+from loadgen.serverbase import ReferenceServer, ServerConnection
+from loadgen.servicetime import ServiceTime
 from proxy.protocols.rabbitmq_stream import codec
 from proxy.protocols.rabbitmq_stream.codec import (
     CommandVersion,
@@ -135,7 +150,6 @@ log = logging.getLogger("frametap.rabbitmq_stream.server")
 MAX_REFERENCE_LENGTH = 256   # publisher / consumer reference (PROTOCOL.adoc)
 MAX_STREAM_NAME = 255
 NO_LEADER = 0xFFFF
-READ_SIZE = 256 * 1024
 SERVER_PROPERTIES = {
     "product": "frametap reference stream broker",
     # The feature set emulated is RabbitMQ 3.13's (Publish/Deliver v2, StreamStats).
@@ -242,15 +256,12 @@ class _Fatal(Exception):
         self.reason = reason
 
 
-class _Connection:
+class _Connection(ServerConnection):
     """State of one client connection; command handlers are ``_on_<command>`` methods."""
 
-    def __init__(self, broker: "StreamBroker", reader, writer):
+    def __init__(self, broker: "StreamBroker", reader, writer, role=""):
+        super().__init__(broker, reader, writer, role)
         self.broker = broker
-        self.reader = reader
-        self.writer = writer
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.step = _STEP_PEER
         self.user: str | None = None
         self.frame_max = broker.frame_max
@@ -260,16 +271,47 @@ class _Connection:
         self.subscriptions: dict[int, _Subscription] = {}
         self.next_correlation_id = 1
         self.close_deadline: float | None = None
-        self.closed = False
-        loop = asyncio.get_running_loop()
-        self.last_read = self.last_write = loop.time()
+        self._reply_due: float | None = None  # while a client frame is handled
+
+    # ------------------------------------------------------------------ read loop hooks
+
+    def split_frame(self, buf):
+        split = decode_frame(buf, self.frame_max or 0)
+        if split is None:
+            return None
+        key, version, body, size = split
+        return (key, version, body), size
+
+    def bad_frame(self, exc) -> bool:
+        # The real server answers garbage with Close(UNKNOWN_FRAME / FRAME_TOO_LARGE) and
+        # waits for the client's answer; what else arrived is dropped.
+        if self.step != _STEP_CLOSING:
+            code = FRAME_TOO_LARGE if getattr(exc, "reason", "") == "too_large" else UNKNOWN_FRAME
+            self.server_close(code, str(exc))
+        return False
+
+    def frame_received(self, frame, received: float) -> None:
+        # Everything this frame makes the broker send on this connection (answer,
+        # PublishConfirm, Tune after authentication, Deliver after Subscribe/Credit) leaves
+        # after one service time; frames for other connections are not delayed.
+        self._reply_due = self.reply_due(received)
+        try:
+            self.dispatch(*frame)
+        finally:
+            self._reply_due = None
+
+    def read_timeout(self) -> float | None:
+        if self.close_deadline is None:
+            return None
+        return self.close_deadline - asyncio.get_running_loop().time()
+
+    def connection_lost(self) -> None:
+        self.drop_all()
 
     # ------------------------------------------------------------------ plumbing
 
-    def send(self, frame: bytes) -> None:
-        if not self.closed and not self.writer.is_closing():
-            self.writer.write(frame)
-            self.last_write = asyncio.get_running_loop().time()
+    def send(self, frame: bytes, due: float | None = None) -> None:
+        super().send(frame, self._reply_due if due is None else due)
 
     def respond(self, key: int, correlation_id: int, code: int, **fields) -> None:
         self.send(encode_command(key, response=True, correlation_id=correlation_id,
@@ -297,59 +339,6 @@ class _Connection:
         self.subscriptions.clear()
         self.publishers.clear()
 
-    async def run(self) -> None:
-        buf = bytearray()
-        hb_task = None
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                if self.heartbeat and hb_task is None:
-                    hb_task = asyncio.create_task(self._heartbeats())
-                timeout = None
-                if self.close_deadline is not None:
-                    timeout = self.close_deadline - loop.time()
-                    if timeout <= 0:
-                        break
-                try:
-                    data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
-                except asyncio.TimeoutError:
-                    break
-                if not data:
-                    break
-                self.last_read = loop.time()
-                buf += data
-                pos = 0
-                while True:
-                    try:
-                        split = decode_frame(memoryview(buf)[pos:], self.frame_max or 0)
-                    except StreamCodecError as exc:
-                        if self.step == _STEP_CLOSING:
-                            pos = len(buf)
-                            break
-                        code = FRAME_TOO_LARGE if exc.reason == "too_large" else UNKNOWN_FRAME
-                        self.server_close(code, str(exc))
-                        pos = len(buf)
-                        break
-                    if split is None:
-                        break
-                    key, version, body, size = split
-                    pos += size
-                    self.dispatch(key, version, body)
-                del buf[:pos]
-                await self.writer.drain()
-        except (ConnectionError, OSError) as exc:
-            log.debug("rabbitmq-stream broker: %s: %s", self.peer, exc)
-        finally:
-            self.closed = True
-            if hb_task is not None:
-                hb_task.cancel()
-            self.drop_all()
-            self.writer.close()
-            try:
-                await self.writer.wait_closed()
-            except (ConnectionError, OSError):
-                pass
-
     async def _heartbeats(self) -> None:
         loop = asyncio.get_running_loop()
         interval = self.heartbeat
@@ -358,8 +347,7 @@ class _Connection:
             now = loop.time()
             if now - self.last_read > 2 * interval and self.step != _STEP_CLOSING:
                 log.info("rabbitmq-stream broker: %s missed heartbeats, closing", self.peer)
-                self.closed = True
-                self.writer.close()
+                self.abort()
                 return
             if now - self.last_write >= interval:
                 self.send(encode_command(HEARTBEAT))
@@ -448,6 +436,8 @@ class _Connection:
         self.frame_max = min(ours, theirs) if ours and theirs else (ours or theirs)
         self.heartbeat = cmd.heartbeat
         self.step = _STEP_OPEN
+        if self.heartbeat:
+            self.spawn(self._heartbeats())
 
     def _on_open(self, cmd) -> None:
         if self.step != _STEP_OPEN:
@@ -676,13 +666,14 @@ _HANDLER_NAMES = {
 # MetadataUpdate, ConsumerUpdate requests): the connection is closed with UNKNOWN_FRAME.
 
 
-class StreamBroker:
+class StreamBroker(ReferenceServer):
     """In-memory single-node RabbitMQ Stream broker on one socket (see the module docstring).
 
     ``users`` maps user names to passwords; ``vhosts`` are the virtual hosts Open accepts;
     ``advertised_host`` / ``advertised_port`` are what Metadata and Open announce (default:
     the listen host and the bound port); ``frame_max`` (bytes, 0 = no limit) and
-    ``heartbeat`` (seconds, 0 = none) are what Tune proposes.
+    ``heartbeat`` (seconds, 0 = none) are what Tune proposes; ``service_time`` (a
+    :class:`~loadgen.servicetime.ServiceTime` or its text, ``"2ms±1ms"``) delays answers.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, users=None,
@@ -690,7 +681,8 @@ class StreamBroker:
                  advertised_port: int | None = None, frame_max: int = 1048576,
                  heartbeat: int = 60, allow_anonymous: bool = False,
                  max_chunk_entries: int = 1000, retention_bytes: int = 256 * 1024 * 1024,
-                 close_grace: float = 3.0):
+                 close_grace: float = 3.0, service_time: ServiceTime | str | None = None):
+        super().__init__(service_time)
         self.host = host
         self.port = port
         self.users = {"guest": "guest"} if users is None else dict(users)
@@ -709,48 +701,21 @@ class StreamBroker:
         self.retention_bytes = retention_bytes
         self.close_grace = close_grace
         self.streams: dict[str, _Stream] = {}
-        self.connections: set[_Connection] = set()
-        self._server: asyncio.base_events.Server | None = None
-        self._tasks: set[asyncio.Task] = set()
+
+    what = "rabbitmq-stream broker"
+    log = log  # the module logger
+    connection_class = _Connection
+    # The handshake and Subscribe-then-Deliver rely on order: answers leave in order.
+    ordered_replies = True
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Bind and start accepting; sets :attr:`port` to the bound port."""
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = await self.listen(self.host, self.port)
         host, port = self.advertised_address()
         log.info("rabbitmq-stream broker listening on %s:%d (advertising %s:%d)",
                  self.host, self.port, host, port)
-
-    async def serve_forever(self) -> None:
-        if self._server is None:
-            await self.start()
-        await self._server.serve_forever()
-
-    async def close(self) -> None:
-        """Stop accepting and close every connection."""
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for conn in list(self.connections):
-            conn.closed = True
-            conn.writer.close()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=2)
-
-    async def _handle(self, reader, writer) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        conn = _Connection(self, reader, writer)
-        self.connections.add(conn)
-        try:
-            await conn.run()
-        finally:
-            self.connections.discard(conn)
-            if task is not None:
-                self._tasks.discard(task)
 
     # ------------------------------------------------------------------ helpers
 
@@ -838,6 +803,10 @@ def build_parser(prog: str = "frametap serve rabbitmq-stream") -> argparse.Argum
                         help="frame_max proposed in Tune, bytes (default 1048576; 0 = none)")
     parser.add_argument("--heartbeat", type=_non_negative_int, default=60, metavar="S",
                         help="heartbeat proposed in Tune, seconds (default 60; 0 = none)")
+    parser.add_argument("--service-time", type=service_time_arg, default=None,
+                        metavar="DIST",
+                        help="delay every answer: '0', '500us', '2ms±1ms', '2ms+-1ms', "
+                             "'exp:2ms' (default 0)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -849,7 +818,8 @@ def _make_broker(args: argparse.Namespace) -> tuple[StreamBroker, str]:
     broker = StreamBroker(host, port, users=dict(args.user) if args.user else None,
                           vhosts=tuple(args.vhost) or ("/",), advertised_host=adv_host,
                           advertised_port=adv_port, frame_max=args.frame_max,
-                          heartbeat=args.heartbeat, allow_anonymous=args.anonymous)
+                          heartbeat=args.heartbeat, allow_anonymous=args.anonymous,
+                          service_time=args.service_time)
     return broker, f"{host}:{port}"
 
 

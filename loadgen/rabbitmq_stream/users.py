@@ -168,7 +168,6 @@ class StreamUser(RequestReporter, User):
         self.client: StreamClient | None = None
         self.settings: StreamSettings | None = None
         self._address: tuple[str, int] | None = None
-        self.last_exception: Exception | None = None
 
     def on_start(self) -> None:
         self.settings = StreamSettings.from_env()
@@ -191,15 +190,16 @@ class StreamUser(RequestReporter, User):
         self.client = None
         s = self.settings
         host, port = self._address
-        start = perf_counter()
-        try:
-            client = StreamClient(host, port, user=s.user, password=s.password,
-                                  vhost=s.vhost, timeout=s.timeout,
-                                  connection_name=f"frametap-{type(self).__name__}")
-        except Exception as exc:  # noqa: BLE001 - every failure is reported to Locust
-            self.last_exception = exc
-            self.fire(getattr(exc, "command", None) or "PeerProperties",
-                      (perf_counter() - start) * 1000.0, exception=exc)
+        client = None
+        with self.timed("PeerProperties", quiet=True) as req:  # reported only on failure
+            try:
+                client = StreamClient(host, port, user=s.user, password=s.password,
+                                      vhost=s.vhost, timeout=s.timeout,
+                                      connection_name=f"frametap-{type(self).__name__}")
+            except Exception as exc:
+                req["name"] = getattr(exc, "command", None) or "PeerProperties"
+                raise
+        if client is None:
             time.sleep(min(1.0, s.timeout))  # don't spin on a dead server
             return None
         self.client = client
@@ -214,41 +214,21 @@ class StreamUser(RequestReporter, User):
         """Set up a fresh connection; False when that failed (reported)."""
         return True
 
-    def _timed(self, name: str, call, client: StreamClient | None = None,
-               one_way: bool = False):
-        """Run ``call(client)`` and report it as request ``name``; returns its result,
-        or None when it failed (the failure is reported). ``one_way``: a command without
-        a response (response_length 0)."""
-        client = client or self._connect()
-        if client is None:
-            return None
-        start = perf_counter()
-        exc = result = None
-        try:
-            result = call(client)
-        except Exception as e:  # noqa: BLE001 - every failure is reported to Locust
-            exc = e
-        self.last_exception = exc
-        self.fire(name, (perf_counter() - start) * 1000.0,
-                  0 if one_way else client.last_response_bytes, exception=exc)
-        return None if exc is not None else result
-
     def _ensure_stream(self, client: StreamClient) -> bool:
         """Create the stream unless it exists (reported as ``Create``)."""
         s = self.settings
-
-        def create(c):
+        with self.timed(command_name(CREATE)) as req:
             try:
-                return c.create(s.stream, s.arguments, exist_ok=True)
+                client.create(s.stream, s.arguments, exist_ok=True)
             except StreamServerError as exc:
                 # exists with other arguments: fine for a load test
-                if exc.code == PRECONDITION_FAILED:
-                    meta = c.metadata(s.stream).streams.get(s.stream)
-                    if meta is not None and meta.code == OK:
-                        return False
-                raise
-
-        return self._timed(command_name(CREATE), create, client) is not None
+                if exc.code != PRECONDITION_FAILED:
+                    raise
+                meta = client.metadata(s.stream).streams.get(s.stream)
+                if meta is None or meta.code != OK:
+                    raise
+            req["response_length"] = client.last_response_bytes
+        return req["exception"] is None
 
 
 _PAD_ALPHABET = (string.ascii_letters + string.digits).encode()
@@ -284,10 +264,10 @@ class StreamPublisher(StreamUser):
                                             "the confirm"))
         if not self._ensure_stream(client):
             return False
-        ok = self._timed("DeclarePublisher",
-                         lambda c: c.declare_publisher(self.PUBLISHER_ID, self.settings.stream),
-                         client)
-        return ok is not None
+        with self.timed("DeclarePublisher") as req:
+            client.declare_publisher(self.PUBLISHER_ID, self.settings.stream)
+            req["response_length"] = client.last_response_bytes
+        return req["exception"] is None
 
     def on_stop(self) -> None:
         client = self.client
@@ -315,11 +295,9 @@ class StreamPublisher(StreamUser):
         s = self.settings
         messages = [self._make_message() for _ in range(s.batch)]
         start = perf_counter()
-        try:
+        with self.timed("Publish", quiet=True) as req:  # reported here only when sending fails
             ids = client.publish_batch(self.PUBLISHER_ID, messages)
-        except Exception as exc:  # noqa: BLE001
-            self.last_exception = exc
-            self.fire("Publish", (perf_counter() - start) * 1000.0, exception=exc)
+        if req["exception"] is not None:
             return
         batch = _Batch(set(ids), start, sum(len(m) for m in messages))
         self._inflight.append(batch)
@@ -336,15 +314,12 @@ class StreamPublisher(StreamUser):
 
     def _metadata(self, client: StreamClient) -> None:
         stream = self.settings.stream
-
-        def query(c):
-            meta = c.metadata(stream).streams.get(stream)
+        with self.timed("Metadata") as req:
+            meta = client.metadata(stream).streams.get(stream)
+            req["response_length"] = client.last_response_bytes
             if meta is None or meta.code != OK:
                 code = meta.code if meta is not None else 0
                 raise StreamServerError("Metadata", code, f"stream {stream!r}")
-            return meta
-
-        self._timed("Metadata", query, client)
 
     def _collect(self, client: StreamClient, timeout: float) -> int:
         """Read confirms (waiting up to ``timeout`` for the first frame), report the
@@ -424,10 +399,11 @@ class StreamConsumer(StreamUser):
             offset_type, offset = OFFSET_OFFSET, self.next_offset
         else:
             offset_type, offset = s.offset_type, s.offset
-        ok = self._timed("Subscribe", lambda c: c.subscribe(
-            self.SUBSCRIPTION_ID, s.stream, offset_type, offset, s.credit) or True, client)
+        with self.timed("Subscribe") as req:
+            client.subscribe(self.SUBSCRIPTION_ID, s.stream, offset_type, offset, s.credit)
+            req["response_length"] = client.last_response_bytes
         self._wait_start = perf_counter()
-        return ok is not None
+        return req["exception"] is None
 
     def on_stop(self) -> None:
         client = self.client
@@ -443,7 +419,6 @@ class StreamConsumer(StreamUser):
         try:
             delivery = client.poll_deliver(self.settings.poll)
         except Exception as exc:  # noqa: BLE001 - broken connection or bad chunk
-            self.last_exception = exc
             self.fire("Deliver", (perf_counter() - self._wait_start) * 1000.0,
                       exception=exc)
             client.close()
@@ -472,8 +447,8 @@ class StreamConsumer(StreamUser):
         if self.next_offset is None or self.next_offset - 1 == self._stored:
             return
         offset = self.next_offset - 1
-        if self._timed("StoreOffset", lambda c: c.store_offset(
-                self.reference, self.settings.stream, offset) or True, client,
-                one_way=True) is not None:
+        with self.timed("StoreOffset") as req:  # no response: the send time
+            client.store_offset(self.reference, self.settings.stream, offset)
+        if req["exception"] is None:
             self._stored = offset
 

@@ -60,7 +60,8 @@ import sys
 import time
 
 from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, service_time_arg
-from loadgen.servicetime import ServiceTime, parse_service_time
+from loadgen.serverbase import ReferenceServer, ServerConnection
+from loadgen.servicetime import ServiceTime
 from proxy.protocols.rocketmq import codes
 from proxy.protocols.rocketmq.codec import (
     BrokerData,
@@ -98,7 +99,6 @@ __all__ = ["RocketMQServer", "RocketMQServerThread", "main", "build_parser", "ne
 log = logging.getLogger("frametap.rocketmq.server")
 
 GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
-_READ_CHUNK = 256 * 1024
 
 
 def _now_ms() -> int:
@@ -159,38 +159,30 @@ class _Topic:
         self.next_queue = itertools.count()
 
 
-class _Connection:
-    """One accepted socket on either listener."""
+class _Connection(ServerConnection):
+    """One accepted socket on either listener (``role`` ``"broker"`` or ``"namesrv"``)."""
 
-    def __init__(self, server: "RocketMQServer", role: str, writer: asyncio.StreamWriter):
-        self.server = server
-        self.role = role
-        self.writer = writer
-        peer = writer.get_extra_info("peername") or ("127.0.0.1", 0)
-        self.peer = (peer[0], peer[1])
+    def __init__(self, server, reader, writer, role=""):
+        super().__init__(server, reader, writer, role)
         self.client_ids: set[str] = set()
-        self.closed = False
-        self.tasks: set[asyncio.Task] = set()
 
-    def send(self, cmd: RemotingCommand, received: float | None = None) -> None:
-        """Write ``cmd`` now, or at ``received`` + a service-time sample."""
+    def split_frame(self, buf):
+        return decode(buf, self.server.length_includes_self)
+
+    def frame_received(self, cmd: RemotingCommand, received: float) -> None:
+        self.server._dispatch(self, cmd, received)
+
+    def connection_lost(self) -> None:
+        self.server._forget_connection(self)
+
+    def send_command(self, cmd: RemotingCommand, received: float | None = None) -> None:
+        """Write ``cmd`` now, or (an answer to a request read at ``received``) when its
+        service time has passed."""
         frame = encode(cmd, self.server.length_includes_self)
-        st = self.server.service_time
-        if st is not None and received is not None:
-            loop = asyncio.get_running_loop()
-            delay = received + st.sample() - loop.time()
-            if delay > 0:
-                loop.call_later(delay, self._write, frame)
-                return
-        self._write(frame)
-
-    def _write(self, frame: bytes) -> None:
-        if self.closed or self.writer.transport.is_closing():
-            return
-        self.writer.write(frame)
+        self.send(frame, None if received is None else self.reply_due(received))
 
 
-class RocketMQServer:
+class RocketMQServer(ReferenceServer):
     """In-memory RocketMQ name server and broker on two listeners (see the module docstring).
 
     ``advertised_broker`` (``"host:port"`` or a tuple) is the broker address the route
@@ -211,6 +203,7 @@ class RocketMQServer:
             raise ValueError(f"queues must be 1..1024, got {queues}")
         if retention_messages < 1:
             raise ValueError(f"retention_messages must be >= 1, got {retention_messages}")
+        super().__init__(service_time)
         self.host = host
         self.broker_host = host if broker_host is None else broker_host
         self.namesrv_port = namesrv_port
@@ -218,10 +211,6 @@ class RocketMQServer:
         self.advertised_broker = (None if advertised_broker is None
                                   else _parse_address(advertised_broker, "advertised_broker"))
         self.queues = queues
-        if isinstance(service_time, str):
-            service_time = parse_service_time(service_time)
-        self.service_time = (None if service_time is None or service_time.is_zero
-                             else service_time)
         self.cluster = cluster
         self.broker_name = broker_name
         self.auto_create_topics = auto_create_topics
@@ -239,9 +228,6 @@ class RocketMQServer:
         self.commit_log_offset = 0
         self.requests_served = 0
         self._store_host: tuple[str, int] = ("127.0.0.1", 0)
-        self._servers: list[asyncio.base_events.Server] = []
-        self._connections: set[_Connection] = set()
-        self._handler_tasks: set[asyncio.Task] = set()
         self._broker_handlers = {
             codes.SEND_MESSAGE: self._on_send,
             codes.SEND_MESSAGE_V2: self._on_send,
@@ -263,22 +249,21 @@ class RocketMQServer:
             codes.UNREGISTER_CLIENT: self._on_namesrv_ok,
         }
 
+    what = "rocketmq"
+    log = log  # the module logger
+    connection_class = _Connection
+    ordered_replies = False  # the opaque correlates: answers may overtake each other
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Bind both listeners; sets :attr:`namesrv_port` and :attr:`broker_port`."""
-        broker = await asyncio.start_server(
-            lambda r, w: self._handle(r, w, "broker"), self.broker_host, self.broker_port)
-        self._servers.append(broker)
-        self.broker_port = broker.sockets[0].getsockname()[1]
+        self.broker_port = await self.listen(self.broker_host, self.broker_port, "broker")
         try:
-            namesrv = await asyncio.start_server(
-                lambda r, w: self._handle(r, w, "namesrv"), self.host, self.namesrv_port)
+            self.namesrv_port = await self.listen(self.host, self.namesrv_port, "namesrv")
         except BaseException:
-            broker.close()
+            await super().close()
             raise
-        self._servers.append(namesrv)
-        self.namesrv_port = namesrv.sockets[0].getsockname()[1]
         adv_host, adv_port = self.broker_address()
         self._store_host = (_ip_for(adv_host), adv_port)
         log.info("rocketmq name server on %s:%d, broker on %s:%d (advertised %s:%d)",
@@ -287,24 +272,10 @@ class RocketMQServer:
 
     async def close(self) -> None:
         """Stop listening, fail held pulls and close every connection."""
-        for srv in self._servers:
-            srv.close()
         for topic in self.topics.values():
             for queue in topic.queues:
                 queue.wake()
-        for conn in list(self._connections):
-            conn.closed = True
-            for task in list(conn.tasks):
-                task.cancel()
-            conn.writer.close()
-        for srv in self._servers:
-            try:
-                await asyncio.wait_for(srv.wait_closed(), 5)
-            except (asyncio.TimeoutError, Exception):  # pragma: no cover - defensive
-                pass
-        self._servers.clear()
-        if self._handler_tasks:
-            await asyncio.wait(list(self._handler_tasks), timeout=2)
+        await super().close()
 
     def broker_address(self) -> tuple[str, int]:
         """The broker address route data names (advertised, else the listen address)."""
@@ -316,57 +287,7 @@ class RocketMQServer:
             host = socket.gethostname()
         return host, self.broker_port
 
-    # ------------------------------------------------------------------ connections
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      role: str) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._handler_tasks.add(task)
-        conn = _Connection(self, role, writer)
-        self._connections.add(conn)
-        loop = asyncio.get_running_loop()
-        buf = bytearray()
-        try:
-            while True:
-                data = await reader.read(_READ_CHUNK)
-                if not data:
-                    break
-                buf += data
-                received = loop.time()
-                while True:
-                    try:
-                        result = decode(buf, self.length_includes_self)
-                    except RocketMQCodecError as exc:
-                        log.warning("rocketmq %s: closing connection from %s:%d: %s",
-                                    role, conn.peer[0], conn.peer[1], exc)
-                        return
-                    if result is None:
-                        break
-                    cmd, consumed = result
-                    del buf[:consumed]
-                    self._dispatch(conn, cmd, received)
-                if writer.transport.get_write_buffer_size() > 1024 * 1024:
-                    await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            pass
-        except Exception:  # never let one connection take the server down
-            log.exception("rocketmq %s: error on connection from %s:%d", role, *conn.peer)
-        finally:
-            conn.closed = True
-            for t in list(conn.tasks):
-                t.cancel()
-            self._connections.discard(conn)
-            self._forget_connection(conn)
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (ConnectionError, OSError, asyncio.CancelledError):
-                pass
-            if task is not None:
-                self._handler_tasks.discard(task)
+    # ------------------------------------------------------------------ requests
 
     def _dispatch(self, conn: _Connection, cmd: RemotingCommand, received: float) -> None:
         if cmd.is_response:
@@ -387,17 +308,15 @@ class RocketMQServer:
                               codes.request_name(cmd.code))
                 resp = cmd.response(SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
         if asyncio.iscoroutine(resp):
-            task = asyncio.ensure_future(self._finish(conn, cmd, resp, received))
-            conn.tasks.add(task)
-            task.add_done_callback(conn.tasks.discard)
+            conn.spawn(self._finish(conn, cmd, resp, received))
             return
         if resp is not None and not cmd.is_oneway:
-            conn.send(resp, received)
+            conn.send_command(resp, received)
 
     async def _finish(self, conn, cmd, coro, received) -> None:
         resp = await coro
         if resp is not None and not cmd.is_oneway and not conn.closed:
-            conn.send(resp, received)
+            conn.send_command(resp, received)
 
     # ------------------------------------------------------------------ helpers
 
@@ -499,7 +418,7 @@ class RocketMQServer:
         uniq = []
         for body, flag, props in messages:
             msg_id, offset = self.append(topic, queue_id, body, flag, props, sys_flag, born,
-                                         conn.peer, reconsume)
+                                         conn.peer_address, reconsume)
             ids.append(msg_id)
             if first_offset is None:
                 first_offset = offset
@@ -643,7 +562,8 @@ class RocketMQServer:
             raise _BadRequest(SYSTEM_ERROR, str(exc)) from None
         if not isinstance(data, dict):
             raise _BadRequest(SYSTEM_ERROR, "HeartbeatData must be a JSON object")
-        client_id = str(data.get("clientID") or f"{conn.peer[0]}@{conn.peer[1]}")
+        host, port = conn.peer_address
+        client_id = str(data.get("clientID") or f"{host}@{port}")
         conn.client_ids.add(client_id)
         for item in data.get("producerDataSet") or []:
             if isinstance(item, dict) and item.get("groupName"):
@@ -681,7 +601,7 @@ class RocketMQServer:
         for client_id, member in list(self.consumer_groups.get(group, {}).items()):
             if client_id == skip or member.closed:
                 continue
-            member.send(RemotingCommand(code=codes.NOTIFY_CONSUMER_IDS_CHANGED,
+            member.send_command(RemotingCommand(code=codes.NOTIFY_CONSUMER_IDS_CHANGED,
                                         opaque=_next_opaque(), flag=FLAG_ONEWAY,
                                         ext_fields={"consumerGroup": group}))
 

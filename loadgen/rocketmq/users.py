@@ -79,7 +79,6 @@ import random
 import string
 import time
 from dataclasses import dataclass
-from time import perf_counter
 
 from locust import User, between, task
 
@@ -177,7 +176,6 @@ class RocketMQUser(RequestReporter, User):
         self.brokers: dict[str, RocketMQClient] = {}
         self.route: TopicRoute | None = None
         self.queues: list = []
-        self.last_exception: Exception | None = None
         self._next_route = 0.0
         self._next_heartbeat = 0.0
 
@@ -193,8 +191,10 @@ class RocketMQUser(RequestReporter, User):
     def on_stop(self) -> None:
         if self.settings is not None and self.settings.unregister:
             for addr in list(self.brokers):
-                self._timed("UNREGISTER_CLIENT", addr,
-                            lambda c: c.unregister(self.client_id, **self.groups()))
+                with self.timed("UNREGISTER_CLIENT", broker=addr) as req:
+                    client = self._client(addr)
+                    client.unregister(self.client_id, **self.groups())
+                    req["response_length"] = client.last_response_bytes
         for client in list(self.brokers.values()) + [self.namesrv]:
             if client is not None:
                 client.close()
@@ -214,70 +214,54 @@ class RocketMQUser(RequestReporter, User):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _broker(self, addr: str) -> RocketMQClient:
-        client = self.brokers.get(addr)
-        if client is None or client.closed:
-            host, port = parse_host(addr)
-            client = RocketMQClient(host, port, timeout=self.settings.timeout,
-                                    serialize=self.settings.serialize)
-            self.brokers[addr] = client
-        return client
-
-    def _timed(self, name: str, addr: str | None, call, length=None):
-        """Run ``call(client)`` on the broker at ``addr`` (the name server when None),
-        connecting first when needed, and report it as request ``name``. ``length``:
-        function of the result giving ``response_length`` (default: response frame
-        bytes). Returns ``(True, result)`` or ``(False, exception)``."""
-        start = perf_counter()
-        client = None
+    def _client(self, addr: str | None) -> RocketMQClient:
+        """The connection to the broker at ``addr`` (the name server when None), opened
+        when needed. An exception from opening it is marked ``connecting = True``."""
         try:
             if addr is None:
                 if self.namesrv is None or self.namesrv.closed:
                     host, port = self._namesrv_address
                     self.namesrv = RocketMQClient(host, port, timeout=self.settings.timeout,
                                                   serialize=self.settings.serialize)
-                client = self.namesrv
-            else:
-                client = self._broker(addr)
-            result = call(client)
-        except Exception as exc:  # noqa: BLE001 - every failure is reported to Locust
-            self.last_exception = exc
-            self.fire(name, (perf_counter() - start) * 1000.0, exception=exc,
-                      broker=addr)
-            if addr is not None and not isinstance(exc, (RocketMQServerError, TimeoutError)):
-                self._next_route = 0.0  # broker trouble: look the route up again
-            if client is None:
-                time.sleep(min(1.0, self.settings.timeout))  # connect failed: don't spin
-            return False, exc
-        size = length(result) if length is not None else client.last_response_bytes
-        self.fire(name, (perf_counter() - start) * 1000.0, size, broker=addr)
-        return True, result
+                return self.namesrv
+            client = self.brokers.get(addr)
+            if client is None or client.closed:
+                host, port = parse_host(addr)
+                client = RocketMQClient(host, port, timeout=self.settings.timeout,
+                                        serialize=self.settings.serialize)
+                self.brokers[addr] = client
+            return client
+        except Exception as exc:
+            exc.connecting = True
+            raise
+
+    def _succeeded(self, req: dict, addr: str | None) -> bool:
+        """After a :meth:`timed` request to ``addr``: True when it succeeded. On failure,
+        broker trouble (not an error answer or a timeout) makes the next task look the
+        route up again, and a failed connect pauses a little (don't spin)."""
+        exc = req["exception"]
+        if exc is None:
+            return True
+        if addr is not None and not isinstance(exc, (RocketMQServerError, TimeoutError)):
+            self._next_route = 0.0
+        if getattr(exc, "connecting", False):
+            time.sleep(min(1.0, self.settings.timeout))
+        return False
 
     def _lookup_route(self, topic: str, not_found_ok: bool):
         """One GET_ROUTEINFO_BY_TOPIC; returns the route, None when the topic does not
         exist and ``not_found_ok`` (reported as a success), False on failure."""
-        start = perf_counter()
-        try:
-            if self.namesrv is None or self.namesrv.closed:
-                host, port = self._namesrv_address
-                self.namesrv = RocketMQClient(host, port, timeout=self.settings.timeout,
-                                              serialize=self.settings.serialize)
-            route = self.namesrv.get_route(topic)
-        except RocketMQServerError as exc:
-            elapsed = (perf_counter() - start) * 1000.0
-            if exc.code == TOPIC_NOT_EXIST and not_found_ok:
-                self.fire(_ROUTE, elapsed, self.namesrv.last_response_bytes, topic=topic,
-                          status="TOPIC_NOT_EXIST")
-                return None
-            self.last_exception = exc
-            self.fire(_ROUTE, elapsed, exception=exc, topic=topic)
-            return False
-        except Exception as exc:  # noqa: BLE001
-            self.last_exception = exc
-            self.fire(_ROUTE, (perf_counter() - start) * 1000.0, exception=exc, topic=topic)
-            return False
-        self.fire(_ROUTE, (perf_counter() - start) * 1000.0,
-                  self.namesrv.last_response_bytes, topic=topic)
+        route = False
+        with self.timed(_ROUTE, topic=topic) as req:
+            client = self._client(None)
+            try:
+                route = client.get_route(topic)
+            except RocketMQServerError as exc:
+                if exc.code != TOPIC_NOT_EXIST or not not_found_ok:
+                    raise
+                route = None
+                req["context"]["status"] = "TOPIC_NOT_EXIST"
+            req["response_length"] = client.last_response_bytes
         return route
 
     def refresh_route(self) -> bool:
@@ -308,8 +292,11 @@ class RocketMQUser(RequestReporter, User):
         if self.route is None:
             return
         for addr in sorted(set(a for a in self.route.brokers.values() if a)):
-            self._timed("HEART_BEAT", addr,
-                        lambda c: c.heartbeat(self.client_id, **self.heartbeat_groups()))
+            with self.timed("HEART_BEAT", broker=addr) as req:
+                client = self._client(addr)
+                client.heartbeat(self.client_id, **self.heartbeat_groups())
+                req["response_length"] = client.last_response_bytes
+            self._succeeded(req, addr)
 
     def maintain(self) -> bool:
         """Periodic route lookup and heartbeats; True when there are queues to use."""
@@ -377,20 +364,20 @@ class RocketMQProducer(RocketMQUser):
         keys = [f"order-{self.index}-{q}" for q in seqs]
         size = sum(len(b) for b in bodies)
         if s.batch > 1:
-            ok, _ = self._timed(
-                "SEND_BATCH_MESSAGE", addr,
-                lambda c: c.send_batch(s.topic, bodies, queue_id, keys=keys, tags=tags,
-                                       producer_group=s.producer_group,
-                                       broker_name=broker_name),
-                length=lambda r: size)
+            name = "SEND_BATCH_MESSAGE"
         else:
-            ok, _ = self._timed(
-                "SEND_MESSAGE_V2" if s.send_v2 else "SEND_MESSAGE", addr,
-                lambda c: c.send(s.topic, bodies[0], queue_id, keys=keys[0], tags=tags,
-                                 v2=s.send_v2, producer_group=s.producer_group,
-                                 broker_name=broker_name),
-                length=lambda r: size)
-        if ok:
+            name = "SEND_MESSAGE_V2" if s.send_v2 else "SEND_MESSAGE"
+        with self.timed(name, broker=addr) as req:
+            client = self._client(addr)
+            if s.batch > 1:
+                client.send_batch(s.topic, bodies, queue_id, keys=keys, tags=tags,
+                                  producer_group=s.producer_group, broker_name=broker_name)
+            else:
+                client.send(s.topic, bodies[0], queue_id, keys=keys[0], tags=tags,
+                            v2=s.send_v2, producer_group=s.producer_group,
+                            broker_name=broker_name)
+            req["response_length"] = size  # the message body bytes sent
+        if self._succeeded(req, addr):
             self.sent += len(bodies)
 
 
@@ -458,9 +445,11 @@ class RocketMQConsumer(RocketMQUser):
             self._use_queues([])
             return
         group = self.settings.consumer_group
-        ok, ids = self._timed("GET_CONSUMER_LIST_BY_GROUP", addrs[0],
-                              lambda c: c.consumer_ids(group))
-        if not ok:
+        with self.timed("GET_CONSUMER_LIST_BY_GROUP", broker=addrs[0]) as req:
+            client = self._client(addrs[0])
+            ids = client.consumer_ids(group)
+            req["response_length"] = client.last_response_bytes
+        if not self._succeeded(req, addrs[0]):
             return
         self._use_queues(allocate_averagely(self.all_queues, sorted(ids), self.client_id))
 
@@ -477,17 +466,21 @@ class RocketMQConsumer(RocketMQUser):
     def _initial_offset(self, addr: str, key: tuple) -> int | None:
         s = self.settings
         queue_id = key[1]
-        ok, offset = self._timed("QUERY_CONSUMER_OFFSET", addr,
-                                 lambda c: c.query_offset(s.consumer_group, s.topic, queue_id))
-        if not ok:
+        with self.timed("QUERY_CONSUMER_OFFSET", broker=addr) as req:
+            client = self._client(addr)
+            offset = client.query_offset(s.consumer_group, s.topic, queue_id)
+            req["response_length"] = client.last_response_bytes
+        if not self._succeeded(req, addr):
             return None
         if offset is None:  # QUERY_NOT_FOUND: the group has not committed this queue yet
             if s.start == "first":
                 offset = 0
             else:
-                ok, offset = self._timed("GET_MAX_OFFSET", addr,
-                                         lambda c: c.get_max_offset(s.topic, queue_id))
-                if not ok:
+                with self.timed("GET_MAX_OFFSET", broker=addr) as req:
+                    client = self._client(addr)
+                    offset = client.get_max_offset(s.topic, queue_id)
+                    req["response_length"] = client.last_response_bytes
+                if not self._succeeded(req, addr):
                     return None
         else:
             self.committed[key] = offset
@@ -511,12 +504,12 @@ class RocketMQConsumer(RocketMQUser):
             if offset is None:
                 return
             self.offsets[key] = offset
-        ok, result = self._timed(
-            "PULL_MESSAGE", addr,
-            lambda c: c.pull(s.topic, s.consumer_group, queue_id, offset,
-                             max_nums=s.pull_batch, suspend_ms=s.pull_suspend_ms),
-            length=lambda r: sum(len(m.body) for m in r.messages))
-        if ok:
+        with self.timed("PULL_MESSAGE", broker=addr) as req:
+            result = self._client(addr).pull(s.topic, s.consumer_group, queue_id, offset,
+                                             max_nums=s.pull_batch,
+                                             suspend_ms=s.pull_suspend_ms)
+            req["response_length"] = sum(len(m.body) for m in result.messages)
+        if self._succeeded(req, addr):
             self.offsets[key] = result.next_begin_offset
             self.received_messages += len(result.messages)
         if time.monotonic() >= self._next_commit:
@@ -537,12 +530,13 @@ class RocketMQConsumer(RocketMQUser):
 
     def _commit(self, addr: str, queue_id: int, offset: int) -> bool:
         s = self.settings
-        ok, _ = self._timed(
-            "UPDATE_CONSUMER_OFFSET", addr,
-            lambda c: c.update_offset(s.consumer_group, s.topic, queue_id, offset,
-                                      oneway=s.commit_oneway),
-            length=(lambda r: 0) if s.commit_oneway else None)
-        return ok
+        with self.timed("UPDATE_CONSUMER_OFFSET", broker=addr) as req:
+            client = self._client(addr)
+            client.update_offset(s.consumer_group, s.topic, queue_id, offset,
+                                 oneway=s.commit_oneway)
+            if not s.commit_oneway:  # a oneway request has no response
+                req["response_length"] = client.last_response_bytes
+        return self._succeeded(req, addr)
 
 
 def allocate_averagely(queues: list, consumer_ids: list, client_id: str) -> list:

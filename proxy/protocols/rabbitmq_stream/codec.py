@@ -104,6 +104,10 @@ __all__ = [
     "decode_command",
     "build_chunk",
     "parse_chunk",
+    "ChunkHeader",
+    "parse_chunk_header",
+    "parse_delivered_chunk",
+    "split_deliver",
     "encode_metadata_response",
     "decode_metadata_response",
 ]
@@ -853,6 +857,96 @@ def parse_chunk(buf, verify_crc: bool = True) -> Chunk:
             f"rabbitmq-stream: chunk at offset {first} says {n_records} records, its "
             f"{n_entries} entries hold {chunk.num_records}", "bad_chunk")
     return chunk
+
+
+class ChunkHeader(NamedTuple):
+    """The 48-byte osiris chunk header (see :class:`Chunk` for the fields)."""
+    magic_version: int
+    chunk_type: int
+    num_entries: int
+    num_records: int
+    timestamp: int
+    epoch: int
+    first_offset: int
+    crc: int
+    data_length: int
+    trailer_length: int
+
+
+def parse_chunk_header(buf, verify_crc: bool = True) -> ChunkHeader:
+    """Check one whole chunk's header, lengths and (unless ``verify_crc`` is false) the
+    CRC32 of its data section, without decoding the entries.
+
+    Unlike :func:`parse_chunk`, the trailer may be absent: the real server (3.13) sends
+    Deliver chunks as header + data only, while the header still counts the trailer
+    (the writer-tracking data it keeps on disk)."""
+    buf = memoryview(buf)
+    if len(buf) < CHUNK_HEADER_SIZE:
+        raise StreamCodecError(
+            f"rabbitmq-stream: truncated chunk: {len(buf)} bytes (header needs "
+            f"{CHUNK_HEADER_SIZE})", "bad_chunk")
+    header = ChunkHeader(*_CHUNK_HEADER.unpack_from(buf, 0)[:10])
+    if header.magic_version != CHUNK_MAGIC_VERSION:
+        raise StreamCodecError(
+            f"rabbitmq-stream: bad chunk magic/version byte 0x{header.magic_version:02X} "
+            f"(expected 0x{CHUNK_MAGIC_VERSION:02X}: magic 5, version 0)", "bad_chunk")
+    total = CHUNK_HEADER_SIZE + header.data_length + header.trailer_length
+    if len(buf) not in (total, total - header.trailer_length):
+        raise StreamCodecError(
+            f"rabbitmq-stream: chunk header says {header.data_length} data + "
+            f"{header.trailer_length} trailer bytes ({total} in all, or "
+            f"{total - header.trailer_length} without the trailer), {len(buf)} arrived",
+            "bad_chunk")
+    if verify_crc:
+        actual = zlib.crc32(buf[CHUNK_HEADER_SIZE:CHUNK_HEADER_SIZE + header.data_length])
+        if actual != header.crc:
+            raise StreamCodecError(
+                f"rabbitmq-stream: chunk at offset {header.first_offset} has CRC "
+                f"0x{header.crc:08X} but its data section's CRC32 is 0x{actual:08X}",
+                "bad_crc")
+    return header
+
+
+def parse_delivered_chunk(buf, verify_crc: bool = True) -> Chunk:
+    """A chunk as Deliver carries it (trailer present or not, see
+    :func:`parse_chunk_header`). The entries of a user chunk (type 0) are decoded and
+    counted; tracking chunks (types 1, 2) come back without entries (a consumer skips
+    them), their ``num_records`` taken from the header."""
+    header = parse_chunk_header(buf, verify_crc)
+    buf = bytes(buf)
+    data_end = CHUNK_HEADER_SIZE + header.data_length
+    entries: list = []
+    if header.chunk_type == 0:
+        r = _Reader(buf[CHUNK_HEADER_SIZE:data_end], "chunk data")
+        for i in range(header.num_entries):
+            r._need(1, f"entry {i}")
+            if r.buf[r.pos] & 0x80:
+                entries.append(_dec_sub_batch(r, f"entry {i}"))
+            else:
+                entries.append(r.raw(r.u32(f"entry {i} size"), f"entry {i}"))
+        r.finish()
+    chunk = Chunk(header.first_offset, header.timestamp, entries, header.epoch,
+                  header.chunk_type, buf[data_end:], num_records=header.num_records,
+                  crc=header.crc)
+    if header.chunk_type == 0:
+        counted = sum(e.num_records if isinstance(e, SubBatch) else 1 for e in entries)
+        if counted != header.num_records:
+            raise StreamCodecError(
+                f"rabbitmq-stream: chunk at offset {header.first_offset} says "
+                f"{header.num_records} records, its {header.num_entries} entries hold "
+                f"{counted}", "bad_chunk")
+    return chunk
+
+
+def split_deliver(version: int, body) -> tuple[int, int | None, bytes]:
+    """A Deliver body (after Key/Version) as ``(subscription_id, committed_chunk_id or
+    None for version 1, chunk bytes)``, the chunk not yet parsed (see
+    :func:`parse_chunk_header` / :func:`parse_chunk`)."""
+    _check_version(DELIVER, version)
+    r = _Reader(body, "Deliver body")
+    subscription_id = r.u8("subscription_id")
+    committed = r.u64("committed_chunk_id") if version >= 2 else None
+    return subscription_id, committed, r.raw(r.left, "chunk")
 
 
 # --------------------------------------------------------------------------- Metadata
