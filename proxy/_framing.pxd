@@ -23,7 +23,9 @@
 #   capture_frame(d)       hold the whole frame and forward rewrite()'s result instead
 #   gather(d, p, n, want, &out, &used)   first `want` body bytes, copied only when split
 
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint8_t, int8_t, int16_t, int32_t, int64_t, uint64_t
+from libc.string cimport memmove
 
 cdef enum:
     C2S = 0                  # direction: client -> server
@@ -194,7 +196,8 @@ cdef class FrameParser:
     cdef readonly object error          # FrameError after a fatal protocol error, else None
     cdef readonly bint closed
     cdef public object options          # the route's [routes.options] table (dict)
-    cdef public object tracer           # callable(dict) per record (tests), or None
+    cdef object _tracer                 # callable(dict) per record (tests), or None
+    cdef readonly bint recording        # records are wanted (a tracer or the frame log)
 
     # Rewriting (address rewriting): with hold[d] set, a header split across reads is
     # not forwarded until complete, so the frame can still be captured; feed() then
@@ -214,7 +217,7 @@ cdef class FrameParser:
     cdef Pending* fifo
     cdef Py_ssize_t fifo_head
     cdef Py_ssize_t fifo_len
-    cdef Py_ssize_t fifo_cap
+    cdef Py_ssize_t fifo_cap            # power of two (indexes wrap with & (fifo_cap - 1))
     cdef public Py_ssize_t fifo_limit
     cdef int64_t fifo_seq               # requests pushed so far (1-based correlation ids)
 
@@ -224,7 +227,6 @@ cdef class FrameParser:
     cdef int _frame_end(self, int d, list out) except -1
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
                           const uint8_t* h) except -1
-    cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1
     cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
                                   object mv, list out) except -1
     cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1
@@ -244,24 +246,331 @@ cdef class FrameParser:
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1
     cdef int on_body_end(self, int d) except -1
 
-    # ---- state transitions ----------------------------------------------------
-    cdef int want_header(self, int d, Py_ssize_t n) except -2
-    cdef int stream_body(self, int d, Py_ssize_t skip) noexcept
-    cdef int capture_frame(self, int d) except -1
-    cdef int gather(self, int d, const uint8_t* p, Py_ssize_t n, Py_ssize_t want,
-                    const uint8_t** out, Py_ssize_t* used) except -2
     cdef int fail(self, int d, int reason, str message) except -1
-    cdef void protocol_error(self, int d, int reason) noexcept
+    cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1
 
-    # ---- recording --------------------------------------------------------------
-    cdef void begin(self, int d, int slot, int kind, int64_t frame_bytes,
-                    int64_t header_bytes) noexcept
-    cdef void add_messages(self, int d, int64_t n) noexcept
-    cdef void entry(self, int d) noexcept
-    cdef int expect(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1
-    cdef int expect_fifo(self, int d, int32_t aux) except -1
-    cdef int take(self, int d, int32_t tag, uint64_t key) noexcept
-    cdef int take_fifo(self, int d) noexcept
-    cdef void answer(self, int d, int64_t status, int outcome) noexcept
-    cdef void set_status(self, int d, int64_t status, int outcome) noexcept
-    cdef void set_corr(self, int d, int64_t corr, int32_t corr_hi) noexcept
+
+# ==== The calls parsers make (inline: compiled into each parser, no vtable) ==========
+# State transitions: want_header, stream_body, capture_frame, gather, protocol_error
+# (fail() is a method: it is the rare path).  Recording: begin, add_messages, entry,
+# set_corr, set_status, expect, expect_fifo, take, take_fifo, answer.  Usage from a
+# parser: ``begin(self, d, slot, K_REQUEST, total, header_bytes)``; the pure-Python twin
+# has the same calls as methods (``self.begin(d, ...)``).
+
+cdef inline int want_header(FrameParser self, int d, Py_ssize_t n) except -2:
+    """Ask to see n header bytes before on_header() decides; returns what
+    on_header() should return: 0, or -1 after fail() when n > header_limit."""
+    if n > self.header_limit:
+        self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
+                  "header limit %d" % (n, self.st[d].frame_start, self.header_limit))
+        return -1
+    self.st[d].need = n
+    return 0
+
+
+cdef inline int stream_body(FrameParser self, int d, Py_ssize_t skip) noexcept:
+    """Pass this frame's bytes after its first `skip` to on_body()."""
+    self.st[d].body = 1
+    self.st[d].skip = skip
+    return 0
+
+
+cdef inline int capture_frame(FrameParser self, int d) except -1:
+    """Hold this whole frame; rewrite() returns what to forward instead."""
+    if not self.hold[d]:
+        raise RuntimeError("capture_frame() needs set_hold(%d, True) first" % d)
+    self.st[d].capture = 1
+    return 0
+
+
+cdef inline int gather(FrameParser self, int d, const uint8_t* p, Py_ssize_t n, Py_ssize_t want,
+                const uint8_t** out, Py_ssize_t* used) except -2:
+    """From on_body(): the frame's next `want` body bytes, contiguous.
+
+    Returns 1 with *out pointing at them (in place when this piece holds them all,
+    else in the direction's header buffer), 0 when this piece ended first (all of it
+    is kept), -1 after fail() when want > header_limit.  *used = bytes of p taken.
+    """
+    cdef DirState* s = &self.st[d]
+    cdef Py_ssize_t take
+    if s.ghave == 0 and n >= want:
+        out[0] = p
+        used[0] = want
+        return 1
+    if want > s.hcap and self._hbuf_reserve(d, want) < 0:
+        used[0] = n
+        return -1
+    take = want - s.ghave
+    if take > n:
+        take = n
+    memmove(s.hbuf + s.ghave, p, take)
+    s.ghave += take
+    used[0] = take
+    if s.ghave < want:
+        return 0
+    s.ghave = 0
+    out[0] = s.hbuf
+    return 1
+
+
+cdef inline void protocol_error(FrameParser self, int d, int reason) noexcept:
+    """A non-fatal violation (the frame is still forwarded): count it."""
+    self.stats.error(d, reason)
+
+# ---- recording ------------------------------------------------------------
+
+
+cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t frame_bytes,
+                int64_t header_bytes) noexcept:
+    """A frame: count it under opcode `slot` and open its record."""
+    cdef DirState* s = &self.st[d]
+    cdef FrameRecord* rec = &s.rec
+    cdef RouteStats st = self.stats
+    if s.open:
+        self._emit(rec)                    # a parser that began twice: keep both
+    if slot < 0 or slot > OTHER_SLOT:
+        slot = OTHER_SLOT
+    st.frames[d][slot] += 1
+    st.frame_bytes[d][slot] += frame_bytes
+    rec.slot = <int16_t>slot
+    rec.messages = 0
+    if not self.recording:                 # counters only: no record to fill
+        return
+    s.open = 1
+    s.rows = 0
+    rec.t_ns = self.now_ns
+    rec.frame_bytes = frame_bytes
+    rec.header_bytes = header_bytes
+    rec.latency_ns = -1
+    rec.corr = 0
+    rec.status = 0
+    rec.opcode = st.slot_code[slot] if slot < st.nslots else -1
+    rec.corr_hi = -1
+    rec.resource = -1
+    rec.attrs = -1
+    rec.req_slot = -1
+    rec.direction = <int8_t>d
+    rec.kind = <int8_t>kind
+    rec.outcome = OUTCOME_NONE
+    rec.corr_fmt = CORR_NONE
+    rec.has_status = 0
+
+
+cdef inline void add_messages(FrameParser self, int d, int64_t n) noexcept:
+    """The current frame carries n more messages (frametap_messages_total)."""
+    self.stats.messages[d][self.st[d].rec.slot] += n
+    self.st[d].rec.messages += n
+
+
+cdef inline void entry(FrameParser self, int d) noexcept:
+    """One more separately acknowledged entry of the current frame: its own row
+    (messages = 1); rows after the first carry no bytes (DESIGN.md "Frame log")."""
+    cdef DirState* s = &self.st[d]
+    cdef FrameRecord* rec = &s.rec
+    if not self.recording:
+        return
+    if s.rows > 0:
+        self._emit(rec)
+        rec.frame_bytes = 0
+        rec.header_bytes = 0
+        rec.latency_ns = -1
+        rec.corr_fmt = CORR_NONE
+        rec.corr_hi = -1
+        rec.has_status = 0
+        rec.outcome = OUTCOME_NONE
+        rec.req_slot = -1
+    s.rows += 1
+    rec.messages = 1
+
+
+cdef inline void set_corr(FrameParser self, int d, int64_t corr, int32_t corr_hi) noexcept:
+    cdef FrameRecord* rec = &self.st[d].rec
+    if not self.recording:
+        return
+    rec.corr = corr
+    rec.corr_hi = corr_hi
+    rec.corr_fmt = _corr_fmt(corr_hi)
+
+
+cdef inline void set_status(FrameParser self, int d, int64_t status, int outcome) noexcept:
+    """A status on a frame that answers no tracked request (e.g. a Credit error):
+    counted in frametap_responses_total under the frame's own opcode."""
+    cdef FrameRecord* rec = &self.st[d].rec
+    self.stats.response(rec.slot, status)
+    if not self.recording:
+        return
+    rec.status = status
+    rec.has_status = 1
+    rec.outcome = <int8_t>outcome
+
+
+cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
+    """The current frame is a request answered by key (tag = namespace)."""
+    cdef Py_ssize_t i, mask
+    cdef MapEntry* e
+    cdef FrameRecord* rec = &self.st[d].rec
+    set_corr(self, d, <int64_t>key, corr_hi)
+    if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit:
+        self._map_grow()                   # keeps the table at most half full
+    if self.map_cap == 0:                  # map_limit <= 0: nothing is tracked
+        self.stats.error(d, R_OVERFLOW)
+        return 0
+    mask = self.map_cap - 1
+    i = _mix(tag, key) & mask
+    while self.map[i].used:                # one probe: the key, or where it goes
+        e = &self.map[i]
+        if e.tag == tag and e.key == key:
+            # the older request can never be answered now
+            if not e.p.expired:
+                self._timeout(&e.p, tag)
+            self.stats.in_flight += 1
+            _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
+            return 0
+        i = (i + 1) & mask
+    if self.map_len >= self.map_limit:
+        self.stats.error(d, R_OVERFLOW)    # bounded: drop, and say so
+        return 0
+    e = &self.map[i]
+    e.used = 1
+    e.tag = tag
+    e.key = key
+    self.map_len += 1
+    self.stats.in_flight += 1
+    _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
+    return 0
+
+
+cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
+    """The current frame is a request answered in order; aux comes back in take_fifo()."""
+    cdef Pending* p
+    cdef Py_ssize_t i, newcap
+    self.fifo_seq += 1
+    set_corr(self, d, self.fifo_seq, -1)
+    if self.fifo_len >= self.fifo_limit:
+        # Too many unanswered requests: give up on the oldest (a timeout).
+        p = &self.fifo[self.fifo_head]
+        self.fifo_head = (self.fifo_head + 1) & (self.fifo_cap - 1)
+        self.fifo_len -= 1
+        if not p.expired:
+            self._timeout(p, 0)
+        self.stats.error(d, R_OVERFLOW)
+    if self.fifo_len == self.fifo_cap:
+        newcap = self.fifo_cap * 2
+        p = <Pending*>PyMem_Malloc(newcap * sizeof(Pending))
+        if p is NULL:
+            raise MemoryError()
+        for i in range(self.fifo_len):
+            p[i] = self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
+        PyMem_Free(self.fifo)
+        self.fifo = p
+        self.fifo_head = 0
+        self.fifo_cap = newcap
+    p = &self.fifo[(self.fifo_head + self.fifo_len) & (self.fifo_cap - 1)]
+    _pending_set(p, self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, 1, d)
+    self.fifo_len += 1
+    self.stats.in_flight += 1
+    return 0
+
+
+cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcept:
+    """Remove the request pending under (tag, key) for answer(); returns its opcode
+    slot, or -1 when there is none (answer() then counts an unmatched response)."""
+    cdef Py_ssize_t i, j, k, mask
+    cdef MapEntry* e
+    cdef DirState* s = &self.st[d]
+    s.has_taken = 0
+    if self.map_len == 0:
+        return -1
+    mask = self.map_cap - 1
+    i = _mix(tag, key) & mask
+    while True:
+        e = &self.map[i]
+        if not e.used:
+            return -1
+        if e.tag == tag and e.key == key:
+            break
+        i = (i + 1) & mask
+    s.taken = e.p
+    s.has_taken = 1
+    # backward-shift deletion keeps probe chains intact without tombstones
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if not self.map[j].used:
+            break
+        k = _mix(self.map[j].tag, self.map[j].key) & mask
+        if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
+            self.map[i] = self.map[j]
+            i = j
+    self.map[i].used = 0
+    self.map_len -= 1
+    return s.taken.slot
+
+
+cdef inline int take_fifo(FrameParser self, int d) noexcept:
+    """Remove the oldest request for answer(); returns its slot or -1 (none)."""
+    cdef DirState* s = &self.st[d]
+    if self.fifo_len == 0:
+        s.has_taken = 0
+        return -1
+    s.taken = self.fifo[self.fifo_head]
+    s.has_taken = 1
+    self.fifo_head = (self.fifo_head + 1) & (self.fifo_cap - 1)
+    self.fifo_len -= 1
+    return s.taken.slot
+
+
+cdef inline void answer(FrameParser self, int d, int64_t status, int outcome) noexcept:
+    """The current frame answers the request take*() found (or nothing): counts
+    the response, observes its latency, fills the record."""
+    cdef DirState* s = &self.st[d]
+    cdef FrameRecord* rec = &s.rec
+    cdef Pending* p = &s.taken
+    cdef RouteStats st = self.stats
+    cdef int64_t dt
+    if self.recording:
+        rec.status = status
+        rec.has_status = 1
+        rec.outcome = <int8_t>outcome
+    if not s.has_taken:
+        st.unmatched += 1
+        return
+    s.has_taken = 0
+    st.response(p.slot, status)
+    if self.recording:
+        rec.req_slot = <int16_t>p.slot
+        rec.corr = p.key
+        rec.corr_hi = p.aux if not p.fifo else -1
+        rec.corr_fmt = _corr_fmt(rec.corr_hi)
+    if not p.expired:
+        dt = self.now_ns - p.t_ns
+        if dt < 0:
+            dt = 0
+        rec.latency_ns = dt
+        st.observe(p.slot, outcome, dt)
+        st.in_flight -= 1
+
+
+cdef inline void _pending_set(Pending* p, int64_t t_ns, uint64_t key, int slot,
+                              int32_t aux, int fifo, int d) noexcept:
+    p.t_ns = t_ns
+    p.key = <int64_t>key
+    p.slot = slot
+    p.aux = aux
+    p.expired = 0
+    p.fifo = fifo
+    p.dir = d
+
+
+cdef inline int8_t _corr_fmt(int32_t corr_hi) noexcept:
+    if corr_hi >= 0:
+        return CORR_PAIR
+    return CORR_SINT if corr_hi == CORR_HI_SIGNED else CORR_INT
+
+
+cdef inline uint64_t _mix(int32_t tag, uint64_t key) noexcept:
+    # splitmix64 finalizer: spreads sequential ids over the table
+    cdef uint64_t z = key + (<uint64_t>tag << 56) + 0x9E3779B97F4A7C15ULL
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)

@@ -334,7 +334,7 @@ cdef class FrameParser:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
                 pos += take
-                if s.remaining == 0:
+                if s.remaining == 0 and (s.capture or s.body or s.open):
                     self._frame_end(d, out)
                 continue
             if s.have == 0:
@@ -413,7 +413,7 @@ cdef class FrameParser:
                         out.append(bytes(s.hbuf[:held]))
                     held = 0
                 self._header_done(d, r, asked, s.hbuf)
-                if s.remaining == 0:
+                if s.remaining == 0 and (s.capture or s.body or s.open):
                     self._frame_end(d, out)
             elif r < 0:
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
@@ -489,8 +489,7 @@ cdef class FrameParser:
         s.ghave = 0
         if s.open:
             s.open = 0
-            if self.tracer is not None:
-                self._emit(&s.rec)
+            self._emit(&s.rec)
         return 0
 
     def set_hold(self, int d, bint on):
@@ -512,59 +511,7 @@ cdef class FrameParser:
     cdef int on_body_end(self, int d) except -1:
         return 0
 
-    # ---- state transitions ----------------------------------------------------
-
-    cdef int want_header(self, int d, Py_ssize_t n) except -2:
-        """Ask to see n header bytes before on_header() decides; returns what
-        on_header() should return: 0, or -1 after fail() when n > header_limit."""
-        if n > self.header_limit:
-            self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
-                      "header limit %d" % (n, self.st[d].frame_start, self.header_limit))
-            return -1
-        self.st[d].need = n
-        return 0
-
-    cdef int stream_body(self, int d, Py_ssize_t skip) noexcept:
-        """Pass this frame's bytes after its first `skip` to on_body()."""
-        self.st[d].body = 1
-        self.st[d].skip = skip
-        return 0
-
-    cdef int capture_frame(self, int d) except -1:
-        """Hold this whole frame; rewrite() returns what to forward instead."""
-        if not self.hold[d]:
-            raise RuntimeError("capture_frame() needs set_hold(%d, True) first" % d)
-        self.st[d].capture = 1
-        return 0
-
-    cdef int gather(self, int d, const uint8_t* p, Py_ssize_t n, Py_ssize_t want,
-                    const uint8_t** out, Py_ssize_t* used) except -2:
-        """From on_body(): the frame's next `want` body bytes, contiguous.
-
-        Returns 1 with *out pointing at them (in place when this piece holds them all,
-        else in the direction's header buffer), 0 when this piece ended first (all of it
-        is kept), -1 after fail() when want > header_limit.  *used = bytes of p taken.
-        """
-        cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t take
-        if s.ghave == 0 and n >= want:
-            out[0] = p
-            used[0] = want
-            return 1
-        if want > s.hcap and self._hbuf_reserve(d, want) < 0:
-            used[0] = n
-            return -1
-        take = want - s.ghave
-        if take > n:
-            take = n
-        memmove(s.hbuf + s.ghave, p, take)
-        s.ghave += take
-        used[0] = take
-        if s.ghave < want:
-            return 0
-        s.ghave = 0
-        out[0] = s.hbuf
-        return 1
+    # ---- helpers of the recording calls (_framing.pxd) ---------------------
 
     cdef int fail(self, int d, int reason, str message) except -1:
         self.stats.error(d, reason)
@@ -573,229 +520,13 @@ cdef class FrameParser:
             self.st[d].frame_start)
         return 0
 
-    cdef void protocol_error(self, int d, int reason) noexcept:
-        """A non-fatal violation (the frame is still forwarded): count it."""
-        self.stats.error(d, reason)
-
-    # ---- recording ------------------------------------------------------------
-
-    cdef void begin(self, int d, int slot, int kind, int64_t frame_bytes,
-                    int64_t header_bytes) noexcept:
-        """A frame: count it under opcode `slot` and open its record."""
-        cdef DirState* s = &self.st[d]
-        cdef FrameRecord* rec = &s.rec
-        if s.open and self.tracer is not None:
-            self._emit(rec)                    # a parser that began twice: keep both
-        if slot < 0 or slot > OTHER_SLOT:
-            slot = OTHER_SLOT
-        self.stats.frames[d][slot] += 1
-        self.stats.frame_bytes[d][slot] += frame_bytes
-        s.open = 1
-        s.rows = 0
-        rec.t_ns = self.now_ns
-        rec.frame_bytes = frame_bytes
-        rec.header_bytes = header_bytes
-        rec.messages = 0
-        rec.latency_ns = -1
-        rec.corr = 0
-        rec.status = 0
-        rec.opcode = self.stats.slot_code[slot] if slot < self.stats.nslots else -1
-        rec.corr_hi = -1
-        rec.resource = -1
-        rec.attrs = -1
-        rec.slot = <int16_t>slot
-        rec.req_slot = -1
-        rec.direction = <int8_t>d
-        rec.kind = <int8_t>kind
-        rec.outcome = OUTCOME_NONE
-        rec.corr_fmt = CORR_NONE
-        rec.has_status = 0
-
-    cdef void add_messages(self, int d, int64_t n) noexcept:
-        """The current frame carries n more messages (frametap_messages_total)."""
-        self.stats.messages[d][self.st[d].rec.slot] += n
-        self.st[d].rec.messages += n
-
-    cdef void entry(self, int d) noexcept:
-        """One more separately acknowledged entry of the current frame: its own row
-        (messages = 1); rows after the first carry no bytes (DESIGN.md "Frame log")."""
-        cdef DirState* s = &self.st[d]
-        cdef FrameRecord* rec = &s.rec
-        if s.rows > 0:
-            if self.tracer is not None:
-                self._emit(rec)
-            rec.frame_bytes = 0
-            rec.header_bytes = 0
-            rec.latency_ns = -1
-            rec.corr_fmt = CORR_NONE
-            rec.corr_hi = -1
-            rec.has_status = 0
-            rec.outcome = OUTCOME_NONE
-            rec.req_slot = -1
-        s.rows += 1
-        rec.messages = 1
-
-    cdef void set_corr(self, int d, int64_t corr, int32_t corr_hi) noexcept:
-        cdef FrameRecord* rec = &self.st[d].rec
-        rec.corr = corr
-        rec.corr_hi = corr_hi
-        rec.corr_fmt = _corr_fmt(corr_hi)
-
-    cdef void set_status(self, int d, int64_t status, int outcome) noexcept:
-        """A status on a frame that answers no tracked request (e.g. a Credit error):
-        counted in frametap_responses_total under the frame's own opcode."""
-        cdef FrameRecord* rec = &self.st[d].rec
-        self.stats.response(rec.slot, status)
-        rec.status = status
-        rec.has_status = 1
-        rec.outcome = <int8_t>outcome
-
-    cdef int expect(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
-        """The current frame is a request answered by key (tag = namespace)."""
-        cdef Py_ssize_t i, mask
-        cdef MapEntry* e
-        cdef FrameRecord* rec = &self.st[d].rec
-        self.set_corr(d, <int64_t>key, corr_hi)
-        if self.map_cap:
-            mask = self.map_cap - 1
-            i = _mix(tag, key) & mask
-            while self.map[i].used:
-                e = &self.map[i]
-                if e.tag == tag and e.key == key:
-                    # the older request can never be answered now
-                    if not e.p.expired:
-                        self._timeout(&e.p, tag)
-                    self.stats.in_flight += 1
-                    _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
-                    return 0
-                i = (i + 1) & mask
-        if self.map_len >= self.map_limit:
-            self.stats.error(d, R_OVERFLOW)    # bounded: drop, and say so
-            return 0
-        if (self.map_len + 1) * 2 > self.map_cap:
-            self._map_grow()
-        mask = self.map_cap - 1
-        i = _mix(tag, key) & mask
-        while self.map[i].used:
-            i = (i + 1) & mask
-        e = &self.map[i]
-        e.used = 1
-        e.tag = tag
-        e.key = key
-        self.map_len += 1
-        self.stats.in_flight += 1
-        _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
-        return 0
-
-    cdef int expect_fifo(self, int d, int32_t aux) except -1:
-        """The current frame is a request answered in order; aux comes back in take_fifo()."""
-        cdef Pending* p
-        cdef Py_ssize_t i, newcap
-        self.fifo_seq += 1
-        self.set_corr(d, self.fifo_seq, -1)
-        if self.fifo_len >= self.fifo_limit:
-            # Too many unanswered requests: give up on the oldest (a timeout).
-            p = &self.fifo[self.fifo_head]
-            self.fifo_head = (self.fifo_head + 1) % self.fifo_cap
-            self.fifo_len -= 1
-            if not p.expired:
-                self._timeout(p, 0)
-            self.stats.error(d, R_OVERFLOW)
-        if self.fifo_len == self.fifo_cap:
-            newcap = self.fifo_cap * 2
-            p = <Pending*>PyMem_Malloc(newcap * sizeof(Pending))
-            if p is NULL:
-                raise MemoryError()
-            for i in range(self.fifo_len):
-                p[i] = self.fifo[(self.fifo_head + i) % self.fifo_cap]
-            PyMem_Free(self.fifo)
-            self.fifo = p
-            self.fifo_head = 0
-            self.fifo_cap = newcap
-        p = &self.fifo[(self.fifo_head + self.fifo_len) % self.fifo_cap]
-        _pending_set(p, self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, 1, d)
-        self.fifo_len += 1
-        self.stats.in_flight += 1
-        return 0
-
-    cdef int take(self, int d, int32_t tag, uint64_t key) noexcept:
-        """Remove the request pending under (tag, key) for answer(); returns its opcode
-        slot, or -1 when there is none (answer() then counts an unmatched response)."""
-        cdef Py_ssize_t i, j, k, mask
-        cdef MapEntry* e
-        cdef DirState* s = &self.st[d]
-        s.has_taken = 0
-        if self.map_len == 0:
-            return -1
-        mask = self.map_cap - 1
-        i = _mix(tag, key) & mask
-        while True:
-            e = &self.map[i]
-            if not e.used:
-                return -1
-            if e.tag == tag and e.key == key:
-                break
-            i = (i + 1) & mask
-        s.taken = e.p
-        s.has_taken = 1
-        # backward-shift deletion keeps probe chains intact without tombstones
-        j = i
-        while True:
-            j = (j + 1) & mask
-            if not self.map[j].used:
-                break
-            k = _mix(self.map[j].tag, self.map[j].key) & mask
-            if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
-                self.map[i] = self.map[j]
-                i = j
-        self.map[i].used = 0
-        self.map_len -= 1
-        return s.taken.slot
-
-    cdef int take_fifo(self, int d) noexcept:
-        """Remove the oldest request for answer(); returns its slot or -1 (none)."""
-        cdef DirState* s = &self.st[d]
-        if self.fifo_len == 0:
-            s.has_taken = 0
-            return -1
-        s.taken = self.fifo[self.fifo_head]
-        s.has_taken = 1
-        self.fifo_head = (self.fifo_head + 1) % self.fifo_cap
-        self.fifo_len -= 1
-        return s.taken.slot
-
-    cdef void answer(self, int d, int64_t status, int outcome) noexcept:
-        """The current frame answers the request take*() found (or nothing): counts
-        the response, observes its latency, fills the record."""
-        cdef DirState* s = &self.st[d]
-        cdef FrameRecord* rec = &s.rec
-        cdef Pending* p = &s.taken
-        rec.status = status
-        rec.has_status = 1
-        rec.outcome = <int8_t>outcome
-        if not s.has_taken:
-            self.stats.unmatched += 1
-            return
-        s.has_taken = 0
-        self.stats.response(p.slot, status)
-        rec.req_slot = <int16_t>p.slot
-        rec.corr = p.key
-        rec.corr_hi = p.aux if not p.fifo else -1
-        rec.corr_fmt = _corr_fmt(rec.corr_hi)
-        if not p.expired:
-            rec.latency_ns = self.now_ns - p.t_ns
-            if rec.latency_ns < 0:
-                rec.latency_ns = 0
-            self.stats.observe(p.slot, outcome, rec.latency_ns)
-            self.stats.in_flight -= 1
-
     cdef void _timeout(self, Pending* p, int tag) noexcept:
         """Request p will never be answered in time: count it, emit its event row."""
         cdef FrameRecord ev
         p.expired = 1
         self.stats.timeouts[p.slot] += 1
         self.stats.in_flight -= 1
-        if self.tracer is None:
+        if not self.recording:
             return
         memset(&ev, 0, sizeof(ev))
         ev.t_ns = self.now_ns if self.now_ns else monotonic_ns()
@@ -815,10 +546,22 @@ cdef class FrameParser:
 
     cdef void _emit(self, FrameRecord* rec) noexcept:
         """Hand one finished record to the frame log (tests: the tracer)."""
+        if self._tracer is None:
+            return
         try:
-            self.tracer(self._record_dict(rec))
+            self._tracer(self._record_dict(rec))
         except Exception:
             pass
+
+    @property
+    def tracer(self):
+        """A callable given each finished record as a dict (tests), or None."""
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, fn):
+        self._tracer = fn
+        self.recording = fn is not None
 
     cdef dict _record_dict(self, FrameRecord* rec):
         return record_dict(self.stats, self.conn_id, rec[0])
@@ -856,7 +599,7 @@ cdef class FrameParser:
             now = monotonic_ns()
         self.now_ns = now
         for i in range(self.fifo_len):
-            p = &self.fifo[(self.fifo_head + i) % self.fifo_cap]
+            p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if p.expired:
                 continue
             if now - p.t_ns < self.timeout_ns:
@@ -882,10 +625,9 @@ cdef class FrameParser:
         for d in range(2):                     # a frame begun but not finished
             if self.st[d].open:
                 self.st[d].open = 0
-                if self.tracer is not None:
-                    self._emit(&self.st[d].rec)
+                self._emit(&self.st[d].rec)
         for i in range(self.fifo_len):
-            p = &self.fifo[(self.fifo_head + i) % self.fifo_cap]
+            p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if not p.expired:
                 self._timeout(p, 0)
         self.fifo_len = 0
@@ -908,28 +650,3 @@ cdef class FrameParser:
     def frame_start(self, int d):
         """Stream offset where direction d's current frame began."""
         return self.st[d].frame_start
-
-
-cdef inline void _pending_set(Pending* p, int64_t t_ns, uint64_t key, int slot,
-                              int32_t aux, int fifo, int d) noexcept:
-    p.t_ns = t_ns
-    p.key = <int64_t>key
-    p.slot = slot
-    p.aux = aux
-    p.expired = 0
-    p.fifo = fifo
-    p.dir = d
-
-
-cdef inline int8_t _corr_fmt(int32_t corr_hi) noexcept:
-    if corr_hi >= 0:
-        return CORR_PAIR
-    return CORR_SINT if corr_hi == CORR_HI_SIGNED else CORR_INT
-
-
-cdef inline uint64_t _mix(int32_t tag, uint64_t key) noexcept:
-    # splitmix64 finalizer: spreads sequential ids over the table
-    cdef uint64_t z = key + (<uint64_t>tag << 56) + 0x9E3779B97F4A7C15ULL
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
-    return z ^ (z >> 31)

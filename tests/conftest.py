@@ -1,26 +1,14 @@
 """Shared fixtures: both parser implementations, free ports, a running proxy."""
 
 import asyncio
-import os
 import socket
 import threading
 
 import pytest
 
-from proxy import framing_py
-from proxy.protocols.flymq import parser_py
+from tests.parsers import impl_fixture
 
-IMPLS = {"py-parser": (framing_py.RouteStats, parser_py.FlyMQParser)}
-if not os.environ.get("FRAMETAP_NO_EXTENSIONS"):
-    from proxy import _framing
-    from proxy.protocols.flymq import _parser
-    IMPLS["c-parser"] = (_framing.RouteStats, _parser.FlyMQParser)
-
-
-@pytest.fixture(params=sorted(IMPLS))
-def flymq_impl(request):
-    """(RouteStats, FlyMQParser) of the compiled core and of the pure-Python twin."""
-    return IMPLS[request.param]
+flymq_impl, IMPLS = impl_fixture("flymq")   # (RouteStats, FlyMQParser), compiled and twin
 
 
 def free_port():

@@ -10,14 +10,13 @@ from hypothesis import given, settings, strategies as st
 
 from proxy.errors import FlyMQFrameError
 from proxy.protocols.flymq.conformance import frame, produce
+from tests.parsers import make as make_parser
 
 C2S, S2C = 0, 1
 
 
 def make(impl, **kw):
-    RouteStats, Parser = impl
-    stats = RouteStats("r1", "flymq")
-    return stats, Parser(stats, **kw)
+    return make_parser(impl, "flymq", "r1", **kw)
 
 
 def test_bad_magic_is_fatal_with_clear_message(flymq_impl):

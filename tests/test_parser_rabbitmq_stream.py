@@ -5,36 +5,23 @@ The golden conversation, every split point, byte-at-a-time feeding and the
 twin-agreement fuzzer are in tests/test_conformance.py (data: rabbitmq_stream/conformance.py).
 """
 
-import os
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
-from proxy import framing_py
+from tests.parsers import impl_fixture, make as make_parser
 from proxy.protocols.rabbitmq_stream import constants as K
-from proxy.protocols.rabbitmq_stream import parser_py
 from proxy.protocols.rabbitmq_stream.codec import (decode_metadata_response, encode_command,
                                                    encode_frame, encode_metadata_response)
 from proxy.protocols.rabbitmq_stream.conformance import publish, req, resp
 
-IMPLS = {"py-parser": (framing_py.RouteStats, parser_py.StreamParser)}
-if not os.environ.get("FRAMETAP_NO_EXTENSIONS"):
-    from proxy import _framing
-    from proxy.protocols.rabbitmq_stream import _parser
-    IMPLS["c-parser"] = (_framing.RouteStats, _parser.StreamParser)
-
 C2S, S2C = 0, 1
 
 
-@pytest.fixture(params=sorted(IMPLS))
-def impl(request):
-    return IMPLS[request.param]
+impl, IMPLS = impl_fixture("rabbitmq-stream")
 
 
 def make(impl, **kw):
-    RouteStats, Parser = impl
-    stats = RouteStats("rs", "rabbitmq-stream")
-    return stats, Parser(stats, **kw)
+    return make_parser(impl, "rabbitmq-stream", "rs", **kw)
 
 
 def counters(stats):

@@ -5,34 +5,23 @@ the twin-agreement fuzzer are in tests/test_conformance.py (data: rocketmq/confo
 """
 
 import json
-import os
 import struct
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from proxy import framing_py
-from proxy.protocols.rocketmq import jsonscan, parser_py
+from tests.parsers import impl_fixture, make as make_parser
+from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.conformance import jframe, req, resp
-
-IMPLS = {"py-parser": (framing_py.RouteStats, parser_py.RocketMQParser)}
-if not os.environ.get("FRAMETAP_NO_EXTENSIONS"):
-    from proxy import _framing
-    from proxy.protocols.rocketmq import _parser
-    IMPLS["c-parser"] = (_framing.RouteStats, _parser.RocketMQParser)
 
 C2S, S2C = 0, 1
 
 
-@pytest.fixture(params=sorted(IMPLS))
-def impl(request):
-    return IMPLS[request.param]
+impl, IMPLS = impl_fixture("rocketmq")
 
 
 def make(impl, **kw):
-    RouteStats, Parser = impl
-    stats = RouteStats("rmq", "rocketmq")
-    return stats, Parser(stats, **kw)
+    return make_parser(impl, "rocketmq", "rmq", **kw)
 
 
 def test_idle_pull_is_not_an_error(impl):

@@ -5,6 +5,7 @@ of issue 7: a header request over the old fixed 64-byte buffer, fed across reads
 from libc.stdint cimport uint8_t, int64_t
 
 from proxy._framing cimport FrameParser, RouteStats, K_ONEWAY
+from proxy._framing cimport want_header, begin
 from proxy._wire cimport be32
 
 
@@ -18,6 +19,6 @@ cdef class ProbeParser(FrameParser):
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         if avail < self.want:
-            return self.want_header(d, self.want)
-        self.begin(d, self.stats.slot_for(h[4]), K_ONEWAY, be32(h), self.want)
+            return want_header(self, d, self.want)
+        begin(self, d, self.stats.slot_for(h[4]), K_ONEWAY, be32(h), self.want)
         return be32(h)

@@ -13,6 +13,7 @@ from libc.stdint cimport uint8_t, uint32_t, int64_t
 from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
                              R_TOO_LARGE, R_MISMATCH)
+from proxy._framing cimport want_header, protocol_error, begin, add_messages, expect_fifo, take_fifo, answer
 from proxy._wire cimport be32
 from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, opcode_name
 from proxy.protocols.flymq.status import status_name
@@ -58,25 +59,25 @@ cdef class FlyMQParser(FrameParser):
             return -1
         op = h[2]
         if d == S2C and op == OP_FETCH and length >= 4 and avail < HEADER + 4:
-            return self.want_header(d, HEADER + 4)     # FETCH response: message_count follows
+            return want_header(self, d, HEADER + 4)     # FETCH response: message_count follows
         if h[1] != VERSION:
-            self.protocol_error(d, R_BAD_VERSION)       # spec: reject, optionally close; we count
+            protocol_error(self, d, R_BAD_VERSION)       # spec: reject, optionally close; we count
         if d == C2S:
-            self.begin(d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
+            begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
             if op == OP_PRODUCE:
-                self.add_messages(d, 1)
-            self.expect_fifo(d, op)
+                add_messages(self, d, 1)
+            expect_fifo(self, d, op)
             return HEADER + length
         # server -> client: the response to the oldest request
-        self.begin(d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
+        begin(self, d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
         if op == OP_CONSUME and length > 0:
-            self.add_messages(d, 1)
+            add_messages(self, d, 1)
         elif op == OP_FETCH and length >= 4:
-            self.add_messages(d, be32(h + HEADER))
-        if self.take_fifo(d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux:
-            self.protocol_error(d, R_MISMATCH)
+            add_messages(self, d, be32(h + HEADER))
+        if take_fifo(self, d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux:
+            protocol_error(self, d, R_MISMATCH)
         if op == OP_ERROR:
-            self.answer(d, ST_ERROR, OUTCOME_ERROR)
+            answer(self, d, ST_ERROR, OUTCOME_ERROR)
         else:
-            self.answer(d, ST_OK, OUTCOME_OK)
+            answer(self, d, ST_OK, OUTCOME_OK)
         return HEADER + length

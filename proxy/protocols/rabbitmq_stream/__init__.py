@@ -15,7 +15,8 @@ PROTOCOL = ProtocolSpec(
     server="loadgen.rabbitmq_stream.server",
     users="loadgen.rabbitmq_stream.users",
     user_classes=("StreamPublisher", "StreamConsumer"),
-    demo=DemoSpec(server_args=("--listen", "{server_listen}")),
+    demo=DemoSpec(server_args=("--listen", "{server_listen}",
+                               "--service-time", "{service_time}")),
 )
 
 NAME = PROTOCOL.name

@@ -15,6 +15,7 @@ from libc.string cimport memcpy
 from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, K_ONEWAY, R_TOO_LARGE, R_TOO_SMALL,
                              R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY)
+from proxy._framing cimport want_header, stream_body, capture_frame, protocol_error, begin, add_messages, entry, set_corr, set_status, expect, take, answer
 from proxy._wire cimport be16, be32, be64
 from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, command_name,
                                                        status_name)
@@ -121,16 +122,16 @@ cdef class StreamParser(FrameParser):
                 size, self.st[d].frame_start, self.max_frame_bytes))
             return -1
         if size < 4:                           # no room for Key + Version: skip it
-            self.protocol_error(d, R_TOO_SMALL)
+            protocol_error(self, d, R_TOO_SMALL)
             return total
         if avail < HDR:
-            return self.want_header(d, HDR)
+            return want_header(self, d, HDR)
         key = be16(h + 4)
         version = be16(h + 6)
         cmd = key & 0x7FFF
         need = header_need(key, version)
         if need <= total and avail < need:     # decide only once the fields are here
-            return self.want_header(d, need)
+            return want_header(self, d, need)
         # from here on: exactly once per frame
         if key & RESP or cmd == K_CONFIRM or cmd == K_ERROR or (cmd == K_TUNE and d == C2S):
             kind = K_RESPONSE
@@ -138,55 +139,55 @@ cdef class StreamParser(FrameParser):
             kind = K_REQUEST
         else:
             kind = K_ONEWAY
-        self.begin(d, st.slot_for(cmd), kind, total, need if need <= total else HDR)
+        begin(self, d, st.slot_for(cmd), kind, total, need if need <= total else HDR)
         if self.tuned_max and total > self.tuned_max:
-            self.protocol_error(d, R_TOO_LARGE)   # the server closes such a connection
+            protocol_error(self, d, R_TOO_LARGE)   # the server closes such a connection
         if cmd == 0 or cmd > K_LAST:
-            self.protocol_error(d, R_UNKNOWN)
+            protocol_error(self, d, R_UNKNOWN)
             return total
         if need > total:                       # too short for its own fixed fields
-            self.protocol_error(d, R_BAD_HEADER)
+            protocol_error(self, d, R_BAD_HEADER)
             return total
         if not key & RESP:
             if cmd == K_PUBLISH or cmd == K_CONFIRM or cmd == K_ERROR:
                 self._start_body(d, cmd, version)
-                self.stream_body(d, HDR)       # the body starts after Key + Version
+                stream_body(self, d, HDR)       # the body starts after Key + Version
             elif cmd == K_DELIVER:             # chunk header's NumRecords ends at need
-                self.add_messages(d, be32(h + need - 4))
+                add_messages(self, d, be32(h + need - 4))
             elif cmd == K_TUNE:
                 self._tune(d, h)
             elif need == HDR + 4:              # a request with a correlation id
-                self.expect(d, d, be32(h + HDR), -1)
+                expect(self, d, d, be32(h + HDR), -1)
             return total
         if cmd == K_CREDIT:                    # ResponseCode u16, SubscriptionId u8
             code = be16(h + HDR)
-            self.set_status(d, code, OUTCOME_OK if code == ST_OK else OUTCOME_ERROR)
+            set_status(self, d, code, OUTCOME_OK if code == ST_OK else OUTCOME_ERROR)
             return total
         if cmd == K_TUNE:
             self._tune(d, h)
             return total
         corr = be32(h + HDR)
         code = ST_OK if cmd == K_METADATA else be16(h + HDR + 4)
-        self.take(d, 1 - d, corr)              # the request went the other way
-        self.answer(d, code, OUTCOME_OK if code == ST_OK or code == ST_SASL_CHALLENGE
+        take(self, d, 1 - d, corr)              # the request went the other way
+        answer(self, d, code, OUTCOME_OK if code == ST_OK or code == ST_SASL_CHALLENGE
                     else OUTCOME_ERROR)
         if self.st[d].rec.corr_fmt == 0:
-            self.set_corr(d, corr, -1)
+            set_corr(self, d, corr, -1)
         if cmd == K_METADATA and d == S2C and self.rewriter is not None:
-            self.capture_frame(d)
+            capture_frame(self, d)
         return total
 
     cdef int _tune(self, int d, const uint8_t* h) except -1:
         """The server proposes Tune (a request, s2c); the client's Tune answers it."""
         cdef uint32_t frame_max
         if d == S2C:
-            self.expect(d, TAG_TUNE, 0, -1)
+            expect(self, d, TAG_TUNE, 0, -1)
         else:
             frame_max = be32(h + HDR)
             if frame_max:
                 self.tuned_max = frame_max
-            if self.take(d, TAG_TUNE, 0) >= 0:
-                self.answer(d, ST_OK, OUTCOME_OK)
+            if take(self, d, TAG_TUNE, 0) >= 0:
+                answer(self, d, ST_OK, OUTCOME_OK)
         return 0
 
     cdef int _start_body(self, int d, int kind, int version) except -1:
@@ -250,8 +251,8 @@ cdef class StreamParser(FrameParser):
             if b.version >= 2:
                 return self._field_at(d, b, p, i, n)
             while b.left and n - i >= 12:
-                self.entry(d)
-                self.expect(d, tag, be64(p + i), b.pubid)
+                entry(self, d)
+                expect(self, d, tag, be64(p + i), b.pubid)
                 mlen = be32(p + i + 8)
                 i += 12
                 b.left -= 1
@@ -266,7 +267,7 @@ cdef class StreamParser(FrameParser):
             return i
         if b.kind == K_CONFIRM:
             while b.left and n - i >= 8:
-                self.entry(d)
+                entry(self, d)
                 self._confirm(d, tag, be64(p + i), b.pubid)
                 i += 8
                 b.left -= 1
@@ -291,10 +292,10 @@ cdef class StreamParser(FrameParser):
         return i
 
     cdef inline void _confirm(self, int d, int32_t tag, uint64_t pid, uint32_t pubid) noexcept:
-        self.take(d, tag, pid)
-        self.answer(d, ST_OK, OUTCOME_OK)
+        take(self, d, tag, pid)
+        answer(self, d, ST_OK, OUTCOME_OK)
         if self.st[d].rec.corr_fmt == 0:
-            self.set_corr(d, pid, pubid)
+            set_corr(self, d, pid, pubid)
 
     cdef int _field(self, int d, Body* b, const uint8_t* f) except -1:
         cdef int16_t flen
@@ -306,14 +307,14 @@ cdef class StreamParser(FrameParser):
         elif b.state == B_COUNT:
             b.left = be32(f)
             if b.kind == K_PUBLISH:
-                self.add_messages(d, b.left)
+                add_messages(self, d, b.left)
             b.state = B_PID if b.left else B_DONE
             b.need = 8
         elif b.state == B_PID:
             b.pid = be64(f)
             if b.kind == K_PUBLISH:
-                self.entry(d)
-                self.expect(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid)
+                entry(self, d)
+                expect(self, d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid)
                 if b.version >= 2:
                     b.state = B_FILTER_LEN
                     b.need = 2
@@ -321,7 +322,7 @@ cdef class StreamParser(FrameParser):
                     b.state = B_MSG_LEN
                     b.need = 4
             elif b.kind == K_CONFIRM:
-                self.entry(d)
+                entry(self, d)
                 self._confirm(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid)
                 self._next_entry(b)
             else:
@@ -338,11 +339,11 @@ cdef class StreamParser(FrameParser):
             self._next_entry(b)
         elif b.state == B_CODE:
             code = be16(f)
-            self.entry(d)
-            self.take(d, TAG_PUBLISHER + b.pubid, b.pid)
-            self.answer(d, code, OUTCOME_ERROR)
+            entry(self, d)
+            take(self, d, TAG_PUBLISHER + b.pubid, b.pid)
+            answer(self, d, code, OUTCOME_ERROR)
             if self.st[d].rec.corr_fmt == 0:
-                self.set_corr(d, b.pid, b.pubid)
+                set_corr(self, d, b.pid, b.pubid)
             self._next_entry(b)
         return 0
 
@@ -354,7 +355,7 @@ cdef class StreamParser(FrameParser):
     cdef int on_body_end(self, int d) except -1:
         cdef Body* b = &self.b[d]
         if b.state != B_DONE or b.skip > 0 or b.have:
-            self.protocol_error(d, R_BAD_BODY)  # the frame ended before its entries did
+            protocol_error(self, d, R_BAD_BODY)  # the frame ended before its entries did
         return 0
 
     def rewrite(self, int d, bytes frame):

@@ -17,6 +17,7 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
                              K_REQUEST, K_RESPONSE, K_ONEWAY, CORR_HI_SIGNED,
                              R_TOO_LARGE, R_TOO_SMALL,
                              R_BAD_HEADER, R_BAD_BODY)
+from proxy._framing cimport stream_body, capture_frame, gather, protocol_error, begin, add_messages, set_corr, expect, take, answer
 from proxy._wire cimport be32
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
@@ -254,9 +255,9 @@ cdef class RocketMQParser(FrameParser):
         r.total = total
         r.phase = P_HEADER
         if d == S2C and self.route_pending and self.rewriter is not None:
-            self.capture_frame(d)              # maybe route data: rewrite() decides
+            capture_frame(self, d)              # maybe route data: rewrite() decides
             return total
-        self.stream_body(d, HDR)
+        stream_body(self, d, HDR)
         if hlen == 0:
             self._header(d, h, 0)
         return total
@@ -266,7 +267,7 @@ cdef class RocketMQParser(FrameParser):
         cdef const uint8_t* h
         cdef Py_ssize_t used = 0
         if r.phase == P_HEADER:                # in place when this piece holds it whole
-            if self.gather(d, p, n, r.hlen, &h, &used) <= 0:
+            if gather(self, d, p, n, r.hlen, &h, &used) <= 0:
                 return 0
             self._header(d, h, r.hlen)
         if r.phase == P_MESSAGES and used < n:
@@ -298,16 +299,16 @@ cdef class RocketMQParser(FrameParser):
             size = be32(r.wbuf)
             if size < 4:
                 r.phase = P_SKIP
-                self.protocol_error(d, R_BAD_BODY)
+                protocol_error(self, d, R_BAD_BODY)
                 return 0
-            self.add_messages(d, 1)
+            add_messages(self, d, 1)
             r.wskip = size - 4
         return 0
 
     cdef int on_body_end(self, int d) except -1:
         cdef RState* r = &self.r[d]
         if r.phase == P_MESSAGES and (r.wskip > 0 or r.whave > 0):
-            self.protocol_error(d, R_BAD_BODY)  # the last message ran past the frame
+            protocol_error(self, d, R_BAD_BODY)  # the last message ran past the frame
         return 0
 
     cdef int _header(self, int d, const uint8_t* h, Py_ssize_t n) except -1:
@@ -341,32 +342,32 @@ cdef class RocketMQParser(FrameParser):
         if flag & F_RESPONSE:
             # A response answers a request that went the other way.  A c2s frame with
             # flag 1 that answers nothing is a Go client's oneway request (DESIGN.md).
-            slot = self.take(d, 1 - d, opaque)
+            slot = take(self, d, 1 - d, opaque)
             if slot >= 0:                      # counted under the request's opcode
-                self.begin(d, slot, K_RESPONSE, r.total, HDR + r.hlen)
-                self.answer(d, code, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
+                begin(self, d, slot, K_RESPONSE, r.total, HDR + r.hlen)
+                answer(self, d, code, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
                 if st.slot_code[slot] == GET_ROUTEINFO_BY_TOPIC and self.route_pending:
                     self.route_pending -= 1
                 if st.slot_code[slot] == PULL_MESSAGE and code == SUCCESS:
                     self._start_walk(d)
                 return 0
             if d == S2C or flag & F_ONEWAY:
-                self.begin(d, st.slot_for(UNMATCHED_RESPONSE), K_RESPONSE, r.total,
+                begin(self, d, st.slot_for(UNMATCHED_RESPONSE), K_RESPONSE, r.total,
                            HDR + r.hlen)
-                self.answer(d, code, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
-                self.set_corr(d, opaque, CORR_HI_SIGNED)
+                answer(self, d, code, OUTCOME_OK if is_ok(code) else OUTCOME_ERROR)
+                set_corr(self, d, opaque, CORR_HI_SIGNED)
                 return 0
             flag = F_ONEWAY                    # Go's oneway request
-        self.begin(d, st.slot_for(code), K_ONEWAY if flag & F_ONEWAY else K_REQUEST,
+        begin(self, d, st.slot_for(code), K_ONEWAY if flag & F_ONEWAY else K_REQUEST,
                    r.total, HDR + r.hlen)
         if code == SEND_MESSAGE or code == SEND_MESSAGE_V2:
-            self.add_messages(d, 1)
+            add_messages(self, d, 1)
         elif code == SEND_BATCH_MESSAGE:
             self._start_walk(d)
         if flag & F_ONEWAY:
-            self.set_corr(d, opaque, CORR_HI_SIGNED)
+            set_corr(self, d, opaque, CORR_HI_SIGNED)
         else:
-            self.expect(d, d, opaque, CORR_HI_SIGNED)
+            expect(self, d, d, opaque, CORR_HI_SIGNED)
             if code == GET_ROUTEINFO_BY_TOPIC and d == C2S and self.rewriter is not None:
                 self.route_pending += 1
                 self.route_opaques.add(opaque & 0xFFFFFFFF)
@@ -379,9 +380,9 @@ cdef class RocketMQParser(FrameParser):
         r.whave = 0
 
     cdef void _bad_header(self, int d) noexcept:
-        self.begin(d, self.stats.slot_for(UNDECODABLE), K_ONEWAY, self.r[d].total,
+        begin(self, d, self.stats.slot_for(UNDECODABLE), K_ONEWAY, self.r[d].total,
                    HDR + self.r[d].hlen)
-        self.protocol_error(d, R_BAD_HEADER)
+        protocol_error(self, d, R_BAD_HEADER)
 
     def rewrite(self, int d, bytes frame):
         """A captured s2c frame: account for it, then rewrite it if it is route data."""
