@@ -73,17 +73,20 @@ cdef enum Reason:
     R_HEADER_TOO_LARGE = 10
     N_REASONS = 11
 
-cdef struct Pending:
+cdef enum:
+    P_EXPIRED = 1            # Pending.flags: counted as a timeout; the late answer is not observed
+    P_FIFO = 2               # from the FIFO (correlation id = sequence number)
+    P_S2C = 4                # the request travelled server -> client
+
+cdef struct Pending:         # 24 bytes
     int64_t t_ns             # monotonic time of the read that carried the request
     int64_t key              # correlation id (map) or request sequence number (FIFO)
-    int32_t slot             # opcode slot of the request
     int32_t aux              # map: corr_hi (-1 none); FIFO: the parser's value (e.g. opcode)
-    int16_t expired          # 1 once counted as a timeout; the late answer is not observed
-    int8_t fifo              # 1: from the FIFO (correlation id = sequence number)
-    int8_t dir               # direction the request travelled
+    int16_t slot             # opcode slot of the request
+    uint8_t flags            # P_*
+    uint8_t spare
 
-cdef struct MapEntry:
-    uint64_t key             # correlation id, publishing id, ...
+cdef struct MapEntry:        # 32 bytes; the key is p.key
     int32_t tag              # namespace of key (protocol-defined: direction, publisher id)
     int32_t used             # 1 when the entry holds a pending request
     Pending p
@@ -129,8 +132,31 @@ cdef struct DirState:
     uint8_t* hbuf            # split header / gathered body bytes (heap, <= header_limit)
     Py_ssize_t hcap
     FrameRecord rec          # the frame being recorded
-    Pending taken            # take()/take_fifo(): the request this frame answers
-    int has_taken
+    Pending* taken           # take()/take_fifo(): the request this frame answers, or NULL
+                             # (a FIFO slot, valid until the next expect_fifo(); or `held`)
+    Pending held             # take(): the map entry, copied out (deletion moves entries)
+
+
+# Every per-route counter the hot path bumps, in one C struct inside RouteStats: parsers
+# reach it through FrameParser.c, a plain pointer (no reference counting, no vtable).
+cdef struct Counters:
+    uint64_t frames[2][OPCODE_SLOTS]
+    uint64_t frame_bytes[2][OPCODE_SLOTS]
+    uint64_t messages[2][OPCODE_SLOTS]
+    uint64_t relayed[2]                 # frametap_bytes_total
+    uint64_t timeouts[OPCODE_SLOTS]
+    uint64_t unmatched
+    int64_t in_flight
+    uint64_t errors[2][REASON_SLOTS]
+    # status code <-> slot (linear scan: a route sees a handful of statuses)
+    int64_t status_code[STATUS_SLOTS]
+    int nstatus
+    # per (request opcode slot, status slot)
+    uint64_t* responses                 # OPCODE_SLOTS * STATUS_SLOTS (heap)
+    # latency histogram per (request opcode slot, outcome): N_BUCKETS+1 counts, sum
+    uint64_t* hist                      # OPCODE_SLOTS * 2 * (N_BUCKETS + 1) (heap)
+    double hist_sum[OPCODE_SLOTS][2]
+    int64_t bounds[N_BUCKETS]           # the histogram's upper bounds, ns
 
 
 cdef class RouteStats:
@@ -144,29 +170,12 @@ cdef class RouteStats:
     cdef int16_t* slot_of               # CODE_TABLE entries (heap)
     cdef int64_t slot_code[OPCODE_SLOTS]
     cdef int nslots
-    # interned opcode names (Thrift methods...): hash -> slot, names kept in an arena
+    # interned opcode names (Thrift methods...): hash -> slot, names kept as bytes
     cdef int16_t name_slot_of[NAME_TABLE]
     cdef uint64_t name_hash[OPCODE_SLOTS]
-    cdef list slot_label                # str per slot for interned names, else None
+    cdef list slot_label                # bytes per slot for interned names, else None
 
-    # status code <-> slot (linear scan: a route sees a handful of statuses)
-    cdef int64_t status_code[STATUS_SLOTS]
-    cdef int nstatus
-
-    # per (direction, opcode slot)
-    cdef uint64_t frames[2][OPCODE_SLOTS]
-    cdef uint64_t frame_bytes[2][OPCODE_SLOTS]
-    cdef uint64_t messages[2][OPCODE_SLOTS]
-    cdef uint64_t relayed[2]            # frametap_bytes_total
-    # per (request opcode slot, status slot)
-    cdef uint64_t *responses            # OPCODE_SLOTS * STATUS_SLOTS (heap)
-    # latency histogram per (request opcode slot, outcome): N_BUCKETS+1 counts, sum
-    cdef uint64_t *hist                 # OPCODE_SLOTS * 2 * (N_BUCKETS + 1) (heap)
-    cdef double hist_sum[OPCODE_SLOTS][2]
-    cdef uint64_t timeouts[OPCODE_SLOTS]
-    cdef public uint64_t unmatched
-    cdef public int64_t in_flight
-    cdef uint64_t errors[2][REASON_SLOTS]
+    cdef Counters c
 
     # connection-level (bumped from Python by the relay, once per connection)
     cdef public int64_t conn_active
@@ -186,6 +195,7 @@ cdef class RouteStats:
 
 cdef class FrameParser:
     cdef readonly RouteStats stats
+    cdef Counters* c                    # &stats.c (stats is kept alive by the reference above)
     cdef DirState st[2]
     cdef public Py_ssize_t header_size  # bytes every frame starts with (protocol's fixed header)
     cdef public Py_ssize_t header_limit # most bytes want_header()/gather() may ask for
@@ -230,6 +240,8 @@ cdef class FrameParser:
     cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
                                   object mv, list out) except -1
     cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1
+    cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
+                                    Py_ssize_t emit, object mv, list out) except -1
     cdef dict _record_dict(self, FrameRecord* rec)
     cdef int _map_grow(self) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
@@ -315,7 +327,7 @@ cdef inline int gather(FrameParser self, int d, const uint8_t* p, Py_ssize_t n, 
 
 cdef inline void protocol_error(FrameParser self, int d, int reason) noexcept:
     """A non-fatal violation (the frame is still forwarded): count it."""
-    self.stats.error(d, reason)
+    _count_error(self.c, d, reason)
 
 # ---- recording ------------------------------------------------------------
 
@@ -325,13 +337,12 @@ cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t fram
     """A frame: count it under opcode `slot` and open its record."""
     cdef DirState* s = &self.st[d]
     cdef FrameRecord* rec = &s.rec
-    cdef RouteStats st = self.stats
     if s.open:
         self._emit(rec)                    # a parser that began twice: keep both
     if slot < 0 or slot > OTHER_SLOT:
         slot = OTHER_SLOT
-    st.frames[d][slot] += 1
-    st.frame_bytes[d][slot] += frame_bytes
+    self.c.frames[d][slot] += 1
+    self.c.frame_bytes[d][slot] += frame_bytes
     rec.slot = <int16_t>slot
     rec.messages = 0
     if not self.recording:                 # counters only: no record to fill
@@ -344,7 +355,7 @@ cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t fram
     rec.latency_ns = -1
     rec.corr = 0
     rec.status = 0
-    rec.opcode = st.slot_code[slot] if slot < st.nslots else -1
+    rec.opcode = self.stats.slot_code[slot] if slot < self.stats.nslots else -1
     rec.corr_hi = -1
     rec.resource = -1
     rec.attrs = -1
@@ -358,8 +369,9 @@ cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t fram
 
 cdef inline void add_messages(FrameParser self, int d, int64_t n) noexcept:
     """The current frame carries n more messages (frametap_messages_total)."""
-    self.stats.messages[d][self.st[d].rec.slot] += n
-    self.st[d].rec.messages += n
+    cdef FrameRecord* rec = &self.st[d].rec
+    self.c.messages[d][rec.slot] += n
+    rec.messages += n
 
 
 cdef inline void entry(FrameParser self, int d) noexcept:
@@ -396,7 +408,7 @@ cdef inline void set_status(FrameParser self, int d, int64_t status, int outcome
     """A status on a frame that answers no tracked request (e.g. a Credit error):
     counted in frametap_responses_total under the frame's own opcode."""
     cdef FrameRecord* rec = &self.st[d].rec
-    self.stats.response(rec.slot, status)
+    _count_response(self.c, rec.slot, status)
     if not self.recording:
         return
     rec.status = status
@@ -413,29 +425,28 @@ cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32
     if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit:
         self._map_grow()                   # keeps the table at most half full
     if self.map_cap == 0:                  # map_limit <= 0: nothing is tracked
-        self.stats.error(d, R_OVERFLOW)
+        _count_error(self.c, d, R_OVERFLOW)
         return 0
     mask = self.map_cap - 1
     i = _mix(tag, key) & mask
     while self.map[i].used:                # one probe: the key, or where it goes
         e = &self.map[i]
-        if e.tag == tag and e.key == key:
+        if e.tag == tag and <uint64_t>e.p.key == key:
             # the older request can never be answered now
-            if not e.p.expired:
+            if not e.p.flags & P_EXPIRED:
                 self._timeout(&e.p, tag)
-            self.stats.in_flight += 1
+            self.c.in_flight += 1
             _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
             return 0
         i = (i + 1) & mask
     if self.map_len >= self.map_limit:
-        self.stats.error(d, R_OVERFLOW)    # bounded: drop, and say so
+        _count_error(self.c, d, R_OVERFLOW)    # bounded: drop, and say so
         return 0
     e = &self.map[i]
     e.used = 1
     e.tag = tag
-    e.key = key
     self.map_len += 1
-    self.stats.in_flight += 1
+    self.c.in_flight += 1
     _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
     return 0
 
@@ -451,9 +462,9 @@ cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
         p = &self.fifo[self.fifo_head]
         self.fifo_head = (self.fifo_head + 1) & (self.fifo_cap - 1)
         self.fifo_len -= 1
-        if not p.expired:
+        if not p.flags & P_EXPIRED:
             self._timeout(p, 0)
-        self.stats.error(d, R_OVERFLOW)
+        _count_error(self.c, d, R_OVERFLOW)
     if self.fifo_len == self.fifo_cap:
         newcap = self.fifo_cap * 2
         p = <Pending*>PyMem_Malloc(newcap * sizeof(Pending))
@@ -468,7 +479,7 @@ cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
     p = &self.fifo[(self.fifo_head + self.fifo_len) & (self.fifo_cap - 1)]
     _pending_set(p, self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, 1, d)
     self.fifo_len += 1
-    self.stats.in_flight += 1
+    self.c.in_flight += 1
     return 0
 
 
@@ -478,7 +489,7 @@ cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcep
     cdef Py_ssize_t i, j, k, mask
     cdef MapEntry* e
     cdef DirState* s = &self.st[d]
-    s.has_taken = 0
+    s.taken = NULL
     if self.map_len == 0:
         return -1
     mask = self.map_cap - 1
@@ -487,34 +498,33 @@ cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcep
         e = &self.map[i]
         if not e.used:
             return -1
-        if e.tag == tag and e.key == key:
+        if e.tag == tag and <uint64_t>e.p.key == key:
             break
         i = (i + 1) & mask
-    s.taken = e.p
-    s.has_taken = 1
+    s.held = e.p
+    s.taken = &s.held
     # backward-shift deletion keeps probe chains intact without tombstones
     j = i
     while True:
         j = (j + 1) & mask
         if not self.map[j].used:
             break
-        k = _mix(self.map[j].tag, self.map[j].key) & mask
+        k = _mix(self.map[j].tag, <uint64_t>self.map[j].p.key) & mask
         if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
             self.map[i] = self.map[j]
             i = j
     self.map[i].used = 0
     self.map_len -= 1
-    return s.taken.slot
+    return s.held.slot
 
 
 cdef inline int take_fifo(FrameParser self, int d) noexcept:
     """Remove the oldest request for answer(); returns its slot or -1 (none)."""
     cdef DirState* s = &self.st[d]
     if self.fifo_len == 0:
-        s.has_taken = 0
+        s.taken = NULL
         return -1
-    s.taken = self.fifo[self.fifo_head]
-    s.has_taken = 1
+    s.taken = &self.fifo[self.fifo_head]
     self.fifo_head = (self.fifo_head + 1) & (self.fifo_cap - 1)
     self.fifo_len -= 1
     return s.taken.slot
@@ -525,41 +535,70 @@ cdef inline void answer(FrameParser self, int d, int64_t status, int outcome) no
     the response, observes its latency, fills the record."""
     cdef DirState* s = &self.st[d]
     cdef FrameRecord* rec = &s.rec
-    cdef Pending* p = &s.taken
-    cdef RouteStats st = self.stats
+    cdef Pending* p = s.taken
     cdef int64_t dt
     if self.recording:
         rec.status = status
         rec.has_status = 1
         rec.outcome = <int8_t>outcome
-    if not s.has_taken:
-        st.unmatched += 1
+    if p is NULL:
+        self.c.unmatched += 1
         return
-    s.has_taken = 0
-    st.response(p.slot, status)
+    s.taken = NULL
+    _count_response(self.c, p.slot, status)
     if self.recording:
         rec.req_slot = <int16_t>p.slot
         rec.corr = p.key
-        rec.corr_hi = p.aux if not p.fifo else -1
+        rec.corr_hi = p.aux if not p.flags & P_FIFO else -1
         rec.corr_fmt = _corr_fmt(rec.corr_hi)
-    if not p.expired:
+    if not p.flags & P_EXPIRED:
         dt = self.now_ns - p.t_ns
         if dt < 0:
             dt = 0
         rec.latency_ns = dt
-        st.observe(p.slot, outcome, dt)
-        st.in_flight -= 1
+        _observe(self.c, p.slot, outcome, dt)
+        self.c.in_flight -= 1
+
+
+cdef inline int _status_slot(Counters* c, int64_t code) noexcept:
+    cdef int i
+    for i in range(c.nstatus):
+        if c.status_code[i] == code:
+            return i
+    if c.nstatus < STATUS_SLOTS - 1:
+        i = c.nstatus
+        c.status_code[i] = code
+        c.nstatus += 1
+        return i
+    return STATUS_SLOTS - 1
+
+
+cdef inline void _count_response(Counters* c, int slot, int64_t status) noexcept:
+    c.responses[slot * STATUS_SLOTS + _status_slot(c, status)] += 1
+
+
+cdef inline void _observe(Counters* c, int slot, int outcome, int64_t dt_ns) noexcept:
+    cdef int b = 0
+    if dt_ns < 0:
+        dt_ns = 0
+    while b < N_BUCKETS and dt_ns > c.bounds[b]:
+        b += 1
+    c.hist[(slot * 2 + outcome) * (N_BUCKETS + 1) + b] += 1
+    c.hist_sum[slot][outcome] += dt_ns * 1e-9
+
+
+cdef inline void _count_error(Counters* c, int direction, int reason) noexcept:
+    if 0 <= reason < N_REASONS:
+        c.errors[direction][reason] += 1
 
 
 cdef inline void _pending_set(Pending* p, int64_t t_ns, uint64_t key, int slot,
                               int32_t aux, int fifo, int d) noexcept:
     p.t_ns = t_ns
     p.key = <int64_t>key
-    p.slot = slot
+    p.slot = <int16_t>slot
     p.aux = aux
-    p.expired = 0
-    p.fifo = fifo
-    p.dir = d
+    p.flags = (P_FIFO if fifo else 0) | (P_S2C if d else 0)
 
 
 cdef inline int8_t _corr_fmt(int32_t corr_hi) noexcept:

@@ -64,26 +64,36 @@ cdef class RouteStats:
     def __cinit__(self, route="route", protocol="unknown", opcode_namer=None,
                   status_namer=None):
         self.slot_of = <int16_t*>PyMem_Malloc(CODE_TABLE * sizeof(int16_t))
-        self.responses = <uint64_t*>PyMem_Malloc(
+        self.c.responses = <uint64_t*>PyMem_Malloc(
             OPCODE_SLOTS * STATUS_SLOTS * sizeof(uint64_t))
-        self.hist = <uint64_t*>PyMem_Malloc(
+        self.c.hist = <uint64_t*>PyMem_Malloc(
             OPCODE_SLOTS * 2 * (N_BUCKETS + 1) * sizeof(uint64_t))
-        if self.slot_of is NULL or self.responses is NULL or self.hist is NULL:
+        if self.slot_of is NULL or self.c.responses is NULL or self.c.hist is NULL:
             raise MemoryError()
         memset(self.slot_of, 0xFF, CODE_TABLE * sizeof(int16_t))   # all -1
         memset(self.name_slot_of, 0xFF, sizeof(self.name_slot_of))
         self.slot_label = [None] * OPCODE_SLOTS
-        memset(self.responses, 0, OPCODE_SLOTS * STATUS_SLOTS * sizeof(uint64_t))
-        memset(self.hist, 0, OPCODE_SLOTS * 2 * (N_BUCKETS + 1) * sizeof(uint64_t))
+        memset(self.c.responses, 0, OPCODE_SLOTS * STATUS_SLOTS * sizeof(uint64_t))
+        memset(self.c.hist, 0, OPCODE_SLOTS * 2 * (N_BUCKETS + 1) * sizeof(uint64_t))
+        for i in range(N_BUCKETS):
+            self.c.bounds[i] = _bounds[i]
         self.route = str(route)
         self.protocol = str(protocol)
         self.opcode_namer = opcode_namer
         self.status_namer = status_namer
 
+    @property
+    def unmatched(self):
+        return self.c.unmatched
+
+    @property
+    def in_flight(self):
+        return self.c.in_flight
+
     def __dealloc__(self):
         PyMem_Free(self.slot_of)
-        PyMem_Free(self.responses)
-        PyMem_Free(self.hist)
+        PyMem_Free(self.c.responses)
+        PyMem_Free(self.c.hist)
 
     cdef int slot_for(self, int64_t code) noexcept:
         cdef int s
@@ -131,34 +141,21 @@ cdef class RouteStats:
         return s
 
     cdef int status_slot(self, int64_t code) noexcept:
-        cdef int i
-        for i in range(self.nstatus):
-            if self.status_code[i] == code:
-                return i
-        if self.nstatus < STATUS_SLOTS - 1:
-            i = self.nstatus
-            self.status_code[i] = code
-            self.nstatus += 1
-            return i
-        return STATUS_SLOTS - 1
+        return _status_slot(&self.c, code)
 
     cdef void observe(self, int slot, int outcome, int64_t dt_ns) noexcept:
-        if dt_ns < 0:
-            dt_ns = 0
-        self.hist[(slot * 2 + outcome) * (N_BUCKETS + 1) + bucket_of(dt_ns)] += 1
-        self.hist_sum[slot][outcome] += dt_ns * 1e-9
+        _observe(&self.c, slot, outcome, dt_ns)
 
     cdef void response(self, int slot, int64_t status) noexcept:
-        self.responses[slot * STATUS_SLOTS + self.status_slot(status)] += 1
+        _count_response(&self.c, slot, status)
 
     cdef void error(self, int direction, int reason) noexcept:
-        if 0 <= reason < N_REASONS:
-            self.errors[direction][reason] += 1
+        _count_error(&self.c, direction, reason)
 
     # ---- Python-level API (relay, tests, scrape) ----------------------------
 
     def count_bytes(self, int direction, Py_ssize_t n):
-        self.relayed[direction] += n
+        self.c.relayed[direction] += n
 
     def observe_connect(self, double seconds):
         """Record one upstream connect duration (frametap_upstream_connect_duration_seconds)."""
@@ -200,42 +197,42 @@ cdef class RouteStats:
                  else self.slot_label[s].decode("utf-8", "replace")
                  for s in range(self.nslots)]
         names.extend(["other"] * (OPCODE_SLOTS - self.nslots))
-        statuses = [stname(self.status_code[s]) for s in range(self.nstatus)]
+        statuses = [stname(self.c.status_code[s]) for s in range(self.c.nstatus)]
         while len(statuses) < STATUS_SLOTS:
             statuses.append("other")
         frames, fbytes, msgs, responses, hist, timeouts, errors = {}, {}, {}, {}, {}, {}, {}
         for d in range(2):
             for s in range(OPCODE_SLOTS):
-                if self.frames[d][s]:
+                if self.c.frames[d][s]:
                     key = (DIRECTIONS[d], names[s])
-                    frames[key] = frames.get(key, 0) + self.frames[d][s]
-                    fbytes[key] = fbytes.get(key, 0) + self.frame_bytes[d][s]
-                if self.messages[d][s]:
+                    frames[key] = frames.get(key, 0) + self.c.frames[d][s]
+                    fbytes[key] = fbytes.get(key, 0) + self.c.frame_bytes[d][s]
+                if self.c.messages[d][s]:
                     key = (DIRECTIONS[d], names[s])
-                    msgs[key] = msgs.get(key, 0) + self.messages[d][s]
+                    msgs[key] = msgs.get(key, 0) + self.c.messages[d][s]
             for r in range(N_REASONS):
-                if self.errors[d][r]:
-                    errors[(DIRECTIONS[d], REASONS[r])] = self.errors[d][r]
+                if self.c.errors[d][r]:
+                    errors[(DIRECTIONS[d], REASONS[r])] = self.c.errors[d][r]
         for s in range(OPCODE_SLOTS):
             name = names[s]
             for r in range(STATUS_SLOTS):
-                v = self.responses[s * STATUS_SLOTS + r]
+                v = self.c.responses[s * STATUS_SLOTS + r]
                 if v:
                     key = (name, statuses[r])
                     responses[key] = responses.get(key, 0) + v
             for o in range(2):
-                counts = [self.hist[(s * 2 + o) * (N_BUCKETS + 1) + b]
+                counts = [self.c.hist[(s * 2 + o) * (N_BUCKETS + 1) + b]
                           for b in range(N_BUCKETS + 1)]
                 if any(counts):
-                    hist[(name, OUTCOMES[o])] = (counts, self.hist_sum[s][o])
-            if self.timeouts[s]:
-                timeouts[name] = timeouts.get(name, 0) + self.timeouts[s]
+                    hist[(name, OUTCOMES[o])] = (counts, self.c.hist_sum[s][o])
+            if self.c.timeouts[s]:
+                timeouts[name] = timeouts.get(name, 0) + self.c.timeouts[s]
         return {
             "route": self.route, "protocol": self.protocol,
             "frames": frames, "frame_bytes": fbytes, "messages": msgs,
-            "bytes": {DIRECTIONS[0]: self.relayed[0], DIRECTIONS[1]: self.relayed[1]},
+            "bytes": {DIRECTIONS[0]: self.c.relayed[0], DIRECTIONS[1]: self.c.relayed[1]},
             "responses": responses, "hist": hist, "timeouts": timeouts,
-            "unmatched": self.unmatched, "in_flight": self.in_flight, "errors": errors,
+            "unmatched": self.c.unmatched, "in_flight": self.c.in_flight, "errors": errors,
             "conn_active": self.conn_active, "conn_total": self.conn_total,
             "conn_rejected": self.conn_rejected,
             "connect_failures": self.connect_failures,
@@ -257,6 +254,7 @@ cdef class FrameParser:
 
     def __cinit__(self, RouteStats stats, *args, **kwargs):
         self.stats = stats
+        self.c = &stats.c
         self.fifo_cap = 8
         self.fifo = <Pending*>PyMem_Malloc(self.fifo_cap * sizeof(Pending))
         if self.fifo is NULL:
@@ -321,7 +319,7 @@ cdef class FrameParser:
             return 0
         s.offset += n
         self.now_ns = monotonic_ns()           # one clock read per read (DESIGN.md)
-        self.stats.relayed[d] += n
+        self.c.relayed[d] += n
         while pos < n:
             if s.remaining > 0:                # inside a payload: pass it without copying
                 take = n - pos
@@ -345,10 +343,7 @@ cdef class FrameParser:
                     if r > 0:
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
-                            self._short_frame(d, r, asked)
-                            if hold and emit < pos:
-                                out.append(bytes(mv[emit:pos]))
-                            return pos
+                            return self._contract_error(d, r, asked, pos, emit, mv, out)
                         if s.capture:
                             if emit < pos:
                                 out.append(bytes(mv[emit:pos]))
@@ -445,6 +440,13 @@ cdef class FrameParser:
             out.append(bytes(mv[emit:take]))
         return take
 
+    cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
+                                    Py_ssize_t emit, object mv, list out) except -1:
+        self._short_frame(d, r, asked)
+        if out is not None and emit < pos:
+            out.append(bytes(mv[emit:pos]))
+        return pos
+
     cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1:
         self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
                   "header bytes its parser read, or its body skip is longer (parser "
@@ -523,23 +525,23 @@ cdef class FrameParser:
     cdef void _timeout(self, Pending* p, int tag) noexcept:
         """Request p will never be answered in time: count it, emit its event row."""
         cdef FrameRecord ev
-        p.expired = 1
-        self.stats.timeouts[p.slot] += 1
-        self.stats.in_flight -= 1
+        p.flags |= P_EXPIRED
+        self.c.timeouts[p.slot] += 1
+        self.c.in_flight -= 1
         if not self.recording:
             return
         memset(&ev, 0, sizeof(ev))
         ev.t_ns = self.now_ns if self.now_ns else monotonic_ns()
         ev.latency_ns = -1
         ev.corr = p.key
-        ev.corr_hi = p.aux if not p.fifo else -1
+        ev.corr_hi = p.aux if not p.flags & P_FIFO else -1
         ev.corr_fmt = _corr_fmt(ev.corr_hi)
         ev.opcode = self.stats.slot_code[p.slot] if p.slot < self.stats.nslots else -1
         ev.resource = -1
         ev.attrs = -1
         ev.slot = <int16_t>p.slot
         ev.req_slot = <int16_t>p.slot
-        ev.direction = <int8_t>p.dir
+        ev.direction = 1 if p.flags & P_S2C else 0
         ev.kind = K_EVENT
         ev.outcome = OUTCOME_NONE
         self._emit(&ev)
@@ -581,7 +583,7 @@ cdef class FrameParser:
         mask = new_cap - 1
         for i in range(old_cap):
             if old[i].used:
-                j = _mix(old[i].tag, old[i].key) & mask
+                j = _mix(old[i].tag, <uint64_t>old[i].p.key) & mask
                 while self.map[j].used:
                     j = (j + 1) & mask
                 self.map[j] = old[i]
@@ -600,7 +602,7 @@ cdef class FrameParser:
         self.now_ns = now
         for i in range(self.fifo_len):
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
-            if p.expired:
+            if p.flags & P_EXPIRED:
                 continue
             if now - p.t_ns < self.timeout_ns:
                 break                    # FIFO: everything after is younger
@@ -608,7 +610,7 @@ cdef class FrameParser:
             n += 1
         for i in range(self.map_cap):
             p = &self.map[i].p
-            if self.map[i].used and not p.expired and now - p.t_ns >= self.timeout_ns:
+            if self.map[i].used and not p.flags & P_EXPIRED and now - p.t_ns >= self.timeout_ns:
                 self._timeout(p, self.map[i].tag)
                 n += 1
         return n
@@ -628,19 +630,19 @@ cdef class FrameParser:
                 self._emit(&self.st[d].rec)
         for i in range(self.fifo_len):
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
-            if not p.expired:
+            if not p.flags & P_EXPIRED:
                 self._timeout(p, 0)
         self.fifo_len = 0
         for i in range(self.map_cap):
             p = &self.map[i].p
-            if self.map[i].used and not p.expired:
+            if self.map[i].used and not p.flags & P_EXPIRED:
                 self._timeout(p, self.map[i].tag)
             self.map[i].used = 0
         self.map_len = 0
         if self.error is None:
             for d in range(2):
                 if self.st[d].have > 0 or self.st[d].remaining > 0:
-                    self.stats.error(d, R_TRUNCATED)
+                    _count_error(self.c, d, R_TRUNCATED)
 
     @property
     def pending(self):
