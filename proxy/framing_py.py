@@ -192,7 +192,7 @@ class RouteStats:
 
 class _Dir:
     __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "skip", "gbuf",
-                 "body", "capture", "open", "rows", "rec", "taken")
+                 "body", "capture", "open", "rows", "rec", "taken", "slot")
 
     def __init__(self, need):
         self.remaining = 0
@@ -208,6 +208,7 @@ class _Dir:
         self.rows = 0
         self.rec = None
         self.taken = None
+        self.slot = 0
 
 
 class Pending:
@@ -277,7 +278,8 @@ class FrameParser:
         self.error = None
         self.closed = False
         self.conn_id = 0
-        self.tracer = None
+        self._tracer = None
+        self.recording = False
 
     def set_hold(self, d, on):
         self.hold[d] = bool(on)
@@ -313,7 +315,7 @@ class FrameParser:
                     self.on_body(d, mv[pos:pos + take])
                 s.remaining -= take
                 pos += take
-                if s.remaining == 0:
+                if s.remaining == 0 and (s.capture or s.body or s.open):
                     self._frame_end(d, out)
                 continue
             if not s.hdr:
@@ -427,8 +429,7 @@ class FrameParser:
         s.gbuf = bytearray()
         if s.open:
             s.open = False
-            if self.tracer is not None:
-                self._emit(s.rec)
+            self._emit(s.rec)
 
     def rewrite(self, d, frame):
         return frame
@@ -497,42 +498,52 @@ class FrameParser:
 
     def begin(self, d, slot, kind, frame_bytes, header_bytes):
         s = self.st[d]
-        if s.open and self.tracer is not None:
+        if s.open:
             self._emit(s.rec)
         if slot < 0 or slot > OTHER_SLOT:
             slot = OTHER_SLOT
         st = self.stats
         st.frames[d][slot] += 1
         st.frame_bytes[d][slot] += frame_bytes
+        s.slot = slot
+        if not self.recording:              # counters only: no record to fill
+            return
         s.open = True
         s.rows = 0
         s.rec = Record(self.now_ns, d, slot, kind, st.slot_opcode(slot), frame_bytes,
                        header_bytes)
 
     def add_messages(self, d, n):
-        rec = self.st[d].rec
-        self.stats.messages[d][rec.slot] += n
-        rec.messages += n
+        s = self.st[d]
+        self.stats.messages[d][s.slot] += n
+        if self.recording:
+            s.rec.messages += n
 
     def entry(self, d):
+        if not self.recording:
+            return
         s = self.st[d]
         rec = s.rec
         if s.rows > 0:
-            if self.tracer is not None:
-                self._emit(rec)
+            self._emit(rec)
             rec = s.rec = Record(rec.t_ns, d, rec.slot, rec.kind, rec.opcode, 0, 0)
         s.rows += 1
         rec.messages = 1
 
     def set_corr(self, d, corr, corr_hi):
+        if not self.recording:
+            return
         rec = self.st[d].rec
         rec.corr = corr
         rec.corr_hi = corr_hi
         rec.corr_fmt = _corr_fmt(corr_hi)
 
     def set_status(self, d, status, outcome):
-        rec = self.st[d].rec
-        self.stats.response(rec.slot, status)
+        s = self.st[d]
+        self.stats.response(s.slot, status)
+        if not self.recording:
+            return
+        rec = s.rec
         rec.status = status
         rec.has_status = True
         rec.outcome = outcome
@@ -548,7 +559,7 @@ class FrameParser:
         elif not old.expired:
             self._timeout(old)
         self.stats.in_flight += 1
-        self.map[k] = Pending(self.now_ns, key, self.st[d].rec.slot, corr_hi, False, d)
+        self.map[k] = Pending(self.now_ns, key, self.st[d].slot, corr_hi, False, d)
         return 0
 
     def expect_fifo(self, d, aux):
@@ -560,7 +571,7 @@ class FrameParser:
             if not p.expired:
                 self._timeout(p)
             self.stats.error(d, R_OVERFLOW)
-        self.fifo.append(Pending(self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, True, d))
+        self.fifo.append(Pending(self.now_ns, self.fifo_seq, self.st[d].slot, aux, True, d))
         self.stats.in_flight += 1
         if self.fifo_head > 1024 and self.fifo_head * 2 > len(self.fifo):
             del self.fifo[:self.fifo_head]
@@ -583,23 +594,27 @@ class FrameParser:
 
     def answer(self, d, status, outcome):
         s = self.st[d]
-        rec = s.rec
-        rec.status = status
-        rec.has_status = True
-        rec.outcome = outcome
         p = s.taken
+        rec = s.rec if self.recording else None
+        if rec is not None:
+            rec.status = status
+            rec.has_status = True
+            rec.outcome = outcome
         if p is None:
             self.stats.unmatched += 1
             return
         s.taken = None
         self.stats.response(p.slot, status)
-        rec.req_slot = p.slot
-        rec.corr = p.key
-        rec.corr_hi = p.aux if not p.fifo else -1
-        rec.corr_fmt = _corr_fmt(rec.corr_hi)
+        if rec is not None:
+            rec.req_slot = p.slot
+            rec.corr = p.key
+            rec.corr_hi = p.aux if not p.fifo else -1
+            rec.corr_fmt = _corr_fmt(rec.corr_hi)
         if not p.expired:
-            rec.latency_ns = max(0, self.now_ns - p.t_ns)
-            self.stats.observe(p.slot, outcome, rec.latency_ns)
+            dt = max(0, self.now_ns - p.t_ns)
+            if rec is not None:
+                rec.latency_ns = dt
+            self.stats.observe(p.slot, outcome, dt)
             self.stats.in_flight -= 1
 
     def _timeout(self, p):
@@ -607,7 +622,7 @@ class FrameParser:
         st = self.stats
         st.timeouts[p.slot] += 1
         st.in_flight -= 1
-        if self.tracer is None:
+        if not self.recording:
             return
         ev = Record(self.now_ns or monotonic_ns(), p.dir, p.slot, K_EVENT,
                     st.slot_opcode(p.slot), 0, 0)
@@ -617,9 +632,21 @@ class FrameParser:
         ev.req_slot = p.slot
         self._emit(ev)
 
+    @property
+    def tracer(self):
+        """A callable given each finished record as a dict (tests), or None."""
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, fn):
+        self._tracer = fn
+        self.recording = fn is not None
+
     def _emit(self, rec):
+        if self._tracer is None:
+            return
         try:
-            self.tracer(self._record_dict(rec))
+            self._tracer(self._record_dict(rec))
         except Exception:
             pass
 
@@ -659,8 +686,7 @@ class FrameParser:
             s = self.st[d]
             if s.open:
                 s.open = False
-                if self.tracer is not None:
-                    self._emit(s.rec)
+                self._emit(s.rec)
         for p in list(self._pending()):
             if not p.expired:
                 self._timeout(p)

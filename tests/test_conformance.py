@@ -70,14 +70,15 @@ def events_sorted(records):
 class Run:
     """One parser fed one conversation; keeps counters, records, returns and error."""
 
-    def __init__(self, impl, pkg, options=None, limits=None):
+    def __init__(self, impl, pkg, options=None, limits=None, trace=True):
         _, RouteStats, Parser = impl
         self.stats = RouteStats("route", pkg)
         self.p = Parser(self.stats, options=dict(options or {}))
         if limits:
             self.p.fifo_limit, self.p.map_limit = limits
         self.records = []
-        self.p.tracer = self.records.append
+        if trace:
+            self.p.tracer = self.records.append
         self.returns = []
 
     def feed(self, d, pieces):
@@ -96,8 +97,8 @@ class Run:
                 "error": None if err is None else (err.reason, err.direction, err.offset)}
 
 
-def run(impl, pkg, bursts, split=None, options=None, limits=None, close=True):
-    r = Run(impl, pkg, options, limits)
+def run(impl, pkg, bursts, split=None, options=None, limits=None, close=True, trace=True):
+    r = Run(impl, pkg, options, limits, trace)
     for i, (d, data) in enumerate(bursts):
         if not r.feed(d, split(i, data) if split else [data]):
             break
@@ -269,6 +270,12 @@ def test_fuzz_twins_agree(pkg):
         a = run(c_impl, pkg, bursts, _random_split(seed), limits=limits)
         b = run(py_impl, pkg, bursts, _random_split(seed), limits=limits)
         assert a == b
+        # recording records must not change a counter: the same without a tracer
+        for impl, traced in ((c_impl, a), (py_impl, b)):
+            quiet = run(impl, pkg, bursts, _random_split(seed), limits=limits, trace=False)
+            assert quiet["records"] == []
+            assert {k: v for k, v in quiet.items() if k != "records"} == \
+                {k: v for k, v in traced.items() if k != "records"}
     check()
 
 

@@ -136,7 +136,7 @@ class StreamParser(FrameParser):
         code = OK if cmd == METADATA else be(h, HDR + 4, 2)
         self.take(d, 1 - d, corr)
         self.answer(d, code, OUTCOME_OK if code in (OK, SASL_CHALLENGE) else OUTCOME_ERROR)
-        if self.st[d].rec.corr_fmt == 0:
+        if self.recording and self.st[d].rec.corr_fmt == 0:
             self.set_corr(d, corr, -1)
         if cmd == METADATA and d == S2C and self.rewriter is not None:
             self.capture_frame(d)
@@ -177,7 +177,7 @@ class StreamParser(FrameParser):
         self.entry(d)
         self.take(d, tag, pid)
         self.answer(d, code, outcome)
-        if self.st[d].rec.corr_fmt == 0:
+        if self.recording and self.st[d].rec.corr_fmt == 0:
             self.set_corr(d, pid, pubid)
 
     def _field(self, d, b, f):
