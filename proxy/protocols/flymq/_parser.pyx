@@ -13,7 +13,8 @@ from libc.stdint cimport uint8_t, uint32_t, int64_t
 from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
                              R_TOO_LARGE, R_MISMATCH)
-from proxy._framing cimport want_header, protocol_error, begin, add_messages, expect_fifo, take_fifo, answer
+from proxy._framing cimport (want_header, protocol_error, begin, add_messages, expect_fifo,
+                             take_fifo, answer)
 from proxy._wire cimport be32
 from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, opcode_name
 from proxy.protocols.flymq.status import status_name

@@ -15,7 +15,8 @@ from libc.string cimport memcpy
 from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, K_ONEWAY, R_TOO_LARGE, R_TOO_SMALL,
                              R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY)
-from proxy._framing cimport want_header, stream_body, capture_frame, protocol_error, begin, add_messages, entry, set_corr, set_status, expect, take, answer
+from proxy._framing cimport (want_header, stream_body, capture_frame, protocol_error, begin,
+                             add_messages, entry, set_corr, set_status, expect, take, answer)
 from proxy._wire cimport be16, be32, be64
 from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, command_name,
                                                        status_name)

@@ -813,6 +813,20 @@ def build_chunk(records, first_offset: int, timestamp: int, epoch: int = 1,
     return Chunk(first_offset, timestamp, list(records), epoch, chunk_type).to_bytes()
 
 
+
+def _chunk_entries(data, n_entries):
+    """The entries of a chunk's data section: simple entries and sub-batches."""
+    r = _Reader(data, "chunk data")
+    entries: list = []
+    for i in range(n_entries):
+        r._need(1, f"entry {i}")
+        if r.buf[r.pos] & 0x80:
+            entries.append(_dec_sub_batch(r, f"entry {i}"))
+        else:
+            entries.append(r.raw(r.u32(f"entry {i} size"), f"entry {i}"))
+    r.finish()
+    return entries
+
 def parse_chunk(buf, verify_crc: bool = True) -> Chunk:
     """Parse one whole chunk (header, data, trailer; nothing after it).
 
@@ -841,15 +855,7 @@ def parse_chunk(buf, verify_crc: bool = True) -> Chunk:
         raise StreamCodecError(
             f"rabbitmq-stream: chunk at offset {first} has CRC 0x{crc:08X} but its data "
             f"section's CRC32 is 0x{actual:08X}", "bad_crc")
-    r = _Reader(data, "chunk data")
-    entries: list = []
-    for i in range(n_entries):
-        r._need(1, f"entry {i}")
-        if r.buf[r.pos] & 0x80:
-            entries.append(_dec_sub_batch(r, f"entry {i}"))
-        else:
-            entries.append(r.raw(r.u32(f"entry {i} size"), f"entry {i}"))
-    r.finish()
+    entries = _chunk_entries(data, n_entries)
     chunk = Chunk(first, ts, entries, epoch, ctype, buf[CHUNK_HEADER_SIZE + data_len:],
                   crc=crc)
     if chunk.num_records != n_records:
@@ -917,14 +923,7 @@ def parse_delivered_chunk(buf, verify_crc: bool = True) -> Chunk:
     data_end = CHUNK_HEADER_SIZE + header.data_length
     entries: list = []
     if header.chunk_type == 0:
-        r = _Reader(buf[CHUNK_HEADER_SIZE:data_end], "chunk data")
-        for i in range(header.num_entries):
-            r._need(1, f"entry {i}")
-            if r.buf[r.pos] & 0x80:
-                entries.append(_dec_sub_batch(r, f"entry {i}"))
-            else:
-                entries.append(r.raw(r.u32(f"entry {i} size"), f"entry {i}"))
-        r.finish()
+        entries = _chunk_entries(buf[CHUNK_HEADER_SIZE:data_end], header.num_entries)
     chunk = Chunk(header.first_offset, header.timestamp, entries, header.epoch,
                   header.chunk_type, buf[data_end:], num_records=header.num_records,
                   crc=header.crc)

@@ -17,7 +17,8 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
                              K_REQUEST, K_RESPONSE, K_ONEWAY, CORR_HI_SIGNED,
                              R_TOO_LARGE, R_TOO_SMALL,
                              R_BAD_HEADER, R_BAD_BODY)
-from proxy._framing cimport stream_body, capture_frame, gather, protocol_error, begin, add_messages, set_corr, expect, take, answer
+from proxy._framing cimport (stream_body, capture_frame, gather, protocol_error, begin,
+                             add_messages, set_corr, expect, take, answer)
 from proxy._wire cimport be32
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
