@@ -71,7 +71,8 @@ cdef enum Reason:
     R_UNKNOWN = 8
     R_BAD_BODY = 9
     R_HEADER_TOO_LARGE = 10
-    N_REASONS = 11
+    R_PARSER_ERROR = 11
+    N_REASONS = 12
 
 cdef enum:
     P_EXPIRED = 1            # Pending.flags: counted as a timeout; the late answer is not observed

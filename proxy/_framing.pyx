@@ -35,7 +35,7 @@ REASON_IDS = {"bad_magic": R_BAD_MAGIC, "bad_version": R_BAD_VERSION,
               "truncated_frame": R_TRUNCATED, "in_flight_overflow": R_OVERFLOW,
               "response_mismatch": R_MISMATCH, "bad_header": R_BAD_HEADER,
               "unknown_command": R_UNKNOWN, "bad_body": R_BAD_BODY,
-              "header_too_large": R_HEADER_TOO_LARGE}
+              "header_too_large": R_HEADER_TOO_LARGE, "parser_error": R_PARSER_ERROR}
 KIND_IDS = {"request": K_REQUEST, "response": K_RESPONSE, "oneway": K_ONEWAY,
             "event": K_EVENT}
 

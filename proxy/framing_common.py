@@ -28,9 +28,11 @@ REASONS = (
     "unknown_command",     # 8: opcode/key the protocol does not define (frame forwarded)
     "bad_body",            # 9: body fields inconsistent with the frame size
     "header_too_large",    # 10: a header longer than the route's header limit
+    "parser_error",        # 11: the parser raised (contained by the relay; connection closed)
 )
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
-    R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE = range(11)
+    R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE, \
+    R_PARSER_ERROR = range(12)
 
 #: Frame kinds (frame log ``kind``), by the ids of _framing.pxd's K_* enum.
 KINDS = ("request", "response", "oneway", "event")

@@ -16,6 +16,7 @@ import time
 
 from proxy import protocols
 from proxy.framing import RouteStats, now_ns
+from proxy.framing_common import DIRECTIONS
 
 _conn_ids = itertools.count(1)            # conn_id of the frame log (DESIGN.md)
 
@@ -23,10 +24,12 @@ log = logging.getLogger("frametap.relay")
 
 
 class LogLimiter:
-    """At most ``per_second`` warnings per route; the rest are summed into one line, so a
-    flood of bad connections cannot flood the log (the counters still count them all)."""
+    """At most ``per_second`` warnings per route; the rest are counted and reported in one
+    line naming the route, flushed by the route's sweeper even when no warning follows, so
+    a flood of bad connections cannot flood the log (the counters still count them all)."""
 
-    def __init__(self, per_second=10):
+    def __init__(self, route="", per_second=10):
+        self.route = route
         self.per_second = per_second
         self.window = 0
         self.used = 0
@@ -35,15 +38,23 @@ class LogLimiter:
     def warning(self, msg, *args):
         now = int(time.monotonic())
         if now != self.window:
-            if self.suppressed:
-                log.warning("... %d similar warnings suppressed in the last second",
-                            self.suppressed)
-            self.window, self.used, self.suppressed = now, 0, 0
+            self.flush(now)
         if self.used < self.per_second:
             self.used += 1
             log.warning(msg, *args)
         else:
             self.suppressed += 1
+
+    def flush(self, now=None):
+        """Report what was suppressed in a finished one-second window."""
+        now = int(time.monotonic()) if now is None else now
+        if now == self.window:
+            return
+        if self.suppressed:
+            log.warning("route %s: %d similar warnings suppressed", self.route,
+                        self.suppressed)
+        self.window, self.used, self.suppressed = now, 0, 0
+
 
 WRITE_HIGH = 256 * 1024      # pause the peer's reading above this many buffered bytes
 WRITE_LOW = 64 * 1024
@@ -62,7 +73,7 @@ class Route:
         self.connections = set()
         self.server = None
         self._sweeper = None
-        self.log = LogLimiter()
+        self.log = LogLimiter(cfg.name)
 
     @property
     def address(self):
@@ -91,6 +102,7 @@ class Route:
             await asyncio.sleep(period)
             now = now_ns()
             try:
+                self.log.flush()
                 for conn in list(self.connections):
                     conn.parser.expire(now)
             except Exception:                  # never let the sweeper die silently
@@ -190,7 +202,11 @@ class ClientSide(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data):
-        ok = self.parser.feed(0, data)
+        try:
+            ok = self.parser.feed(0, data)
+        except Exception as exc:           # a parser bug must cost one connection only
+            self.parser_crashed(0, exc)
+            return
         up = self.upstream
         if ok == len(data) and up is not None and self.parser.output is None:
             up.transport.write(data)           # the hot path: every frame was fine
@@ -270,6 +286,16 @@ class ClientSide(asyncio.Protocol):
 
     # -- teardown ---------------------------------------------------------------
 
+    def parser_crashed(self, d, exc):
+        """The parser raised: count it (reason parser_error), one rate-limited line, and
+        close this connection; the process and the other connections carry on."""
+        route = self.route
+        route.stats.count_error(DIRECTIONS[d], "parser_error")
+        route.log.warning("route %s: closing connection from %s: the %s parser raised %s: %s",
+                          route.cfg.name, self.peer, route.cfg.protocol,
+                          type(exc).__name__, str(exc)[:200])
+        self._finish(abort=True)
+
     def _protocol_error(self):
         err = self.parser.error
         self.route.log.warning("route %s: closing connection from %s: %s", self.route.cfg.name,
@@ -293,7 +319,11 @@ class ClientSide(asyncio.Protocol):
             elif t is not None and abort:
                 t.abort()
         if self.parser is not None:
-            self.parser.close()
+            try:
+                self.parser.close()
+            except Exception as exc:       # a broken parser must not break the close
+                self.route.log.warning("route %s: parser close failed: %s: %s",
+                                       self.route.cfg.name, type(exc).__name__, exc)
         self.route.forget(self)
 
 
@@ -316,7 +346,11 @@ class UpstreamSide(asyncio.Protocol):
 
     def data_received(self, data):
         client = self.client
-        ok = client.parser.feed(1, data)
+        try:
+            ok = client.parser.feed(1, data)
+        except Exception as exc:
+            client.parser_crashed(1, exc)
+            return
         if ok == len(data) and client.parser.output is None:
             client.transport.write(data)       # the hot path
             return

@@ -171,3 +171,38 @@ def test_random_headers_twins_agree(header):
         s = stats.snapshot()
         results.append((s["frames"], s["errors"]))
     assert all(r == results[0] for r in results)
+
+
+HOSTILE_HEADERS = [
+    b'{"code":99999999999999999999,"opaque":1,"flag":0}',      # past int64: fallback
+    b'{"code":4294967296,"opaque":1,"flag":0}',                # past int32, fast path
+    b'{"code":10,"opaque":-2147483649,"flag":0}',
+    b'{"code":1e999,"opaque":1,"flag":0}',                     # float('inf')
+    b'{"code":Infinity,"opaque":1,"flag":0}',
+    b'{"code":NaN,"opaque":1,"flag":0}',
+    b'{"code":1.5,"opaque":1,"flag":0}',
+    b'{"c\\u006fde":10,"x":' + b"[" * 5000 + b"]" * 5000 + b',"opaque":1,"flag":0}',
+    b'{"code":10,"opaque":1,"flag":0,"k\\"":' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"}",
+]
+
+
+@pytest.mark.parametrize("header", HOSTILE_HEADERS, ids=range(len(HOSTILE_HEADERS)))
+def test_hostile_json_headers_are_bad_headers_on_both_twins(header):
+    """Out-of-range, non-finite or too deeply nested values: bad_header, forwarded, never
+    an exception out of feed(), and the twins agree (issue 8, defect 1)."""
+    frame = jframe(header) + req(11, 2)
+    results = []
+    for RouteStats, Parser in IMPLS.values():
+        stats = RouteStats("r", "rocketmq")
+        p = Parser(stats, options={"max_header_bytes": 1 << 20})
+        assert p.feed(C2S, frame) == len(frame) and p.error is None
+        snap = stats.snapshot()
+        assert snap["errors"] == {("c2s", "bad_header"): 1}
+        assert snap["frames"][("c2s", "PULL_MESSAGE")] == 1     # the next frame still parses
+        results.append(snap["frames"])
+    assert all(r == results[0] for r in results)
+
+
+def test_in_range_fallback_values_still_decode():
+    assert jsonscan.scan(b'{"c\\u006fde":2147483647,"opaque":-2147483648,"flag":1.0}') == \
+        (2147483647, -2147483648, 1)

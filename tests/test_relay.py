@@ -325,3 +325,58 @@ def test_log_flood_is_bounded(caplog):
         run(scenario())
     closing = [r for r in caplog.records if "closing connection" in r.getMessage()]
     assert 1 <= len(closing) <= 40                      # 200 events over a few seconds
+
+
+def test_a_parser_that_raises_costs_one_connection(caplog):
+    """Any exception out of a parser is contained at the relay (issue 8, defect 1): counted
+    under reason parser_error, one line without a traceback, that connection closed, the
+    next connection served."""
+    from proxy.framing_py import FrameParser, RouteStats
+
+    class Exploding(FrameParser):           # a parser with a bug on magic 0xEE
+        header_size = 8
+        max_frame_bytes = 1 << 20
+
+        def on_header(self, d, h, avail):
+            if h[0] == 0xEE:
+                raise OverflowError("int too big to convert")
+            n = int.from_bytes(h[4:8], "big") + 8
+            self.begin(d, self.stats.slot_for(h[2]), 0, n, 8)
+            return n
+
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address)
+        route = app.routes[0]
+        route.parser_class = Exploding             # a twin-core parser: twin-core counters
+        route.stats = RouteStats(route.cfg.name, route.cfg.protocol)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(b"\xee" + bytes(7))
+        assert await asyncio.wait_for(reader.read(), 5) == b""      # closed by the proxy
+        writer.close()
+        await wait_for(lambda: not route.connections, what="connection closed")
+        assert sample(app, "frametap_protocol_errors_total", direction="c2s",
+                      reason="parser_error", **R) == 1
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(request(7))                                      # the next one works
+        op, payload = await read_frame(reader)
+        assert op == 0x01 and payload[:4] == struct.pack(">I", 7)
+        writer.close()
+        await app.shutdown(0)
+        up.close()
+    with caplog.at_level("WARNING"):
+        run(scenario())
+    lines = [r for r in caplog.records if "parser raised" in r.getMessage()]
+    assert len(lines) == 1 and "OverflowError" in lines[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_suppressed_warnings_are_flushed_with_the_route_name(caplog):
+    from proxy.relay import LogLimiter
+    lim = LogLimiter("r9", per_second=2)
+    with caplog.at_level("WARNING"):
+        for i in range(5):
+            lim.warning("w %d", i)
+        lim.flush(now=lim.window + 1)         # the sweeper's call, a second later
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == ["w 0", "w 1", "route r9: 3 similar warnings suppressed"]

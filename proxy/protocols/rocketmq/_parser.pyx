@@ -184,6 +184,8 @@ cdef int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out) noexcept:
             if k == j or k - j > 18 or (k < n and (b[k] == 0x2E or b[k] == 0x65
                                                     or b[k] == 0x45)):
                 return SCAN_FALLBACK
+            if v > 0x80000000 or (v == 0x80000000 and not neg):
+                return SCAN_ERROR              # code/opaque/flag are 32-bit Java ints
             out[slot] = -v if neg else v
             i = k
         i = skip_ws(b, i, n)

@@ -128,6 +128,12 @@ def garbage():
                     "bad_header"),
             Garbage("header-past-frame", C2S, b"\0\0\0\x08\0\0\0\x40abcd", "bad_header"),
             Garbage("not-json", C2S, jframe(b"{nope", b""), "bad_header", fatal=False),
+            Garbage("int-past-64-bits", C2S, jframe(b'{"code":99999999999999999999}'),
+                    "bad_header", fatal=False),
+            Garbage("infinity", S2C, jframe(b'{"code":1e999,"flag":1}'), "bad_header",
+                    fatal=False),
+            Garbage("deep-nesting", C2S, jframe(b'{"k\\"":' + b"[" * 4000 + b"]" * 4000 + b"}"),
+                    "bad_header", fatal=False),
             Garbage("http", C2S, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "frame_too_large")]
 
 

@@ -9,6 +9,7 @@ valid JSON, fast for what clients really send.
 """
 
 import json
+import math
 
 WS = b" \t\r\n"
 WANTED = {b"code": 0, b"opaque": 1, b"flag": 2}
@@ -86,7 +87,14 @@ def _int_value(b, i, n):
         k += 1
     if k == j or k - j > 18 or (k < n and b[k] in b".eE"):
         return None, _skip_value(b, i, n)   # not a plain 64-bit integer: fallback
-    return int(b[i:k]), k
+    return _int32(int(b[i:k])), k
+
+
+def _int32(v, name="value"):
+    """code, opaque and flag are Java ints: anything outside 32 bits is a bad header."""
+    if not -0x80000000 <= v <= 0x7FFFFFFF:
+        raise ScanError(f"{name} {v} is outside the 32-bit range")
+    return v
 
 
 def scan(b):
@@ -134,16 +142,25 @@ def _finish(b, i, n, out):
 
 
 def _fallback(b):
+    """json.loads for what the scanner leaves (escaped keys, floats, long numbers).
+
+    Every failure is a ScanError (a bad_header): malformed or non-UTF-8 JSON, nesting
+    deep enough to exhaust the recursion limit, non-finite or fractional numbers, and
+    integers outside Java's 32-bit int."""
     try:
         obj = json.loads(b)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ScanError(str(exc)) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ScanError(f"{type(exc).__name__}: {exc}"[:200]) from None
     if not isinstance(obj, dict):
         raise ScanError("header is not a JSON object")
     out = []
     for name in ("code", "opaque", "flag"):
         v = obj.get(name, 0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ScanError(f"{name} is not an integer")
-        out.append(int(v))
+        if isinstance(v, float):
+            if not math.isfinite(v) or not v.is_integer():
+                raise ScanError(f"{name} is not an integer")
+            v = int(v)
+        out.append(_int32(v, name))
     return tuple(out)
