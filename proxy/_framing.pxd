@@ -34,6 +34,7 @@ cdef enum:
     OTHER_SLOT = 256         # slot of every opcode after the first 256
     CODE_TABLE = 65536       # numeric opcodes 0..65535 map through a direct table
     NAME_TABLE = 512         # hash table of interned opcode names (power of two)
+    UNKNOWN_LABELS = 16      # unknown_<n> labels per route; later unknown codes share "unknown"
     STATUS_SLOTS = 32        # distinct status values per route; the last is "other"
     REASON_SLOTS = 32        # protocol-error reasons (framing_common.REASONS)
     N_BUCKETS = 17           # latency histogram bounds (DESIGN.md); +Inf is bucket 17
@@ -167,10 +168,16 @@ cdef class RouteStats:
     cdef public object opcode_namer     # callable code -> name, set by the parser
     cdef public object status_namer     # callable status code -> name
 
-    # opcode code <-> slot.  slot_of[code] is -1 until first seen.
+    # opcode code <-> slot.  slot_of[code]: the slot once seen; before, -2 for a code of
+    # the protocol's table (set_known), -1 for any other.  Unknown codes take at most
+    # UNKNOWN_LABELS slots, then share one labelled "unknown": garbage cannot use up the
+    # labels of real opcodes.
     cdef int16_t* slot_of               # CODE_TABLE entries (heap)
     cdef int64_t slot_code[OPCODE_SLOTS]
     cdef int nslots
+    cdef readonly bint has_known        # set_known() was called: unknown codes are capped
+    cdef int n_unknown
+    cdef int unknown_slot               # the shared "unknown" slot, -1 until needed
     # interned opcode names (Thrift methods...): hash -> slot, names kept as bytes
     cdef int16_t name_slot_of[NAME_TABLE]
     cdef uint64_t name_hash[OPCODE_SLOTS]
@@ -187,6 +194,7 @@ cdef class RouteStats:
     cdef double connect_sum
 
     cdef int slot_for(self, int64_t code) noexcept
+    cdef int _shared_unknown(self) noexcept
     cdef int slot_for_name(self, const uint8_t* name, Py_ssize_t n) except -1
     cdef int status_slot(self, int64_t code) noexcept
     cdef void observe(self, int slot, int outcome, int64_t dt_ns) noexcept

@@ -71,6 +71,7 @@ cdef class RouteStats:
         if self.slot_of is NULL or self.c.responses is NULL or self.c.hist is NULL:
             raise MemoryError()
         memset(self.slot_of, 0xFF, CODE_TABLE * sizeof(int16_t))   # all -1
+        self.unknown_slot = -1
         memset(self.name_slot_of, 0xFF, sizeof(self.name_slot_of))
         self.slot_label = [None] * OPCODE_SLOTS
         memset(self.c.responses, 0, OPCODE_SLOTS * STATUS_SLOTS * sizeof(uint64_t))
@@ -102,6 +103,12 @@ cdef class RouteStats:
         s = self.slot_of[code]
         if s >= 0:
             return s
+        if s == -1 and self.has_known:         # not in the protocol's table
+            if self.n_unknown >= UNKNOWN_LABELS:
+                s = self._shared_unknown()
+                self.slot_of[code] = <int16_t>s
+                return s
+            self.n_unknown += 1
         if self.nslots >= OTHER_SLOT:
             self.slot_of[code] = OTHER_SLOT
             return OTHER_SLOT
@@ -110,6 +117,26 @@ cdef class RouteStats:
         self.slot_code[s] = code
         self.slot_of[code] = <int16_t>s
         return s
+
+    cdef int _shared_unknown(self) noexcept:
+        if self.unknown_slot < 0:
+            if self.nslots >= OTHER_SLOT:
+                return OTHER_SLOT
+            self.unknown_slot = self.nslots
+            self.nslots += 1
+            self.slot_code[self.unknown_slot] = -1
+            self.slot_label[self.unknown_slot] = b"unknown"
+        return self.unknown_slot
+
+    def set_known(self, codes):
+        """The protocol's opcode table: these codes always get their own label (while
+        slots last); any other code is one of at most UNKNOWN_LABELS unknown_<n> labels,
+        then "unknown"."""
+        cdef int64_t code
+        for code in codes:
+            if 0 <= code < CODE_TABLE and self.slot_of[code] == -1:
+                self.slot_of[code] = -2
+        self.has_known = True
 
     cdef int slot_for_name(self, const uint8_t* name, Py_ssize_t n) except -1:
         """Slot of an opcode known by name (Thrift method...): interned, at most

@@ -11,6 +11,7 @@ BUCKETS_NS = tuple(int(round(b * 1e9)) for b in BUCKETS)
 
 OPCODE_SLOTS = 257
 OTHER_SLOT = 256
+UNKNOWN_LABELS = 16     # unknown_<n> labels per route before unknown codes share "unknown"
 STATUS_SLOTS = 32
 OUTCOMES = ("ok", "error")
 

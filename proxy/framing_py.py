@@ -12,6 +12,7 @@ from proxy.errors import frame_error_class
 from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
+                                  UNKNOWN_LABELS,
                                   R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
                                   K_EVENT, OUTCOME_NONE, record_dict)
 
@@ -50,6 +51,10 @@ class RouteStats:
         self.slot_of = {}
         self.slot_code = []
         self.slot_label = {}                     # slot -> interned name (bytes)
+        self.known = set()                       # the protocol's opcode table (set_known)
+        self.has_known = False
+        self.n_unknown = 0
+        self.unknown_slot = -1
         self.name_slot_of = {}
         self.status_code = []
         self.frames = [[0] * OPCODE_SLOTS for _ in range(2)]
@@ -75,6 +80,11 @@ class RouteStats:
             return s
         if code < 0 or code >= CODE_TABLE:
             return OTHER_SLOT                   # not cached: garbage cannot grow the table
+        if self.has_known and code not in self.known:
+            if self.n_unknown >= UNKNOWN_LABELS:
+                s = self.slot_of[code] = self._shared_unknown()
+                return s
+            self.n_unknown += 1
         if len(self.slot_code) >= OTHER_SLOT:
             s = OTHER_SLOT
         else:
@@ -84,6 +94,19 @@ class RouteStats:
         return s
 
     opcode_slot = slot_for
+
+    def _shared_unknown(self):
+        if self.unknown_slot < 0:
+            if len(self.slot_code) >= OTHER_SLOT:
+                return OTHER_SLOT
+            self.unknown_slot = len(self.slot_code)
+            self.slot_code.append(-1)
+            self.slot_label[self.unknown_slot] = b"unknown"
+        return self.unknown_slot
+
+    def set_known(self, codes):
+        self.known.update(c for c in codes if 0 <= c < CODE_TABLE)
+        self.has_known = True
 
     def slot_for_name(self, name):
         """Slot of an opcode known by name (bytes): interned, at most OTHER_SLOT

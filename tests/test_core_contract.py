@@ -127,3 +127,37 @@ def test_name_interning_is_bounded():
         assert 256 in slots and len(slots) == 256 - 2 + 1
         assert stats.name_slot(b"getUser") == first          # known names keep their slot
         assert stats.slot_name(256) == "other"
+
+
+def test_unknown_codes_cannot_use_up_the_labels():
+    """Issue 8, defect 6: unknown codes take at most UNKNOWN_LABELS labels, then share
+    "unknown"; the protocol's own opcodes keep theirs."""
+    from proxy.framing import RouteStats
+    from proxy.framing_common import UNKNOWN_LABELS
+    for cls in {RouteStats, framing_py.RouteStats}:
+        stats = cls("r", "p", opcode_namer=lambda c: {1: "ONE", 2: "TWO"}.get(c, "unknown_%d" % c))
+        stats.set_known([1, 2])
+        slots = {stats.opcode_slot(1000 + i) for i in range(1000)}
+        assert len(slots) == UNKNOWN_LABELS + 1
+        shared = stats.opcode_slot(5000)
+        assert stats.slot_name(shared) == "unknown" and shared != 256
+        one, two = stats.opcode_slot(1), stats.opcode_slot(2)
+        assert stats.slot_name(one) == "ONE" and stats.slot_name(two) == "TWO"
+        assert len({one, two, shared}) == 3
+
+
+def test_a_flood_of_unknown_stream_keys_leaves_real_opcodes_labelled():
+    """The reproduction: 256 eight-byte frames with unknown keys from one client, then a
+    real command — which must still be counted under its own name."""
+    from proxy.protocols.rabbitmq_stream.conformance import req
+    from proxy.protocols.rabbitmq_stream import constants as K
+    from tests.parsers import make, parser_impls
+    for impl in parser_impls("rabbitmq-stream").values():
+        stats, p = make(impl, "rabbitmq-stream")
+        flood = b"".join(struct.pack(">IHH", 4, 0x1000 + i, 1) for i in range(256))
+        hb = req(K.HEARTBEAT)
+        assert p.feed(0, flood + hb) == len(flood) + len(hb)
+        frames = stats.snapshot()["frames"]
+        assert frames[("c2s", "Heartbeat")] == 1
+        assert frames[("c2s", "unknown")] == 256 - 16
+        assert "other" not in {name for _, name in frames}

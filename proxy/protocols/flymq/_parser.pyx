@@ -16,6 +16,7 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
 from proxy._framing cimport (want_header, protocol_error, begin, add_messages, expect_fifo,
                              take_fifo, answer)
 from proxy._wire cimport be32
+from proxy.protocols.flymq.opcodes import OPCODES as _KNOWN
 from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, opcode_name
 from proxy.protocols.flymq.status import status_name
 
@@ -42,6 +43,8 @@ cdef class FlyMQParser(FrameParser):
             stats.opcode_namer = opcode_name
         if stats.status_namer is None:
             stats.status_namer = status_name
+        if not stats.has_known:
+            stats.set_known(_KNOWN)    # unknown codes cannot use up the labels
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:

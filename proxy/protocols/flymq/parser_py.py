@@ -4,6 +4,7 @@ from proxy.framing_common import (C2S, S2C, R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LA
                                   R_MISMATCH, K_REQUEST, K_RESPONSE, OUTCOME_OK,
                                   OUTCOME_ERROR)
 from proxy.framing_py import FrameParser
+from proxy.protocols.flymq.opcodes import OPCODES as _KNOWN
 from proxy.protocols.flymq.opcodes import (MAGIC, VERSION, HEADER_SIZE, MAX_FRAME_BYTES,
                                            PRODUCE, CONSUME, FETCH, ERROR, opcode_name)
 from proxy.protocols.flymq.status import OK as ST_OK, ERROR as ST_ERROR, status_name
@@ -23,6 +24,8 @@ class FlyMQParser(FrameParser):
             stats.opcode_namer = opcode_name
         if stats.status_namer is None:
             stats.status_namer = status_name
+        if not stats.has_known:
+            stats.set_known(_KNOWN)    # unknown codes cannot use up the labels
         super().__init__(stats, max_frame_bytes, request_timeout, options)
 
     def on_header(self, d, h, avail):

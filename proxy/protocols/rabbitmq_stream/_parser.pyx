@@ -18,6 +18,7 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
 from proxy._framing cimport (want_header, stream_body, capture_frame, protocol_error, begin,
                              add_messages, entry, set_corr, set_status, expect, take, answer)
 from proxy._wire cimport be16, be32, be64
+from proxy.protocols.rabbitmq_stream.constants import COMMANDS as _KNOWN
 from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, command_name,
                                                        status_name)
 from proxy.protocols.rabbitmq_stream.rewrite import MetadataRewriter
@@ -106,6 +107,8 @@ cdef class StreamParser(FrameParser):
             stats.opcode_namer = command_name
         if stats.status_namer is None:
             stats.status_namer = status_name
+        if not stats.has_known:
+            stats.set_known(_KNOWN)    # unknown codes cannot use up the labels
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
         self.rewriter = MetadataRewriter.from_options(self.options)
         if self.rewriter is not None:

@@ -4,6 +4,7 @@ from proxy.framing_common import (C2S, S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEAD
                                   R_UNKNOWN, R_BAD_BODY, K_REQUEST, K_RESPONSE, K_ONEWAY,
                                   OUTCOME_OK, OUTCOME_ERROR)
 from proxy.framing_py import FrameParser
+from proxy.protocols.rabbitmq_stream.constants import COMMANDS as _KNOWN
 from proxy.protocols.rabbitmq_stream.constants import (
     MAX_FRAME_BYTES, PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR, DELIVER, CREDIT, STORE_OFFSET,
     HEARTBEAT, METADATA_UPDATE, METADATA, TUNE, OK, SASL_CHALLENGE, command_name, status_name)
@@ -72,6 +73,8 @@ class StreamParser(FrameParser):
             stats.opcode_namer = command_name
         if stats.status_namer is None:
             stats.status_namer = status_name
+        if not stats.has_known:
+            stats.set_known(_KNOWN)    # unknown codes cannot use up the labels
         super().__init__(stats, max_frame_bytes, request_timeout, options)
         self.tuned_max = 0
         self.local_address = None

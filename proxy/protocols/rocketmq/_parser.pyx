@@ -20,6 +20,7 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
 from proxy._framing cimport (stream_body, capture_frame, gather, protocol_error, begin,
                              add_messages, set_corr, expect, take, answer)
 from proxy._wire cimport be32
+from proxy.protocols.rocketmq.options import known_codes
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
                                               RouteRewriter, frame_opcode_name,
@@ -217,6 +218,8 @@ cdef class RocketMQParser(FrameParser):
             stats.opcode_namer = frame_opcode_name
         if stats.status_namer is None:
             stats.status_namer = response_status_name
+        if not stats.has_known:
+            stats.set_known(known_codes())    # unknown codes cannot use up the labels
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
         self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
         self.header_limit = max(self.max_header_bytes, HDR)

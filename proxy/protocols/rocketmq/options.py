@@ -38,6 +38,13 @@ def frame_opcode_name(code):
     return _codes().request_name(code)
 
 
+def known_codes():
+    """Every request code of Apache's table (and the legacy ones), plus the parser's two
+    pseudo-opcodes: the codes that keep their own label (RouteStats.set_known)."""
+    c = _codes()
+    return [*c.REQUEST_CODES, *c.LEGACY_REQUEST_CODES, UNMATCHED_RESPONSE, UNDECODABLE]
+
+
 def response_status_name(code):
     return _codes().response_name(code)
 

@@ -5,6 +5,7 @@ import struct
 from proxy.framing_common import (S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_BAD_BODY,
                                   K_REQUEST, K_RESPONSE, K_ONEWAY, OUTCOME_OK, OUTCOME_ERROR)
 from proxy.framing_py import CORR_HI_SIGNED, FrameParser
+from proxy.protocols.rocketmq.options import known_codes
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES, UNDECODABLE,
                                               UNMATCHED_RESPONSE, RouteRewriter,
@@ -42,6 +43,8 @@ class RocketMQParser(FrameParser):
             stats.opcode_namer = frame_opcode_name
         if stats.status_namer is None:
             stats.status_namer = response_status_name
+        if not stats.has_known:
+            stats.set_known(known_codes())    # unknown codes cannot use up the labels
         super().__init__(stats, max_frame_bytes, request_timeout, options)
         self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
         self.header_limit = max(self.max_header_bytes, HDR)
