@@ -671,6 +671,26 @@ cdef class FrameParser:
                 if self.st[d].have > 0 or self.st[d].remaining > 0:
                     _count_error(self.c, d, R_TRUNCATED)
 
+    def abandon(self):
+        """Forget every pending request without counting it as a timeout (the upstream
+        was never reached: the relay counts that as a connect failure)."""
+        cdef Py_ssize_t i
+        for i in range(self.fifo_len):
+            if not self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].flags & P_EXPIRED:
+                self.c.in_flight -= 1
+        self.fifo_len = 0
+        for i in range(self.map_cap):
+            if self.map[i].used:
+                if not self.map[i].p.flags & P_EXPIRED:
+                    self.c.in_flight -= 1
+                self.map[i].used = 0
+        self.map_len = 0
+
+    @property
+    def bytes_fed(self):
+        """Bytes fed in both directions so far (the relay's idle check)."""
+        return self.st[0].offset + self.st[1].offset
+
     @property
     def pending(self):
         """Number of requests awaiting a response (expired ones included)."""

@@ -721,6 +721,18 @@ class FrameParser:
                 if self.st[d].hdr or self.st[d].remaining > 0:
                     self.stats.error(d, R_TRUNCATED)
 
+    def abandon(self):
+        for p in list(self._pending()):
+            if not p.expired:
+                self.stats.in_flight -= 1
+        self.fifo = []
+        self.fifo_head = 0
+        self.map = {}
+
+    @property
+    def bytes_fed(self):
+        return self.st[0].offset + self.st[1].offset
+
     @property
     def pending(self):
         return len(self.fifo) - self.fifo_head + len(self.map)

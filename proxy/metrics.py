@@ -30,9 +30,11 @@ class FrametapCollector(Collector):
 
     def collect(self):
         snaps = []
+        closes = []
         for r in self._routes():
             stats = getattr(r, "stats", r)
             snaps.append(stats.snapshot())
+            closes.append(dict(getattr(r, "closed_counts", {})))
         rp = ["route", "protocol"]
         frames = CounterMetricFamily("frametap_frames", "Frames seen, by direction and opcode",
                                      labels=rp + ["direction", "opcode"])
@@ -65,6 +67,9 @@ class FrametapCollector(Collector):
         rejected = CounterMetricFamily("frametap_connections_rejected", "Client connections "
                                        "refused because the route's max_connections was reached",
                                        labels=["route"])
+        closed = CounterMetricFamily("frametap_connections_closed", "Client connections "
+                                     "closed, by who closed them (client, upstream, proxy) "
+                                     "and why", labels=["route", "by", "reason"])
         cfail = CounterMetricFamily("frametap_upstream_connect_failures",
                                     "Upstream connects that failed or timed out", labels=["route"])
         cdur = HistogramMetricFamily("frametap_upstream_connect_duration_seconds",
@@ -96,8 +101,11 @@ class FrametapCollector(Collector):
             counts, total_s = s["connect_hist"]
             b, _ = _buckets(counts)
             cdur.add_metric([route], b, total_s)
+        for s, counts in zip(snaps, closes):
+            for (by, reason), v in counts.items():
+                closed.add_metric([s["route"], by, reason], v)
         yield from (frames, fbytes, msgs, raw, dur, resp, inflight, timeouts, unmatched, perr,
-                    active, total, rejected, cfail, cdur)
+                    active, total, rejected, closed, cfail, cdur)
 
 
 def make_registry(routes):

@@ -74,6 +74,9 @@ class Route:
         self.server = None
         self._sweeper = None
         self.log = LogLimiter(cfg.name)
+        self.closed_counts = {}        # (by, reason) -> connections closed that way
+        self.half_close_timeout = getattr(cfg, "half_close_timeout", 60.0)
+        self.idle_timeout = getattr(cfg, "idle_timeout", 3600.0)   # 0: never
 
     @property
     def address(self):
@@ -103,8 +106,10 @@ class Route:
             now = now_ns()
             try:
                 self.log.flush()
+                mono = time.monotonic()
                 for conn in list(self.connections):
                     conn.parser.expire(now)
+                    conn.check_timeouts(mono)
             except Exception:                  # never let the sweeper die silently
                 log.exception("route %s: timeout sweep failed", self.cfg.name)
 
@@ -123,6 +128,10 @@ class Route:
             conn.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
+
+    def count_close(self, by, reason):
+        key = (by, reason)
+        self.closed_counts[key] = self.closed_counts.get(key, 0) + 1
 
     def forget(self, conn):
         if conn in self.connections:
@@ -145,6 +154,9 @@ class ClientSide(asyncio.Protocol):
         self.closed = False
         self.paused_by_peer = False  # upstream's write buffer is full
         self.early = []              # client bytes that arrived before upstream was up
+        self.half_closed_at = None   # monotonic time of the first FIN (either side)
+        self.last_bytes = -1         # parser's byte count at the last sweep
+        self.last_active = time.monotonic()
 
     # -- client events ---------------------------------------------------------
 
@@ -158,6 +170,7 @@ class ClientSide(asyncio.Protocol):
             route.log.warning("route %s: connection from %s rejected: %d connections open "
                         "(max_connections)", route.cfg.name, self.peer, len(route.connections))
             self.closed = True
+            route.count_close("proxy", "limit")
             transport.abort()
             return
         self.parser = route.new_parser(transport.get_extra_info("sockname"))
@@ -184,7 +197,8 @@ class ClientSide(asyncio.Protocol):
                 exc.strerror or exc.__class__.__name__)
             route.log.warning("route %s: upstream %s:%d unreachable for client %s: %s",
                         route.cfg.name, host, port, self.peer, why)
-            self._finish(abort=False)
+            self.parser.abandon()          # never reached a server: not request timeouts
+            self._finish(abort=False, by="proxy", reason="connect_failed")
             return
         route.stats.observe_connect(time.perf_counter() - started)
         if self.closed:                    # client gone or broke the protocol meanwhile:
@@ -237,19 +251,22 @@ class ClientSide(asyncio.Protocol):
 
     def eof_received(self):
         self.client_eof = True
+        if self.half_closed_at is None:
+            self.half_closed_at = time.monotonic()
         if self.upstream is None:
             return True                    # _connect() passes the EOF on once connected
         if not self.upstream.transport.is_closing():
             self.upstream.transport.write_eof()
         if self.upstream_eof:
-            self._finish(abort=False)
+            self._finish(abort=False, by="client", reason="eof")
             return False
         return True                        # keep our write side open for the responses
 
     def connection_lost(self, exc):
         if self.closed:
             return
-        self._finish(abort=exc is not None)
+        self._finish(abort=exc is not None, by="client",
+                     reason="reset" if exc is not None else "close")
 
     def pause_writing(self):               # client is slow to read: stop reading upstream
         if self.upstream is not None:
@@ -263,17 +280,20 @@ class ClientSide(asyncio.Protocol):
 
     def upstream_eof_received(self):
         self.upstream_eof = True
+        if self.half_closed_at is None:
+            self.half_closed_at = time.monotonic()
         if not self.transport.is_closing():
             self.transport.write_eof()
         if self.client_eof:
-            self._finish(abort=False)
+            self._finish(abort=False, by="upstream", reason="eof")
             return False
         return True
 
     def upstream_lost(self, exc):
         if self.closed:
             return
-        self._finish(abort=exc is not None)
+        self._finish(abort=exc is not None, by="upstream",
+                     reason="reset" if exc is not None else "close")
 
     def upstream_pause_writing(self):      # upstream is slow to read: stop reading client
         self.paused_by_peer = True
@@ -294,22 +314,40 @@ class ClientSide(asyncio.Protocol):
         route.log.warning("route %s: closing connection from %s: the %s parser raised %s: %s",
                           route.cfg.name, self.peer, route.cfg.protocol,
                           type(exc).__name__, str(exc)[:200])
-        self._finish(abort=True)
+        self._finish(abort=True, by="proxy", reason="parser_error")
 
     def _protocol_error(self):
         err = self.parser.error
         self.route.log.warning("route %s: closing connection from %s: %s", self.route.cfg.name,
                                self.peer, err)
-        self._finish(abort=False)
+        self._finish(abort=False, by="proxy", reason="protocol_error")
 
-    def abort(self):
-        self._finish(abort=True)
+    def abort(self, reason="shutdown"):
+        self._finish(abort=True, by="proxy", reason=reason)
 
-    def _finish(self, abort):
+    def check_timeouts(self, now):
+        """From the route's sweeper (never per read): a half-closed connection whose other
+        side has not closed within half_close_timeout, or one that moved no byte for
+        idle_timeout, is closed by the proxy."""
+        route = self.route
+        if self.half_closed_at is not None and now - self.half_closed_at >= \
+                route.half_close_timeout:
+            route.log.warning("route %s: closing half-closed connection from %s after %gs",
+                              route.cfg.name, self.peer, route.half_close_timeout)
+            self.abort("half_close")
+            return
+        seen = self.parser.bytes_fed
+        if seen != self.last_bytes:
+            self.last_bytes, self.last_active = seen, now
+        elif route.idle_timeout and now - self.last_active >= route.idle_timeout:
+            self.abort("idle")
+
+    def _finish(self, abort, by="proxy", reason="close"):
         """Close both sides once: flush buffered bytes unless ``abort`` (a reset)."""
         if self.closed:
             return
         self.closed = True
+        self.route.count_close(by, reason)
         if self.connect_task is not None and not self.connect_task.done() and (
                 abort or not self.early):
             self.connect_task.cancel()     # else _connect() delivers the early bytes

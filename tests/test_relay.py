@@ -380,3 +380,73 @@ def test_suppressed_warnings_are_flushed_with_the_route_name(caplog):
         lim.flush(now=lim.window + 1)         # the sweeper's call, a second later
     msgs = [r.getMessage() for r in caplog.records]
     assert msgs == ["w 0", "w 1", "route r9: 3 similar warnings suppressed"]
+
+
+def test_half_closed_connection_is_closed_after_half_close_timeout():
+    """Issue 8, defect 4: client FIN + an upstream that never closes used to stay in
+    CLOSE-WAIT forever with connections_active stuck."""
+    async def scenario():
+        up = await FaultyUpstream().start()
+        up.stall = True                                   # never reads, never closes
+        app = await start_proxy(up.address, request_timeout=1.0)
+        route = app.routes[0]
+        route.half_close_timeout = 0.5
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(request(1))
+        await writer.drain()
+        writer.write_eof()
+        await wait_for(lambda: not route.connections, timeout=5, what="half-close timeout")
+        assert route.closed_counts == {("proxy", "half_close"): 1}
+        assert sample(app, "frametap_connections_active", route="t") == 0
+        assert sample(app, "frametap_connections_closed_total", route="t", by="proxy",
+                      reason="half_close") == 1
+        writer.close()
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_idle_connection_is_closed_after_idle_timeout_and_busy_one_is_not():
+    async def scenario():
+        up = await FaultyUpstream().start()
+        app = await start_proxy(up.address, request_timeout=1.0)
+        route = app.routes[0]
+        route.idle_timeout = 0.8
+        r1, w1 = await asyncio.open_connection("127.0.0.1", proxy_port(app))   # idle
+        r2, w2 = await asyncio.open_connection("127.0.0.1", proxy_port(app))   # busy
+        for i in range(12):
+            w2.write(request(i))
+            await read_frame(r2)
+            await asyncio.sleep(0.15)
+        assert await asyncio.wait_for(r1.read(), 5) == b""
+        assert route.closed_counts.get(("proxy", "idle")) == 1
+        assert len(route.connections) == 1                  # the busy one lives on
+        w1.close()
+        w2.close()
+        await wait_for(lambda: not route.connections, what="closed")
+        assert route.closed_counts.get(("client", "close"), 0) + \
+            route.closed_counts.get(("client", "eof"), 0) + \
+            route.closed_counts.get(("upstream", "eof"), 0) == 1
+        await app.shutdown(0)
+        up.close()
+    run(scenario())
+
+
+def test_requests_to_an_unreachable_upstream_are_not_request_timeouts():
+    async def scenario():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = "127.0.0.1:%d" % s.getsockname()[1]     # nothing listens there
+        app = await start_proxy(dead)
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(request(1) + request(2))
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        route = app.routes[0]
+        await wait_for(lambda: not route.connections, what="closed")
+        snap = route.stats.snapshot()
+        assert snap["timeouts"] == {} and snap["in_flight"] == 0
+        assert snap["connect_failures"] == 1
+        assert route.closed_counts == {("proxy", "connect_failed"): 1}
+        writer.close()
+        await app.shutdown(0)
+    run(scenario())
