@@ -206,3 +206,16 @@ def test_hostile_json_headers_are_bad_headers_on_both_twins(header):
 def test_in_range_fallback_values_still_decode():
     assert jsonscan.scan(b'{"c\\u006fde":2147483647,"opaque":-2147483648,"flag":1.0}') == \
         (2147483647, -2147483648, 1)
+
+
+def test_route_rewrite_state_is_bounded_when_the_upstream_never_answers(impl):
+    """Issue 8, defect 3: every unanswered GET_ROUTEINFO opaque was kept forever."""
+    from proxy.protocols.rocketmq.options import ROUTE_REQUESTS_MAX
+    stats, p = make(impl, options={"advertise": {"10.0.0.7:10911": "127.0.0.1:1"}})
+    n = ROUTE_REQUESTS_MAX + 500
+    p.feed(C2S, b"".join(req(105, i + 1, topic="T") for i in range(n)))
+    assert len(p.route_opaques) == ROUTE_REQUESTS_MAX
+    assert stats.snapshot()["errors"] == {("c2s", "in_flight_overflow"): 500}
+    # the newest requests are still rewritten when answered
+    out = p.feed(S2C, resp(0, n, b'{"brokerDatas":[{"brokerAddrs":{0:"10.0.0.7:10911"}}]}'))
+    assert out > 0 and b"127.0.0.1:1" in b"".join(p.output)

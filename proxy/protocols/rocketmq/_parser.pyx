@@ -15,12 +15,12 @@ from libc.string cimport memcpy
 
 from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, K_ONEWAY, CORR_HI_SIGNED,
-                             R_TOO_LARGE, R_TOO_SMALL,
+                             R_OVERFLOW, R_TOO_LARGE, R_TOO_SMALL,
                              R_BAD_HEADER, R_BAD_BODY)
 from proxy._framing cimport (stream_body, capture_frame, gather, protocol_error, begin,
                              add_messages, set_corr, expect, take, answer)
 from proxy._wire cimport be32
-from proxy.protocols.rocketmq.options import known_codes
+from proxy.protocols.rocketmq.options import known_codes, remember_route_request
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
                                               RouteRewriter, frame_opcode_name,
@@ -206,7 +206,7 @@ cdef class RocketMQParser(FrameParser):
     cdef bint includes_self
     cdef int route_pending                 # GET_ROUTEINFO_BY_TOPIC requests awaiting answers
     cdef object rewriter
-    cdef set route_opaques
+    cdef readonly dict route_opaques
     cdef public object local_address
     cdef public object upstream_address
 
@@ -225,7 +225,7 @@ cdef class RocketMQParser(FrameParser):
         self.header_limit = max(self.max_header_bytes, HDR)
         self.includes_self = self.options.get("length_includes_self", False)
         self.rewriter = RouteRewriter.from_options(self.options)
-        self.route_opaques = set()
+        self.route_opaques = {}             # opaque -> None, oldest first
         if self.rewriter is not None:
             self.set_hold(S2C, True)
 
@@ -376,7 +376,9 @@ cdef class RocketMQParser(FrameParser):
             expect(self, d, d, opaque, CORR_HI_SIGNED)
             if code == GET_ROUTEINFO_BY_TOPIC and d == C2S and self.rewriter is not None:
                 self.route_pending += 1
-                self.route_opaques.add(opaque & 0xFFFFFFFF)
+                if remember_route_request(self.route_opaques, opaque & 0xFFFFFFFF):
+                    self.route_pending -= 1        # the oldest will never be rewritten
+                    protocol_error(self, d, R_OVERFLOW)
         return 0
 
     cdef void _start_walk(self, int d) noexcept:

@@ -38,6 +38,20 @@ def frame_opcode_name(code):
     return _codes().request_name(code)
 
 
+ROUTE_REQUESTS_MAX = 1024   # GET_ROUTEINFO requests awaiting an answer, per connection
+
+
+def remember_route_request(opaques, opaque):
+    """Note a GET_ROUTEINFO_BY_TOPIC opaque whose answer will be rewritten; keeps at most
+    ROUTE_REQUESTS_MAX (oldest dropped first: an upstream that never answers cannot grow
+    it).  Returns True when one was dropped."""
+    opaques[opaque] = None
+    if len(opaques) > ROUTE_REQUESTS_MAX:
+        del opaques[next(iter(opaques))]
+        return True
+    return False
+
+
 def known_codes():
     """Every request code of Apache's table (and the legacy ones), plus the parser's two
     pseudo-opcodes: the codes that keep their own label (RouteStats.set_known)."""
@@ -109,7 +123,7 @@ class RouteRewriter:
         opaque &= 0xFFFFFFFF
         if not flag & 1 or opaque not in route_opaques:
             return frame
-        route_opaques.discard(opaque)
+        route_opaques.pop(opaque, None)
         body = frame[8 + hlen:]
         new_body = body
         for old, new in self.replacements:

@@ -2,14 +2,15 @@
 
 import struct
 
-from proxy.framing_common import (S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER, R_BAD_BODY,
-                                  K_REQUEST, K_RESPONSE, K_ONEWAY, OUTCOME_OK, OUTCOME_ERROR)
+from proxy.framing_common import (S2C, R_OVERFLOW, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
+                                  R_BAD_BODY, K_REQUEST, K_RESPONSE, K_ONEWAY, OUTCOME_OK,
+                                  OUTCOME_ERROR)
 from proxy.framing_py import CORR_HI_SIGNED, FrameParser
-from proxy.protocols.rocketmq.options import known_codes
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES, UNDECODABLE,
-                                              UNMATCHED_RESPONSE, RouteRewriter,
-                                              frame_opcode_name, response_status_name)
+                                              UNMATCHED_RESPONSE, RouteRewriter, known_codes,
+                                              frame_opcode_name, remember_route_request,
+                                              response_status_name)
 
 HDR = 8
 F_RESPONSE, F_ONEWAY = 1, 2
@@ -51,7 +52,7 @@ class RocketMQParser(FrameParser):
         self.includes_self = self.options.get("length_includes_self", False)
         self.rewriter = RouteRewriter.from_options(self.options)
         self.route_pending = 0
-        self.route_opaques = set()
+        self.route_opaques = {}             # opaque -> None, oldest first
         self.local_address = None
         self.upstream_address = None
         self.r = (_R(), _R())
@@ -184,7 +185,9 @@ class RocketMQParser(FrameParser):
             self.expect(d, d, opaque, CORR_HI_SIGNED)
             if code == GET_ROUTEINFO_BY_TOPIC and d == 0 and self.rewriter is not None:
                 self.route_pending += 1
-                self.route_opaques.add(opaque & 0xFFFFFFFF)
+                if remember_route_request(self.route_opaques, opaque & 0xFFFFFFFF):
+                    self.route_pending -= 1
+                    self.protocol_error(d, R_OVERFLOW)
 
     def _start_walk(self, d):
         r = self.r[d]
