@@ -435,7 +435,8 @@ class FlyMQServer(ReferenceServer):
                                                      req.password.encode("utf-8")):
             conn.user, conn.roles = req.username, list(entry[1])
             return AuthResponse(True, "", req.username, list(entry[1]))
-        log.info("flymq server: failed AUTH for user %r from %s", req.username, conn.peer)
+        self.log_peer(logging.INFO, "flymq server: failed AUTH for user %r from %s",
+                      req.username, conn.peer)
         return AuthResponse(False, "invalid username or password", req.username, [])
 
 
