@@ -33,6 +33,19 @@ The service-time model (:mod:`loadgen.servicetime`)
     without it (answers carry a correlation id) each frame leaves at its own time.
     Frames sent without a due time (server-initiated ones) leave at once, or behind the
     held ones when replies are ordered.
+
+Bounded memory per connection (backpressure)
+    Answers not yet sent — in the socket's write buffer or held back by the service time —
+    are counted per connection (:meth:`ServerConnection.unsent_bytes`). Once they exceed
+    :attr:`~ReferenceServer.write_high_water` (4 MiB), the read loop stops handling frames
+    and reading from that client until they are below it again, so a client that pipelines
+    large FETCHes and never reads costs at most that bound plus one answer plus one read.
+
+Logs a remote peer can trigger (:meth:`ReferenceServer.log_peer`)
+    Bad frames, failed authentications, handler errors: one line each, never a traceback,
+    and at most :attr:`~ReferenceServer.log_lines_per_second` lines per second per server;
+    the lines suppressed beyond that are counted and reported in one line when the second
+    is over ("N similar lines suppressed").
 """
 
 from __future__ import annotations
@@ -46,10 +59,22 @@ from collections.abc import Awaitable
 from loadgen.common import format_address
 from loadgen.servicetime import ServiceTime, as_service_time
 
-__all__ = ["ReferenceServer", "ServerConnection", "READ_SIZE"]
+__all__ = ["ReferenceServer", "ServerConnection", "READ_SIZE", "describe_exception"]
 
 #: Bytes asked of the socket per read.
 READ_SIZE = 256 * 1024
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line for a log: type, message and where it was raised (no traceback)."""
+    tb = exc.__traceback__
+    where = ""
+    if tb is not None:
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        code = tb.tb_frame.f_code
+        where = f" at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}"
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 class ServerConnection:
@@ -85,6 +110,8 @@ class ServerConnection:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_when = 0.0
         self._flushed: asyncio.Future | None = None
+        self._held_bytes = 0            # bytes of the frames in _held
+        self._released: asyncio.Future | None = None  # set when held frames are written
 
     @property
     def name(self) -> str:
@@ -108,8 +135,8 @@ class ServerConnection:
     def bad_frame(self, exc: Exception) -> bool:
         """:meth:`split_frame` refused the bytes: True closes the connection (after one log
         line, the default), False drops what was received and keeps reading."""
-        self.server.log.warning("%s: closing connection from %s: %s", self.name, self.peer,
-                                exc)
+        self.server.log_peer(logging.WARNING, "%s: closing connection from %s: %s",
+                             self.name, self.peer, exc)
         return True
 
     def read_timeout(self) -> float | None:
@@ -141,6 +168,7 @@ class ServerConnection:
             self._write(frame)
             return
         heapq.heappush(self._held, (due, next(self._sequence), frame))
+        self._held_bytes += len(frame)
         self._held_until = max(self._held_until, due) if ordered else 0.0
         self._arm_timer()
 
@@ -164,9 +192,15 @@ class ServerConnection:
         loop may run it a clock tick early), and so is every other one whose time came."""
         self._timer = None
         now = self._loop.time()
-        self._write(heapq.heappop(self._held)[2])
+        frame = heapq.heappop(self._held)[2]
+        self._held_bytes -= len(frame)
+        self._write(frame)
         while self._held and self._held[0][0] <= now:
-            self._write(heapq.heappop(self._held)[2])
+            frame = heapq.heappop(self._held)[2]
+            self._held_bytes -= len(frame)
+            self._write(frame)
+        if self._released is not None and not self._released.done():
+            self._released.set_result(None)
         if self._held:
             self._arm_timer()
         elif self._flushed is not None and not self._flushed.done():
@@ -178,12 +212,26 @@ class ServerConnection:
             self._flushed = self._loop.create_future()
             await self._flushed
 
-    async def drain(self) -> None:
-        """Flow control: wait while the socket's write buffer is over the server's
-        :attr:`~ReferenceServer.write_high_water`."""
+    def unsent_bytes(self) -> int:
+        """Answers not sent yet: the socket's write buffer plus the held frames."""
         transport = self.writer.transport
-        if transport.get_write_buffer_size() > self.server.write_high_water:
-            await self.writer.drain()
+        buffered = 0 if transport is None else transport.get_write_buffer_size()
+        return buffered + self._held_bytes
+
+    async def drain(self) -> None:
+        """Flow control: wait while the unsent answers (:meth:`unsent_bytes`) are over
+        the server's :attr:`~ReferenceServer.write_high_water`."""
+        high_water = self.server.write_high_water
+        while not self.closed and self.unsent_bytes() > high_water:
+            transport = self.writer.transport
+            if transport is None or transport.is_closing():
+                return
+            if self._held_bytes and transport.get_write_buffer_size() <= high_water:
+                # what is over the bound waits for the service time: wait for the timer
+                self._released = self._loop.create_future()
+                await self._released
+            else:
+                await self.writer.drain()
 
     def spawn(self, coro: Awaitable) -> asyncio.Task:
         """Run ``coro`` as a task that is cancelled when the connection ends."""
@@ -201,6 +249,9 @@ class ServerConnection:
             self._timer.cancel()
             self._timer = None
         self._held.clear()
+        self._held_bytes = 0
+        if self._released is not None and not self._released.done():
+            self._released.set_result(None)
         if self._flushed is not None and not self._flushed.done():
             self._flushed.set_result(None)
         current = asyncio.current_task()
@@ -249,6 +300,9 @@ class ServerConnection:
                     pos += size
                     self.server.frames_received += 1
                     self.frame_received(frame, received)
+                    if self.unsent_bytes() > self.server.write_high_water:
+                        # backpressure: no more answers until the client reads these
+                        await self.drain()
                 del buf[:pos]
                 await self.drain()
         except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
@@ -256,9 +310,10 @@ class ServerConnection:
             self.server.log.debug("%s: connection from %s: %s", self.name, self.peer, exc)
         except asyncio.CancelledError:
             clean = False
-        except Exception:  # a bug in a handler must not take the server down
+        except Exception as exc:  # a bug in a handler must not take the server down
             clean = False
-            self.server.log.exception("%s: error on connection from %s", self.name, self.peer)
+            self.server.log_peer(logging.ERROR, "%s: error on connection from %s: %s",
+                                 self.name, self.peer, describe_exception(exc))
         finally:
             await self._finish(clean)
 
@@ -294,7 +349,10 @@ class ReferenceServer:
     #: True: frames leave each connection in the order they were sent (FIFO protocols).
     ordered_replies = True
     read_size = READ_SIZE
-    write_high_water = 1024 * 1024
+    #: Unsent answer bytes per connection above which its frames are no longer read.
+    write_high_water = 4 * 1024 * 1024
+    #: Log lines a remote peer can cause, per second and server (see :meth:`log_peer`).
+    log_lines_per_second = 10
 
     def __init__(self, service_time: ServiceTime | str | None = None):
         self.service_time = as_service_time(service_time)
@@ -303,6 +361,41 @@ class ReferenceServer:
         self.frames_received = 0
         self._listeners: list[asyncio.base_events.Server] = []
         self._connection_tasks: set[asyncio.Task] = set()
+        self._log_window = 0.0           # start of the current one-second window
+        self._log_lines = 0              # lines written in it
+        self._log_suppressed = 0         # lines dropped in it
+        self._log_flush: asyncio.TimerHandle | None = None
+        self.log_lines_suppressed = 0    # total, for tests and curiosity
+
+    def log_peer(self, level: int, message: str, *args) -> None:
+        """Log a line that a remote peer can trigger, at most
+        :attr:`log_lines_per_second` per second; the excess is counted and reported in
+        one line when the second ends (a timer), so a flood of bad clients cannot flood
+        the log or slow the server with logging."""
+        if not self.log.isEnabledFor(level):
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now - self._log_window >= 1.0:
+            self._flush_suppressed()
+            self._log_window, self._log_lines = now, 0
+        if self._log_lines < self.log_lines_per_second:
+            self._log_lines += 1
+            self.log.log(level, message, *args)
+            return
+        self._log_suppressed += 1
+        self.log_lines_suppressed += 1
+        if self._log_flush is None:
+            self._log_flush = loop.call_at(self._log_window + 1.0, self._flush_suppressed)
+
+    def _flush_suppressed(self) -> None:
+        if self._log_flush is not None:
+            self._log_flush.cancel()
+            self._log_flush = None
+        if self._log_suppressed:
+            self.log.warning("%s: %d similar log lines suppressed (more than %d a second)",
+                             self.what, self._log_suppressed, self.log_lines_per_second)
+            self._log_suppressed = 0
 
     @property
     def listening(self) -> bool:
@@ -327,6 +420,7 @@ class ReferenceServer:
     async def close(self) -> None:
         """Stop listening and close every connection (held replies are dropped)."""
         listeners, self._listeners = self._listeners, []
+        self._flush_suppressed()
         for listener in listeners:
             listener.close()
         for conn in list(self.connections):

@@ -149,6 +149,7 @@ EXAMPLES = [
     ConsumeResponse(b"v" * 300, b"k"),
     ConsumeResponse(b"v", None),
     FetchRequest("orders", 0, 10, 50),
+    FetchRequest("orders", 0, 10, 50, "needle"),
     FetchResponse([FetchedMessage(10, b"a", b"k1"), FetchedMessage(11, b"", None)], 12),
     FetchResponse([], 0),
     CreateTopicRequest("tópico", 8),
@@ -212,15 +213,66 @@ def test_empty_key_decodes_as_no_key():
                          ids=lambda m: type(m).__name__)
 def test_every_truncation_raises_codec_error(msg):
     payload = msg.encode()
+    if isinstance(msg, FetchRequest) and msg.filter:
+        # the optional filter is dropped, not refused, when cut (real server's rule)
+        payload = FetchRequest(msg.topic, msg.partition, msg.offset, msg.max_messages).encode()
     for cut in range(len(payload)):
         with pytest.raises(FlyMQCodecError):
             type(msg).decode(payload[:cut])
 
 
-@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
-def test_trailing_bytes_raise_codec_error(msg):
+@pytest.mark.parametrize("msg", [m for m in EXAMPLES if m.KIND == "response"],
+                         ids=lambda m: type(m).__name__)
+def test_trailing_bytes_in_a_response_raise_codec_error(msg):
     with pytest.raises(FlyMQCodecError, match="trailing"):
         type(msg).decode(msg.encode() + b"\x00")
+
+
+# ------------------------------------------- requests as the real server reads them
+# firefly-oss/flymq 4df79e0 internal/protocol/binary.go: every DecodeBinary*Request stops
+# after its last known field, so a newer client's extra fields never make it fail.
+
+@pytest.mark.parametrize("msg", [m for m in EXAMPLES if m.KIND == "request"],
+                         ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("extra", [b"\x00", b"\x00\x07newer-field", b"\xff" * 3])
+def test_requests_ignore_trailing_fields_like_the_real_server(msg, extra):
+    got = type(msg).decode(msg.encode() + extra)
+    if isinstance(msg, FetchRequest) and not msg.filter:
+        got.filter = ""  # the extra bytes are read as a filter: see the next test
+    assert got == msg
+
+
+def test_fetch_reads_the_optional_filter_string():
+    base = FetchRequest("orders", 0, 10, 50).encode()
+    # real client (EncodeBinaryFetchRequest) always appends the filter, even when empty
+    assert FetchRequest.decode(base + b"\x00\x00") == FetchRequest("orders", 0, 10, 50)
+    assert FetchRequest.decode(base + b"\x00\x03abc") == FetchRequest("orders", 0, 10, 50, "abc")
+    # a filter whose bytes are not all there is ignored, not an error
+    assert FetchRequest.decode(base + b"\x00\x09ab").filter == ""
+    assert FetchRequest.decode(base + b"\x00").filter == ""
+    # a filter round-trips; no filter encodes as the four spec fields only
+    assert FetchRequest.decode(FetchRequest("t", 1, 2, 3, "x").encode()).filter == "x"
+    assert len(FetchRequest("t", 1, 2, 3).encode()) == 2 + 1 + 16
+
+
+def test_subscribe_mode_is_u8_length_prefixed_like_the_real_server():
+    payload = (b"\x00\x06orders" + b"\x00\x02g1" + b"\x00\x00\x00\x03"
+               + b"\x06commit")
+    assert SubscribeRequest.decode(payload) == SubscribeRequest("orders", "g1", 3, "commit")
+    assert SubscribeRequest("orders", "g1", 3, "commit").encode() == payload
+    # empty mode (the server treats it as "latest")
+    assert SubscribeRequest.decode(payload[:-7] + b"\x00").mode == ""
+    with pytest.raises(FlyMQCodecError):
+        SubscribeRequest("t", "g", 0, "x" * 256).encode()
+
+
+def test_request_strings_are_not_checked_for_utf8_and_echo_back_unchanged():
+    req = MetadataRequest.decode(b"\x00\x02\xff\xfe")
+    assert MetadataRequest(req.topic).encode() == b"\x00\x02\xff\xfe"
+
+
+def test_list_topics_request_ignores_its_payload():
+    assert ListTopicsRequest.decode(b"anything") == ListTopicsRequest()
 
 
 def test_truncated_message_names_field_and_offset():
@@ -232,7 +284,7 @@ def test_bad_bool_and_bad_utf8():
     with pytest.raises(FlyMQCodecError, match="bool"):
         CommitResponse.decode(b"\x02")
     with pytest.raises(FlyMQCodecError, match="UTF-8"):
-        MetadataRequest.decode(b"\x00\x02\xff\xfe")
+        DeleteTopicResponse.decode(b"\x01\x00\x02\xff\xfe")
 
 
 def test_huge_counts_fail_fast():
@@ -266,10 +318,15 @@ def test_random_bytes_only_ever_raise_codec_error(data, cls_index):
     except FlyMQCodecError:
         return
     # whatever decodes must encode back to the same bytes (strict, canonical layout);
-    # only ERROR tolerates a non-canonical success byte of 0x01
+    # only ERROR tolerates a non-canonical success byte of 0x01. Requests are read as the
+    # real server reads them (trailing bytes ignored, a cut FETCH filter dropped): their
+    # encoding is a prefix of what was read.
     if cls is ErrorResponse:
         data = b"\x00" + data[1:]
-    assert msg.encode() == data
+    if cls.KIND == "request":
+        assert data.startswith(msg.encode())
+    else:
+        assert msg.encode() == data
 
 
 @settings(max_examples=200, deadline=None)

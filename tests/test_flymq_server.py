@@ -13,7 +13,10 @@ import pytest
 from loadgen.flymq.client import FlyMQAuthError, FlyMQClient, FlyMQServerError, parse_host
 from loadgen.flymq.server import FlyMQServerThread, main
 from proxy.protocols.flymq.codec import (
+    CreateTopicResponse,
     ErrorResponse,
+    FetchResponse,
+    SubscribeResponse,
     ProduceRequest,
     RecordMetadata,
     decode_frame,
@@ -98,7 +101,7 @@ def test_topic_admin(client):
     assert client.create_topic("a", 2).success
     dup = client.create_topic("a", 2)
     assert not dup.success and "already exists" in dup.message
-    assert not client.create_topic("b", 0).success
+    assert not client.create_topic("b", -1).success  # 0 means 1, as on the real server
     assert client.list_topics() == ["a"]
     assert client.delete_topic("a").success
     assert not client.delete_topic("a").success
@@ -298,3 +301,112 @@ def test_main_runs_until_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------- frames a real client sends
+# What the real server (firefly-oss/flymq 4df79e0, internal/protocol/binary.go and
+# internal/server/server.go) accepts, ours accepts and answers the same way.
+
+def _raw_call(port: int, opcode: int, payload: bytes, flags: int = 0x01):
+    """Send one hand-built frame, return the decoded answer frame."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(bytes([0xAF, 0x01, opcode, flags]) + len(payload).to_bytes(4, "big")
+                     + payload)
+        buf = b""
+        while True:
+            frame = decode_frame(buf)
+            if frame is not None:
+                return frame
+            chunk = sock.recv(65536)
+            assert chunk, "server closed the connection without answering"
+            buf += chunk
+
+
+def _s(text: str) -> bytes:
+    data = text.encode()
+    return len(data).to_bytes(2, "big") + data
+
+
+def _fetch_payload(topic, partition, offset, max_messages) -> bytes:
+    return (_s(topic) + partition.to_bytes(4, "big", signed=True) + offset.to_bytes(8, "big")
+            + max_messages.to_bytes(4, "big", signed=True))
+
+
+def _filled(server, client, topic="f"):
+    client.create_topic(topic, 1)
+    for i in range(15):
+        client.produce(topic, b"Value-%d" % i, key=b"apple" if i == 7 else None)
+
+
+def test_fetch_with_the_real_clients_empty_filter_is_answered(server, client):
+    # before: ERROR "FETCH request payload has 2 unexpected trailing bytes"
+    _filled(server, client)
+    frame = _raw_call(server.port, 0x07, _fetch_payload("f", 0, 0, 3) + b"\x00\x00")
+    assert frame.opcode == 0x07
+    resp = FetchResponse.decode(frame.payload)
+    assert [m.offset for m in resp.messages] == [0, 1, 2] and resp.next_offset == 3
+
+
+def test_fetch_filter_matches_value_or_key_case_insensitively(server, client):
+    _filled(server, client)
+    frame = _raw_call(server.port, 0x07, _fetch_payload("f", 0, 0, 100) + _s("VALUE-1"))
+    resp = FetchResponse.decode(frame.payload)
+    assert [m.value for m in resp.messages] == [b"Value-1"] + [b"Value-1%d" % i for i in range(5)]
+    assert resp.next_offset == 15
+    resp = client.fetch_filtered("f", 0, 0, 100, "APPLE")
+    assert [m.offset for m in resp.messages] == [7]
+
+
+def test_fetch_zero_max_messages_means_ten(server, client):
+    # before: ERROR "max_messages must be > 0, got 0"
+    _filled(server, client)
+    resp = FetchResponse.decode(_raw_call(server.port, 0x07, _fetch_payload("f", 0, 0, 0)).payload)
+    assert len(resp.messages) == 10
+
+
+def test_subscribe_with_u8_mode_and_empty_mode_means_latest(server, client):
+    # before: the u8 mode length was read as half of a u16 → "truncated" ERROR
+    _filled(server, client)
+    base = _s("f") + _s("g") + (0).to_bytes(4, "big")
+    frame = _raw_call(server.port, 0x05, base + b"\x08earliest")
+    assert (frame.opcode, SubscribeResponse.decode(frame.payload).offset) == (0x05, 0)
+    frame = _raw_call(server.port, 0x05, base + b"\x00")
+    assert (frame.opcode, SubscribeResponse.decode(frame.payload).offset) == (0x05, 15)
+
+
+def test_create_topic_with_zero_partitions_makes_one(server, client):
+    # before: CREATE_TOPIC failed with "partitions must be 1..1024, got 0"
+    frame = _raw_call(server.port, 0x03, _s("zero") + (0).to_bytes(4, "big"))
+    assert frame.opcode == 0x03 and CreateTopicResponse.decode(frame.payload).success
+    assert client.metadata("zero").partitions == 1
+
+
+@pytest.mark.parametrize("opcode, payload", [
+    (0x01, _s("t") + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x01v" + b"\xff\xff\xff\xff"),
+    (0x02, _s("t") + (0).to_bytes(4, "big") + (0).to_bytes(8, "big")),
+    (0x03, _s("u") + (2).to_bytes(4, "big")),
+    (0x04, _s("t")),
+    (0x06, _s("t") + _s("g") + (0).to_bytes(4, "big") + (1).to_bytes(8, "big")),
+    (0x08, b""),
+    (0x09, _s("u")),
+    (0x70, _s("alice") + _s("wonderland")),
+], ids=lambda v: f"0x{v:02X}" if isinstance(v, int) else "")
+def test_every_request_ignores_a_newer_clients_trailing_field(server, client, opcode, payload):
+    # before: every one got ERROR "... unexpected trailing bytes"
+    client.create_topic("t", 1)
+    client.produce("t", b"x")
+    if opcode == 0x09:
+        client.create_topic("u", 1)
+    frame = _raw_call(server.port, opcode, payload + b"\x00\x04more")
+    assert frame.opcode == opcode, ErrorResponse.decode(frame.payload).message
+
+
+def test_gzip_compressed_payload_is_inflated(server, client):
+    import gzip
+    payload = _s("gz") + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x02hi" + b"\xff\xff\xff\xff"
+    frame = _raw_call(server.port, 0x01, gzip.compress(payload), flags=0x03)
+    assert frame.opcode == 0x01
+    assert RecordMetadata.decode(frame.payload).topic == "gz"
+    assert client.consume("gz", 0, 0).value == b"hi"
+    frame = _raw_call(server.port, 0x01, b"not gzip", flags=0x02)
+    assert frame.opcode == ERROR and "decompress" in ErrorResponse.decode(frame.payload).message

@@ -166,6 +166,13 @@ class FlyMQClient(common.SocketClient):
         """FETCH up to ``max_messages`` records (``.messages``, ``.next_offset``)."""
         return self._call(FetchRequest(topic, partition, offset, max_messages), FetchResponse)
 
+    def fetch_filtered(self, topic: str, partition: int, offset: int, max_messages: int,
+                       filter_text: str) -> FetchResponse:
+        """FETCH with the newer servers' trailing filter: only records whose value or key
+        contains ``filter_text``."""
+        return self._call(FetchRequest(topic, partition, offset, max_messages, filter_text),
+                          FetchResponse)
+
     def create_topic(self, topic: str, partitions: int = 1) -> CreateTopicResponse:
         """CREATE_TOPIC; ``.success`` is false (not an exception) when it already exists."""
         return self._call(CreateTopicRequest(topic, partitions), CreateTopicResponse)

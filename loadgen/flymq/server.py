@@ -11,6 +11,15 @@ the core opcodes of ../specs/flymq-binary.md with the payload layouts of
   when there is no key). PRODUCE to a missing topic creates it with 1 partition.
 * CONSUME returns the record at an offset (ERROR when the offset is not in the log);
   FETCH returns up to ``max_messages`` records from an offset plus the next offset.
+* Requests are read as the real server (firefly-oss/flymq 4df79e0, v1.26.11) reads them:
+  fields a newer client appends are ignored (see :mod:`proxy.protocols.flymq.codec`), and
+  its defaults apply — FETCH ``max_messages`` <= 0 means 10; FETCH's optional filter keeps
+  the records whose value or key contains it (case-insensitive), looking at no more than
+  1000 records per request as the real broker does (its regular-expression and ``$.``
+  JSON-path forms are not evaluated here: only the substring match); CREATE_TOPIC with 0
+  partitions makes 1; SUBSCRIBE with an empty mode means ``latest``; a header flag 0x02
+  (gzip, also set in the flag values 3 and 7 << 1) means the payload is gzip-compressed and
+  is inflated (up to the frame limit) before it is decoded.
 * CREATE_TOPIC / DELETE_TOPIC / LIST_TOPICS / METADATA manage topics; SUBSCRIBE (modes
   ``earliest``, ``latest``, ``commit``) and COMMIT keep consumer-group offsets.
 * AUTH checks the configured users; with ``require_auth`` every other request before a
@@ -93,6 +102,24 @@ MAX_PARTITIONS = 1024
 MAX_FETCH_MESSAGES = 10_000
 MAX_FETCH_BYTES = 8 * 1024 * 1024  # keep FETCH responses well under MAX_MESSAGE_SIZE
 MAX_ERROR_TEXT = 1000
+DEFAULT_FETCH_MESSAGES = 10  # FETCH with max_messages <= 0 (the real server's default)
+FILTER_SCAN_LIMIT = 1000     # records a filtered FETCH looks at (the real broker's scanLimit)
+FLAG_GZIP = 0x02             # header flags: payload is gzip-compressed (bits 1-3 = 1 or 3)
+
+
+def _gunzip(payload: bytes, limit: int) -> bytes:
+    """Inflate a gzip payload, refusing more than ``limit`` bytes (a small compressed
+    frame must not become gigabytes here). Raises ValueError."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(payload, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(f"bad gzip data: {exc}") from None
+    if len(data) > limit:
+        raise ValueError(f"inflates to more than {limit} bytes")
+    if not inflater.eof:
+        raise ValueError("truncated gzip data")
+    return data
 SUBSCRIBE_MODES = ("earliest", "latest", "commit")
 
 
@@ -132,10 +159,10 @@ class _FlyMQConnection(ServerConnection):
     def split_frame(self, buf):
         if len(buf) < HEADER_SIZE:
             return None
-        _magic, version, opcode, _flags, length = decode_header(buf, self.server.max_frame_bytes)
+        _magic, version, opcode, flags, length = decode_header(buf, self.server.max_frame_bytes)
         if len(buf) < HEADER_SIZE + length:
             return None
-        return (version, opcode, bytes(buf[HEADER_SIZE:HEADER_SIZE + length])), \
+        return (version, opcode, bytes(buf[HEADER_SIZE:HEADER_SIZE + length]), flags), \
             HEADER_SIZE + length
 
     def frame_received(self, frame, received: float) -> None:
@@ -208,12 +235,17 @@ class FlyMQServer(ReferenceServer):
     # ------------------------------------------------------------------ requests
 
     def handle_request(self, conn: _FlyMQConnection, version: int, opcode: int,
-                       payload: bytes) -> tuple[int, bytes]:
+                       payload: bytes, flags: int = 0) -> tuple[int, bytes]:
         """Process one request; returns the response ``(opcode, payload)``."""
         self.requests_served += 1
         if version != VERSION:
             return self._error(f"unsupported protocol version 0x{version:02X} "
                                f"(expected 0x{VERSION:02X})")
+        if flags & FLAG_GZIP:
+            try:
+                payload = _gunzip(payload, self.max_frame_bytes)
+            except ValueError as exc:
+                return self._error(f"cannot decompress {opcode_name(opcode)} payload: {exc}")
         handler = self._handlers.get(opcode)
         if handler is None:
             name = opcode_name(opcode)
@@ -304,14 +336,16 @@ class FlyMQServer(ReferenceServer):
 
     def _fetch(self, conn, req) -> FetchResponse:
         part = self._get_partition(req.topic, req.partition)
-        if req.max_messages <= 0:
-            raise _RequestError(f"max_messages must be > 0, got {req.max_messages}")
+        max_messages = req.max_messages if req.max_messages > 0 else DEFAULT_FETCH_MESSAGES
         hw = part.high_watermark
         if req.offset > hw:
             raise _RequestError(f"offset {req.offset} is beyond the end of {req.topic!r} "
                                 f"partition {req.partition} (next offset {hw})")
         start = max(req.offset, part.base)
-        end = min(hw, start + min(req.max_messages, MAX_FETCH_MESSAGES))
+        if req.filter:
+            return self._fetch_filtered(part, start, min(max_messages, MAX_FETCH_MESSAGES),
+                                        req.filter)
+        end = min(hw, start + min(max_messages, MAX_FETCH_MESSAGES))
         messages = []
         size = 0
         offset = start
@@ -323,18 +357,41 @@ class FlyMQServer(ReferenceServer):
             offset += 1
         return FetchResponse(messages, offset)
 
+    @staticmethod
+    def _fetch_filtered(part: _Partition, start: int, limit: int,
+                        text: str) -> FetchResponse:
+        """FETCH with a filter: like the real broker, look at no more than
+        FILTER_SCAN_LIMIT records and return those whose value or key contains the filter
+        (case-insensitive); the next offset is the first record not looked at."""
+        needle = text.encode("utf-8", "surrogateescape").lower()
+        messages = []
+        size = 0
+        offset = start
+        scan_end = min(part.high_watermark, start + FILTER_SCAN_LIMIT)
+        for key, value, _ts in part.records[start - part.base:scan_end - part.base]:
+            if len(messages) >= limit:
+                break
+            if needle in value.lower() or (key is not None and needle in key.lower()):
+                size += len(value) + (len(key) if key else 0) + 16
+                if messages and size > MAX_FETCH_BYTES:
+                    break
+                messages.append(FetchedMessage(offset, value, key))
+            offset += 1
+        return FetchResponse(messages, offset)
+
     def _create_topic(self, conn, req) -> CreateTopicResponse:
         problem = self._check_topic_name(req.topic)
         if problem:
             return CreateTopicResponse(False, problem)
         if req.topic in self.topics:
             return CreateTopicResponse(False, f"topic {req.topic!r} already exists")
-        if not 1 <= req.partitions <= MAX_PARTITIONS:
+        partitions = req.partitions or 1  # the real server's default for 0
+        if not 1 <= partitions <= MAX_PARTITIONS:
             return CreateTopicResponse(
                 False, f"partitions must be 1..{MAX_PARTITIONS}, got {req.partitions}")
-        self._create(req.topic, req.partitions)
+        self._create(req.topic, partitions)
         return CreateTopicResponse(True, f"topic {req.topic!r} created with "
-                                         f"{req.partitions} partition(s)")
+                                         f"{partitions} partition(s)")
 
     def _delete_topic(self, conn, req) -> DeleteTopicResponse:
         if self.topics.pop(req.topic, None) is None:
@@ -354,11 +411,12 @@ class FlyMQServer(ReferenceServer):
 
     def _subscribe(self, conn, req) -> SubscribeResponse:
         part = self._get_partition(req.topic, req.partition)
-        if req.mode == "earliest":
+        mode = req.mode or "latest"  # the real server's default
+        if mode == "earliest":
             return SubscribeResponse(part.base)
-        if req.mode == "latest":
+        if mode == "latest":
             return SubscribeResponse(part.high_watermark)
-        if req.mode == "commit":
+        if mode == "commit":
             committed = self.committed.get((req.group, req.topic, req.partition))
             return SubscribeResponse(part.base if committed is None else committed)
         raise _RequestError(f"bad subscribe mode {req.mode!r} "
@@ -377,7 +435,8 @@ class FlyMQServer(ReferenceServer):
                                                      req.password.encode("utf-8")):
             conn.user, conn.roles = req.username, list(entry[1])
             return AuthResponse(True, "", req.username, list(entry[1]))
-        log.info("flymq server: failed AUTH for user %r from %s", req.username, conn.peer)
+        self.log_peer(logging.INFO, "flymq server: failed AUTH for user %r from %s",
+                      req.username, conn.peer)
         return AuthResponse(False, "invalid username or password", req.username, [])
 
 

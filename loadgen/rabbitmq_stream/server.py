@@ -326,8 +326,8 @@ class _Connection(ServerConnection):
 
     def server_close(self, code: int, reason: str) -> None:
         """Server-initiated Close request (the client should answer, then hang up)."""
-        log.info("rabbitmq-stream broker: closing %s: %s (%s)", self.peer, reason,
-                 status_name(code))
+        self.server.log_peer(logging.INFO, "rabbitmq-stream broker: closing %s: %s (%s)",
+                             self.peer, reason, status_name(code))
         corr = self.next_correlation_id
         self.next_correlation_id += 1
         self.send(encode_command(CLOSE, correlation_id=corr, code=code, reason=reason[:1000]))
@@ -346,7 +346,9 @@ class _Connection(ServerConnection):
             await asyncio.sleep(min(interval, 1.0) if interval > 1 else interval)
             now = loop.time()
             if now - self.last_read > 2 * interval and self.step != _STEP_CLOSING:
-                log.info("rabbitmq-stream broker: %s missed heartbeats, closing", self.peer)
+                self.server.log_peer(logging.INFO,
+                                     "rabbitmq-stream broker: %s missed heartbeats, closing",
+                                     self.peer)
                 self.abort()
                 return
             if now - self.last_write >= interval:
@@ -417,8 +419,10 @@ class _Connection(ServerConnection):
                 return
             user = parts[1].decode("utf-8", "replace")
             if not self.broker.check_password(user, parts[2]):
-                log.info("rabbitmq-stream broker: failed authentication for user %r from %s",
-                         user, self.peer)
+                self.server.log_peer(
+                    logging.INFO,
+                    "rabbitmq-stream broker: failed authentication for user %r from %s",
+                    user, self.peer)
                 self.respond(SASL_AUTHENTICATE, cmd.correlation_id, AUTHENTICATION_FAILURE)
                 self.begin_closing()
                 return
@@ -443,8 +447,9 @@ class _Connection(ServerConnection):
         if self.step != _STEP_OPEN:
             raise _Fatal(ACCESS_REFUSED, "Open before authentication and Tune")
         if cmd.virtual_host not in self.broker.vhosts:
-            log.info("rabbitmq-stream broker: %s asked for unknown virtual host %r",
-                     self.peer, cmd.virtual_host)
+            self.server.log_peer(logging.INFO,
+                                 "rabbitmq-stream broker: %s asked for unknown virtual host %r",
+                                 self.peer, cmd.virtual_host)
             self.respond(OPEN, cmd.correlation_id, VIRTUAL_HOST_ACCESS_FAILURE)
             self.begin_closing()
             return

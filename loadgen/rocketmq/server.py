@@ -60,7 +60,7 @@ import sys
 import time
 
 from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, service_time_arg
-from loadgen.serverbase import ReferenceServer, ServerConnection
+from loadgen.serverbase import ReferenceServer, ServerConnection, describe_exception
 from loadgen.servicetime import ServiceTime
 from proxy.protocols.rocketmq import codes
 from proxy.protocols.rocketmq.codec import (
@@ -304,8 +304,9 @@ class RocketMQServer(ReferenceServer):
             except _BadRequest as exc:
                 resp = cmd.response(exc.code, exc.remark)
             except Exception as exc:  # a handler bug must not kill the connection
-                log.exception("rocketmq %s: handling %s failed", conn.role,
-                              codes.request_name(cmd.code))
+                self.log_peer(logging.ERROR, "rocketmq %s: handling %s from %s failed: %s",
+                              conn.role, codes.request_name(cmd.code), conn.peer,
+                              describe_exception(exc))
                 resp = cmd.response(SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
         if asyncio.iscoroutine(resp):
             conn.spawn(self._finish(conn, cmd, resp, received))
@@ -629,15 +630,28 @@ class _BadRequest(Exception):
         self.remark = remark
 
 
+# Header fields the Java headers declare as long; every other integer field is a Java int.
+_LONG_FIELDS = frozenset({"bornTimestamp", "commitOffset", "queueOffset",
+                          "suspendTimeoutMillis"})
+
+
 def _int(fields: dict, key: str, default: int) -> int:
+    """An integer ext field, refused (SYSTEM_ERROR, as the broker's header decoding fails)
+    when it is not a number or does not fit the Java type the header declares."""
     value = fields.get(key)
     if value is None or value == "":
         return default
     try:
-        return int(value)
-    except ValueError:
+        number = int(value)
+    except (ValueError, TypeError):
         raise _BadRequest(SYSTEM_ERROR,
                           f"the custom field <{key}> is not an integer: {value!r}") from None
+    bits = 64 if key in _LONG_FIELDS else 32
+    if not -(1 << (bits - 1)) <= number < (1 << (bits - 1)):
+        raise _BadRequest(SYSTEM_ERROR,
+                          f"the custom field <{key}> = {number} does not fit a "
+                          f"{'long' if bits == 64 else 'int'}")
+    return number
 
 
 def _subscription_tags(subscription: str | None, expression_type: str | None) -> set | None:

@@ -14,8 +14,24 @@ Messages
     payload. ``decode_request(opcode, payload)`` / ``decode_response(opcode, payload)``
     pick the class from the opcode. All integers are big-endian; ``string`` is u16 length +
     UTF-8, ``bytes`` is u32 length + raw, ``[]string`` is u32 count + strings ("Binary
-    Encoding Rules"). Decoders are strict: a truncated payload, a bad bool byte, invalid
-    UTF-8 or trailing bytes raise :class:`FlyMQCodecError` (and nothing else).
+    Encoding Rules"). A truncated payload raises :class:`FlyMQCodecError` (and nothing
+    else). Request decoders read what the real server reads (below); response decoders are
+    strict: a bad bool byte, invalid UTF-8 or trailing bytes raise too.
+
+Compared with the real server
+    The request decoders were audited against firefly-oss/flymq at commit
+    4df79e040d02f7c65240c6955a0458cc49d6bf84 (v1.26.11, 2026-01-19):
+    ``internal/protocol/binary.go`` (``DecodeBinary*Request``) and
+    ``internal/server/server.go`` (``handleMessage`` and the handlers). Like it, every
+    request decoder here ignores bytes after the last field it knows (fields a newer client
+    adds), does not check strings for UTF-8, and:
+
+    * FETCH reads an optional trailing ``string filter`` (kept only when whole);
+    * SUBSCRIBE's mode is u8 length + bytes, not a u16 string;
+    * LIST_TOPICS ignores its payload.
+
+    What the reference server then does with those fields (defaults when absent or zero,
+    the filter, gzip-compressed payloads) is described in :mod:`loadgen.flymq.server`.
 
 Layouts the spec gives (PRODUCE, CONSUME, FETCH, CREATE_TOPIC, SUBSCRIBE, AUTH, ERROR) are
 followed exactly. Where it gives none, frametap uses these (same encoding rules):
@@ -204,7 +220,7 @@ def _pack(st: struct.Struct, value, what: str) -> bytes:
 
 def _put_string(out: bytearray, value: str, what: str) -> None:
     try:
-        data = value.encode("utf-8")
+        data = value.encode("utf-8", "surrogateescape")
     except (AttributeError, UnicodeEncodeError) as exc:
         raise FlyMQCodecError(f"flymq: {what} must be a UTF-8 encodable str: {exc}", "encode") from None
     if len(data) > 0xFFFF:
@@ -234,12 +250,17 @@ def _put_bool(out: bytearray, value: bool) -> None:
 class _Reader:
     """Cursor over one payload; every read checks the remaining length first."""
 
-    __slots__ = ("buf", "pos", "what")
+    __slots__ = ("buf", "pos", "what", "strict")
 
-    def __init__(self, payload, what: str):
+    def __init__(self, payload, what: str, strict: bool = True):
         self.buf = bytes(payload)
         self.pos = 0
         self.what = what
+        # Requests are read as the real server reads them (see the module docstring):
+        # trailing bytes are ignored and strings are not checked for UTF-8 (Go's
+        # string(b) keeps any bytes; surrogateescape keeps them too, and _put_string
+        # writes them back unchanged). Responses stay strict.
+        self.strict = strict
 
     def _need(self, n: int, field_name: str) -> None:
         have = len(self.buf) - self.pos
@@ -286,6 +307,8 @@ class _Reader:
         n = self._unpack(_U16, f"{field_name} length")
         start = self.pos
         data = self.raw(n, field_name)
+        if not self.strict:
+            return data.decode("utf-8", "surrogateescape")
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -311,9 +334,17 @@ class _Reader:
         n = self.count(f"{field_name} count", 2)
         return [self.string(f"{field_name}[{i}]") for i in range(n)]
 
+    def short_string(self, field_name: str) -> str:
+        """u8 length + bytes (the real server's SUBSCRIBE mode)."""
+        n = self._unpack(_U8, f"{field_name} length")
+        return self.raw(n, field_name).decode("utf-8", "surrogateescape")
+
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
     def finish(self) -> None:
         extra = len(self.buf) - self.pos
-        if extra:
+        if extra and self.strict:
             raise FlyMQCodecError(
                 f"flymq: {self.what} payload has {extra} unexpected trailing bytes "
                 f"at offset {self.pos}")
@@ -339,7 +370,8 @@ class _Message:
 
     @classmethod
     def _reader(cls, payload) -> _Reader:
-        return _Reader(payload, f"{opcode_name(cls.OPCODE)} {cls.KIND}")
+        return _Reader(payload, f"{opcode_name(cls.OPCODE)} {cls.KIND}",
+                       strict=cls.KIND != "request")
 
 
 # --------------------------------------------------------------------------- PRODUCE 0x01
@@ -468,7 +500,13 @@ class ConsumeResponse(_Message):
 
 @dataclass(slots=True)
 class FetchRequest(_Message):
-    """FETCH request: string topic, int32 partition, uint64 offset, int32 max_messages."""
+    """FETCH request: string topic, int32 partition, uint64 offset, int32 max_messages,
+    then optionally string filter (newer servers; "" = no filter).
+
+    As in the real server, the filter is read only when its 2-byte length is there and
+    kept only when all its bytes are; a short filter is ignored, never an error. It is
+    encoded only when set, so older servers still get the four fields they expect.
+    """
 
     OPCODE: ClassVar[int] = FETCH
     KIND: ClassVar[str] = "request"
@@ -476,6 +514,7 @@ class FetchRequest(_Message):
     partition: int
     offset: int
     max_messages: int = 100
+    filter: str = ""
 
     def encode(self) -> bytes:
         out = bytearray()
@@ -483,6 +522,8 @@ class FetchRequest(_Message):
         out += _pack(_I32, self.partition, "partition")
         out += _pack(_U64, self.offset, "offset")
         out += _pack(_I32, self.max_messages, "max_messages")
+        if self.filter:
+            _put_string(out, self.filter, "filter")
         return bytes(out)
 
     @classmethod
@@ -490,6 +531,10 @@ class FetchRequest(_Message):
         r = cls._reader(payload)
         result = cls(r.string("topic"), r.i32("partition"), r.u64("offset"),
                      r.i32("max_messages"))
+        if r.left() >= 2:
+            n = _U16.unpack_from(r.buf, r.pos)[0]
+            if 2 + n <= r.left():
+                result.filter = r.string("filter")
         r.finish()
         return result
 
@@ -661,8 +706,9 @@ class MetadataResponse(_Message):
 
 @dataclass(slots=True)
 class SubscribeRequest(_Message):
-    """SUBSCRIBE request: string topic, string group_id, int32 partition, string mode
-    ("earliest", "latest" or "commit")."""
+    """SUBSCRIBE request: string topic, string group_id, int32 partition, then mode
+    ("earliest", "latest" or "commit") as **u8** length + bytes — the real server's layout
+    (the spec's u16 string is wrong). An empty mode means "latest" on the server."""
 
     OPCODE: ClassVar[int] = SUBSCRIBE
     KIND: ClassVar[str] = "request"
@@ -676,14 +722,21 @@ class SubscribeRequest(_Message):
         _put_string(out, self.topic, "topic")
         _put_string(out, self.group, "group_id")
         out += _pack(_I32, self.partition, "partition")
-        _put_string(out, self.mode, "mode")
+        mode = self.mode.encode("utf-8", "surrogateescape") if isinstance(self.mode, str) \
+            else None
+        if mode is None or len(mode) > 0xFF:
+            raise FlyMQCodecError(
+                f"flymq: SUBSCRIBE mode must be a str of at most 255 UTF-8 bytes, "
+                f"got {self.mode!r}", "encode")
+        out.append(len(mode))
+        out += mode
         return bytes(out)
 
     @classmethod
     def decode(cls, payload) -> "SubscribeRequest":
         r = cls._reader(payload)
         result = cls(r.string("topic"), r.string("group_id"), r.i32("partition"),
-                     r.string("mode"))
+                     r.short_string("mode"))
         r.finish()
         return result
 
