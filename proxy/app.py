@@ -3,6 +3,7 @@
 import asyncio
 import errno
 import logging
+import resource
 import signal
 
 from proxy.admin import AdminServer
@@ -11,6 +12,31 @@ from proxy.metrics import make_registry
 from proxy.relay import Route
 
 log = logging.getLogger("frametap")
+
+FD_HEADROOM = 64      # descriptors kept for the admin endpoint, the frame log, logging
+
+
+def raise_fd_limit():
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (a default shell gives
+    1024, which holds ~500 proxied connections); returns the soft limit in force."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return None
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
+def connection_capacity(fd_limit):
+    """Proxied connections the fd limit allows: two descriptors each, plus headroom."""
+    return max(0, (fd_limit - FD_HEADROOM) // 2)
 
 
 class ProxyApp:
@@ -29,6 +55,14 @@ class ProxyApp:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self.routes = [Route(rc, loop) for rc in self.config.routes]
+        fd_limit = raise_fd_limit()
+        if fd_limit is not None:
+            wanted = sum(rc.max_connections for rc in self.config.routes)
+            capacity = connection_capacity(fd_limit)
+            if wanted > capacity:
+                log.warning("max_connections add up to %d over all routes, but the open-file "
+                            "limit (%d) holds about %d proxied connections: raise it "
+                            "(ulimit -n) or lower max_connections", wanted, fd_limit, capacity)
         if self.config.admin_listen is not None:
             host, port = self.config.admin_listen
             self.admin = AdminServer(make_registry(lambda: self.routes), lambda: self.ready,

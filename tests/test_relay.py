@@ -450,3 +450,23 @@ def test_requests_to_an_unreachable_upstream_are_not_request_timeouts():
         writer.close()
         await app.shutdown(0)
     run(scenario())
+
+
+def test_fd_limit_is_raised_to_the_hard_limit():
+    """Issue 8, defect 2: the proxy ran with the shell's soft limit (1024 -> ~500 clients)."""
+    import resource
+    import subprocess
+    import sys
+    code = ("import resource; from proxy.app import raise_fd_limit, connection_capacity; "
+            "soft = raise_fd_limit(); h = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
+            "print(soft, h, connection_capacity(soft))")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(256, hard)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                               (low, hard)), check=True)
+    got, hard_seen, capacity = (int(x) for x in out.stdout.split())
+    assert got >= low
+    if hard_seen != resource.RLIM_INFINITY:
+        assert got == hard_seen
+    assert capacity == (got - 64) // 2
