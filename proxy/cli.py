@@ -50,36 +50,53 @@ def _add_proxy(sub):
     p.set_defaults(func=cmd_proxy)
 
 
+#: config path -> the flag that sets it in single-route mode (errors name the flag)
+FLAG_NAMES = {
+    "routes[0].protocol": "--protocol",
+    "routes[0].listen": "--listen",
+    "routes[0].upstream": "--upstream",
+    "routes[0].name": "--name",
+    "routes[0].max_frame_bytes": "--max-frame-bytes",
+    "routes[0].request_timeout": "--request-timeout",
+    "admin.listen": "--admin",
+    "framelog.dir": "--framelog",
+    "proxy.shutdown_timeout": "--drain-timeout",
+}
+
+
 def build_config(args):
-    from proxy.config import config_from_dict, load_config
+    """The Config for ``frametap proxy``: from -c FILE, or from the single-route flags."""
+    from proxy.config import RANGES, config_from_dict, load_config
     single = [args.protocol, args.listen, args.upstream]
     if args.config:
-        if any(single):
+        if any(v is not None for v in single):
             raise ConfigError("use either -c/--config or --protocol/--listen/--upstream, not both")
         cfg = load_config(args.config)
-        if args.admin:
+        if args.admin is not None:
             from proxy.addresses import parse_address
             cfg.admin_listen = parse_address(args.admin, "--admin", allow_port_zero=True)
-    else:
-        missing = [flag for flag, v in zip(("--protocol", "--listen", "--upstream"), single)
-                   if not v]
-        if missing:
-            raise ConfigError(f"missing {', '.join(missing)} (or give a config file with -c)")
-        data = {"routes": [{"name": args.name or args.protocol, "protocol": args.protocol,
-                            "listen": args.listen, "upstream": args.upstream,
-                            "request_timeout": args.request_timeout}]}
-        if args.max_frame_bytes is not None:
-            data["routes"][0]["max_frame_bytes"] = args.max_frame_bytes
-        if args.admin:
-            data["admin"] = {"listen": args.admin}
-        if args.framelog:
-            data["framelog"] = {"dir": args.framelog}
-        cfg = config_from_dict(data)
+            cfg.key_names["admin.listen"] = "--admin"
+        if args.drain_timeout is not None:
+            cfg.shutdown_timeout = RANGES["proxy.shutdown_timeout"].check(
+                args.drain_timeout, "--drain-timeout")
+        return cfg
+    missing = [flag for flag, v in zip(("--protocol", "--listen", "--upstream"), single)
+               if v is None]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)} (or give a config file with -c)")
+    route = {"protocol": args.protocol, "listen": args.listen, "upstream": args.upstream,
+             "request_timeout": args.request_timeout}
+    route["name"] = args.protocol if args.name is None else args.name
+    if args.max_frame_bytes is not None:
+        route["max_frame_bytes"] = args.max_frame_bytes
+    data = {"routes": [route]}
+    if args.admin is not None:
+        data["admin"] = {"listen": args.admin}
+    if args.framelog is not None:
+        data["framelog"] = {"dir": args.framelog}
     if args.drain_timeout is not None:
-        if args.drain_timeout < 0:
-            raise ConfigError(f"--drain-timeout = {args.drain_timeout}: expected a number >= 0")
-        cfg.shutdown_timeout = args.drain_timeout
-    return cfg
+        data["proxy"] = {"shutdown_timeout": args.drain_timeout}
+    return config_from_dict(data, FLAG_NAMES)
 
 
 def cmd_proxy(args):
