@@ -67,10 +67,10 @@ class ProxyApp:
             host, port = self.config.admin_listen
             self.admin = AdminServer(make_registry(lambda: self.routes), lambda: self.ready,
                                      host, port)
-            await self._bind(self.admin.start(), "admin.listen", host, port)
+            await self._bind(self.admin.start(), self._key("admin.listen"), host, port)
         for i, route in enumerate(self.routes):
             host, port = route.cfg.listen
-            await self._bind(route.start(), f"routes[{i}].listen", host, port)
+            await self._bind(route.start(), self._key(f"routes[{i}].listen"), host, port)
         self.ready = True
         for route in self.routes:
             h, p = route.address
@@ -81,15 +81,21 @@ class ProxyApp:
         if self.config.framelog is not None:
             log.warning("[framelog] is accepted but frame logs are not written by this build yet")
 
+    def _key(self, key):
+        """A config key as the user named it (a flag in single-route mode)."""
+        name = getattr(self.config, "key_name", None)
+        return name(key) if name else key
+
     async def _bind(self, coro, key, host, port):
         try:
             await coro
         except OSError as exc:
             await self.close_listeners()
             if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(f"{key} = '{host}:{port}': address already in use") from None
-            raise ConfigError(f"{key} = '{host}:{port}': cannot listen: "
-                              f"{exc.strerror or exc}") from None
+                raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{host}:{port}': "
+                                  "address already in use") from None
+            raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{host}:{port}': "
+                              f"cannot listen: {exc.strerror or exc}") from None
 
     async def close_listeners(self):
         self.ready = False

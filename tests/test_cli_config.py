@@ -159,7 +159,7 @@ def test_port_in_use_exits_2():
         r = frametap("proxy", "--protocol", "flymq", "--listen", f"127.0.0.1:{port}",
                      "--upstream", "127.0.0.1:9")
     assert r.returncode == 2
-    assert f"routes[0].listen = '127.0.0.1:{port}': address already in use" in r.stderr
+    assert f"--listen '127.0.0.1:{port}': address already in use" in r.stderr
     assert "Traceback" not in r.stderr
 
 
