@@ -128,6 +128,16 @@ cdef class RouteStats:
             self.slot_label[self.unknown_slot] = b"unknown"
         return self.unknown_slot
 
+    def describe(self, opcode_namer, status_namer, known_codes):
+        """What a protocol tells its route once (the first parser does; later ones find
+        it done): how to name opcodes and statuses, and its opcode table."""
+        if self.opcode_namer is None:
+            self.opcode_namer = opcode_namer
+        if self.status_namer is None:
+            self.status_namer = status_namer
+        if not self.has_known:
+            self.set_known(known_codes)
+
     def set_known(self, codes):
         """The protocol's opcode table: these codes always get their own label (while
         slots last); any other code is one of at most UNKNOWN_LABELS unknown_<n> labels,

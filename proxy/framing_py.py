@@ -104,6 +104,14 @@ class RouteStats:
             self.slot_label[self.unknown_slot] = b"unknown"
         return self.unknown_slot
 
+    def describe(self, opcode_namer, status_namer, known_codes):
+        if self.opcode_namer is None:
+            self.opcode_namer = opcode_namer
+        if self.status_namer is None:
+            self.status_namer = status_namer
+        if not self.has_known:
+            self.set_known(known_codes)
+
     def set_known(self, codes):
         self.known.update(c for c in codes if 0 <= c < CODE_TABLE)
         self.has_known = True

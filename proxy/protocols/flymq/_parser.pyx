@@ -39,12 +39,7 @@ cdef class FlyMQParser(FrameParser):
                  options=None):
         self.header_size = HEADER
         self.max_frame_bytes = MAX_FRAME_BYTES
-        if stats.opcode_namer is None:
-            stats.opcode_namer = opcode_name
-        if stats.status_namer is None:
-            stats.status_namer = status_name
-        if not stats.has_known:
-            stats.set_known(_KNOWN)    # unknown codes cannot use up the labels
+        stats.describe(opcode_name, status_name, _KNOWN)   # once per route
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:

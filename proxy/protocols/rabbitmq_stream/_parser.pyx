@@ -103,12 +103,7 @@ cdef class StreamParser(FrameParser):
                  options=None):
         self.header_size = 4
         self.max_frame_bytes = MAX_FRAME_BYTES
-        if stats.opcode_namer is None:
-            stats.opcode_namer = command_name
-        if stats.status_namer is None:
-            stats.status_namer = status_name
-        if not stats.has_known:
-            stats.set_known(_KNOWN)    # unknown codes cannot use up the labels
+        stats.describe(command_name, status_name, _KNOWN)   # once per route
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
         self.rewriter = MetadataRewriter.from_options(self.options)
         if self.rewriter is not None:

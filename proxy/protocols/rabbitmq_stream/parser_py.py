@@ -69,12 +69,7 @@ class StreamParser(FrameParser):
     max_frame_bytes = MAX_FRAME_BYTES
 
     def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
-        if stats.opcode_namer is None:
-            stats.opcode_namer = command_name
-        if stats.status_namer is None:
-            stats.status_namer = status_name
-        if not stats.has_known:
-            stats.set_known(_KNOWN)    # unknown codes cannot use up the labels
+        stats.describe(command_name, status_name, _KNOWN)   # once per route
         super().__init__(stats, max_frame_bytes, request_timeout, options)
         self.tuned_max = 0
         self.local_address = None

@@ -214,12 +214,7 @@ cdef class RocketMQParser(FrameParser):
                  options=None):
         self.header_size = HDR
         self.max_frame_bytes = MAX_FRAME_BYTES
-        if stats.opcode_namer is None:
-            stats.opcode_namer = frame_opcode_name
-        if stats.status_namer is None:
-            stats.status_namer = response_status_name
-        if not stats.has_known:
-            stats.set_known(known_codes())    # unknown codes cannot use up the labels
+        stats.describe(frame_opcode_name, response_status_name, known_codes())   # once per route
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
         self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
         self.header_limit = max(self.max_header_bytes, HDR)

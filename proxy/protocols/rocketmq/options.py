@@ -12,6 +12,7 @@ With ``advertise``, GET_ROUTEINFO_BY_TOPIC responses (TopicRouteData JSON in the
 server also carries the broker traffic (each broker needs its own frametap route).
 """
 
+import functools
 import struct
 
 from proxy.addresses import parse_address
@@ -52,11 +53,12 @@ def remember_route_request(opaques, opaque):
     return False
 
 
+@functools.cache
 def known_codes():
     """Every request code of Apache's table (and the legacy ones), plus the parser's two
     pseudo-opcodes: the codes that keep their own label (RouteStats.set_known)."""
     c = _codes()
-    return [*c.REQUEST_CODES, *c.LEGACY_REQUEST_CODES, UNMATCHED_RESPONSE, UNDECODABLE]
+    return (*c.REQUEST_CODES, *c.LEGACY_REQUEST_CODES, UNMATCHED_RESPONSE, UNDECODABLE)
 
 
 def response_status_name(code):

@@ -40,12 +40,7 @@ class RocketMQParser(FrameParser):
     max_frame_bytes = MAX_FRAME_BYTES
 
     def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
-        if stats.opcode_namer is None:
-            stats.opcode_namer = frame_opcode_name
-        if stats.status_namer is None:
-            stats.status_namer = response_status_name
-        if not stats.has_known:
-            stats.set_known(known_codes())    # unknown codes cannot use up the labels
+        stats.describe(frame_opcode_name, response_status_name, known_codes())   # once per route
         super().__init__(stats, max_frame_bytes, request_timeout, options)
         self.max_header_bytes = self.options.get("max_header_bytes", MAX_HEADER_BYTES)
         self.header_limit = max(self.max_header_bytes, HDR)
