@@ -59,10 +59,10 @@ class ProxyApp:
         if fd_limit is not None:
             wanted = sum(rc.max_connections for rc in self.config.routes)
             capacity = connection_capacity(fd_limit)
-            if wanted > capacity:
-                log.warning("max_connections add up to %d over all routes, but the open-file "
-                            "limit (%d) holds about %d proxied connections: raise it "
-                            "(ulimit -n) or lower max_connections", wanted, fd_limit, capacity)
+            if wanted > capacity:          # the default (10000 a route) often exceeds it
+                log.info("max_connections add up to %d over all routes; the open-file limit "
+                         "(%d) holds about %d proxied connections (raise it with ulimit -n "
+                         "to reach more)", wanted, fd_limit, capacity)
         if self.config.admin_listen is not None:
             host, port = self.config.admin_listen
             self.admin = AdminServer(make_registry(lambda: self.routes), lambda: self.ready,
