@@ -201,11 +201,14 @@ def report(metrics_text, locust_rows, seconds, route=None, out=sys.stdout):
         print(f"{n:<{width}}  {v['requests']:>10.0f} {v['errors']:>5.0f} {fmt_ms(v['p50']):>7}"
               f" {fmt_ms(v['p99']):>7}  {lreq:>10} {lfail:>5} {l50:>7} {l99:>7}  "
               f"{v['requests'] / seconds:>8.0f} {bar}", file=out)
+    # totals add up from the rows above: Locust rows of other routes are not in them
     total = sum(ops[n]["requests"] for n in names)
-    ltotal = sum(r["requests"] for r in locust_rows.values())
-    lfail = sum(r["failures"] for r in locust_rows.values())
+    etotal = sum(ops[n]["errors"] for n in names)
+    shown = [locust_rows[n] for n in names if n in locust_rows]
+    ltotal = sum(r["requests"] for r in shown)
+    lfail = sum(r["failures"] for r in shown)
     print("-" * len(head), file=out)
-    print(f"{'total':<{width}}  {total:>10.0f} {'':>5} {'':>7} {'':>7}  "
+    print(f"{'total':<{width}}  {total:>10.0f} {etotal:>5.0f} {'':>7} {'':>7}  "
           f"{ltotal:>10} {lfail:>5}", file=out)
     return ops
 

@@ -66,3 +66,21 @@ def test_demo_unknown_protocol_one_line():
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--protocols: 'kafka' is not available (expected: " in lines[0]
+
+
+def test_report_totals_add_up_from_their_rows():
+    """Issue 8: a route's Locust total summed every Locust row, other routes' included."""
+    import io
+    from loadgen.demo import report
+    metrics = "\n".join([
+        'frametap_responses_total{route="ns",protocol="rocketmq",opcode="GET_ROUTEINFO_BY_TOPIC",status="SUCCESS"} 8',
+        'frametap_request_duration_seconds_count{route="ns",protocol="rocketmq",opcode="GET_ROUTEINFO_BY_TOPIC",outcome="ok"} 8',
+        'frametap_request_duration_seconds_sum{route="ns",protocol="rocketmq",opcode="GET_ROUTEINFO_BY_TOPIC",outcome="ok"} 0.08',
+        'frametap_request_duration_seconds_bucket{route="ns",protocol="rocketmq",opcode="GET_ROUTEINFO_BY_TOPIC",outcome="ok",le="+Inf"} 8',
+    ]) + "\n"
+    rows = {"GET_ROUTEINFO_BY_TOPIC": {"requests": 8, "failures": 0, "p50": 40, "p99": 50},
+            "PULL_MESSAGE": {"requests": 4000, "failures": 2, "p50": 5, "p99": 9}}
+    out = io.StringIO()
+    report(metrics, rows, 20.0, route="ns", out=out)
+    total = [ln for ln in out.getvalue().splitlines() if ln.startswith("total")][0].split()
+    assert total[1] == "8" and total[3] == "8" and total[4] == "0"

@@ -181,3 +181,18 @@ def test_output_belongs_to_one_call_only(impl):
     assert p.output is not None
     hb = req(K.HEARTBEAT)
     assert p.feed(C2S, hb) == len(hb) and p.output is None
+
+
+def test_create_answered_stream_already_exists_is_normal_flow(impl):
+    """Issue 8: clients declare their streams on every start; STREAM_ALREADY_EXISTS
+    answering Create is outcome ok (status label kept), any other error is not."""
+    stats, p = make(impl)
+    p.feed(C2S, req(K.CREATE, correlation_id=1, stream="s", arguments={}))
+    p.feed(S2C, resp(K.CREATE, correlation_id=1, code=K.STREAM_ALREADY_EXISTS))
+    p.feed(C2S, req(K.DELETE, correlation_id=2, stream="s"))
+    p.feed(S2C, resp(K.DELETE, correlation_id=2, code=K.STREAM_ALREADY_EXISTS))
+    s = stats.snapshot()
+    assert s["responses"] == {("Create", "STREAM_ALREADY_EXISTS"): 1,
+                              ("Delete", "STREAM_ALREADY_EXISTS"): 1}
+    assert {k: sum(v[0]) for k, v in s["hist"].items()} == {("Create", "ok"): 1,
+                                                          ("Delete", "error"): 1}

@@ -39,6 +39,8 @@ cdef enum:
     RESP = 0x8000
     ST_OK = 0x01
     ST_SASL_CHALLENGE = 0x0A
+    ST_STREAM_ALREADY_EXISTS = 0x05
+    K_CREATE = 13
     TAG_TUNE = 2               # map tags: 0/1 = direction of an RPC request,
     TAG_PUBLISHER = 256        # 2 = server's Tune, 256 + publisher id = a message
     # body states
@@ -63,6 +65,14 @@ cdef struct Body:
     uint32_t pubid
     uint64_t pid
     int slot                   # opcode slot of this frame (unused)
+
+
+cdef inline bint normal_flow(int cmd, int code) noexcept:
+    """Answers of a normal flow count as outcome ok (the status label keeps the code):
+    OK, a SASL challenge, and Create answered STREAM_ALREADY_EXISTS (clients declare
+    their streams on every start, as RocketMQ clients pull from empty queues)."""
+    return (code == ST_OK or code == ST_SASL_CHALLENGE
+            or (cmd == K_CREATE and code == ST_STREAM_ALREADY_EXISTS))
 
 
 cdef inline int header_need(int key, int version) noexcept:
@@ -168,8 +178,7 @@ cdef class StreamParser(FrameParser):
         corr = be32(h + HDR)
         code = ST_OK if cmd == K_METADATA else be16(h + HDR + 4)
         take(self, d, 1 - d, corr)              # the request went the other way
-        answer(self, d, code, OUTCOME_OK if code == ST_OK or code == ST_SASL_CHALLENGE
-                    else OUTCOME_ERROR)
+        answer(self, d, code, OUTCOME_OK if normal_flow(cmd, code) else OUTCOME_ERROR)
         if self.st[d].rec.corr_fmt == 0:
             set_corr(self, d, corr, -1)
         if cmd == K_METADATA and d == S2C and self.rewriter is not None:

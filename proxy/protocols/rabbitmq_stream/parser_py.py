@@ -7,7 +7,8 @@ from proxy.framing_py import FrameParser
 from proxy.protocols.rabbitmq_stream.constants import COMMANDS as _KNOWN
 from proxy.protocols.rabbitmq_stream.constants import (
     MAX_FRAME_BYTES, PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR, DELIVER, CREDIT, STORE_OFFSET,
-    HEARTBEAT, METADATA_UPDATE, METADATA, TUNE, OK, SASL_CHALLENGE, command_name, status_name)
+    HEARTBEAT, METADATA_UPDATE, METADATA, TUNE, OK, SASL_CHALLENGE, CREATE, STREAM_ALREADY_EXISTS,
+    command_name, status_name)
 from proxy.protocols.rabbitmq_stream.rewrite import MetadataRewriter
 
 HDR = 8
@@ -17,6 +18,11 @@ ONE_WAY = (CREDIT, STORE_OFFSET, HEARTBEAT, METADATA_UPDATE)
 TAG_TUNE = 2
 TAG_PUBLISHER = 256
 B_PUBID, B_COUNT, B_PID, B_FILTER_LEN, B_MSG_LEN, B_CODE, B_DONE = range(7)
+
+
+def normal_flow(cmd, code):
+    """OK, a SASL challenge, and Create answered STREAM_ALREADY_EXISTS: outcome ok."""
+    return code in (OK, SASL_CHALLENGE) or (cmd == CREATE and code == STREAM_ALREADY_EXISTS)
 
 
 def header_need(key, version):
@@ -133,7 +139,7 @@ class StreamParser(FrameParser):
         corr = be(h, HDR, 4)
         code = OK if cmd == METADATA else be(h, HDR + 4, 2)
         self.take(d, 1 - d, corr)
-        self.answer(d, code, OUTCOME_OK if code in (OK, SASL_CHALLENGE) else OUTCOME_ERROR)
+        self.answer(d, code, OUTCOME_OK if normal_flow(cmd, code) else OUTCOME_ERROR)
         if self.recording and self.st[d].rec.corr_fmt == 0:
             self.set_corr(d, corr, -1)
         if cmd == METADATA and d == S2C and self.rewriter is not None:
