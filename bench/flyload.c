@@ -22,7 +22,7 @@
  *       {"requests":..,"seconds":..,"rps":..,"p50_us":..,"p99_us":..,
  *        "client_cpu_s":..,"client_cpu_pct":.., ...}
  *
- * Wire format (shared/specs/flymq-binary.md, "Wire Format"):
+ * Wire format (docs/design.md, "FlyMQ"):
  *   magic 0xAF | version 0x01 | opcode u8 | flags u8 | length u32 BE
  */
 #define _GNU_SOURCE

@@ -184,7 +184,7 @@ def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
     with ``make_server(args)`` -> ``(server, listen text)``, print ``banner(server)`` once
     it listens and serve until SIGINT/SIGTERM. Returns the exit status: 0 (also for
     ``--help``), 2 for a bad argument, a :class:`CommandLineError` or a listen address
-    that cannot be bound (DESIGN.md, "Command line")."""
+    that cannot be bound (docs/design.md, "Command line")."""
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
@@ -202,7 +202,7 @@ def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
     except OSError as exc:
         print(f"{parser.prog}: cannot listen on {listen}: {exc.strerror or exc}",
               file=sys.stderr)
-        return 2  # a port in use is a user error (DESIGN.md, "Command line")
+        return 2  # a port in use is a user error (docs/design.md, "Command line")
     except KeyboardInterrupt:
         pass
     return 0

@@ -27,17 +27,18 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint8_t, int8_t, int16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memmove
 
+# Label and histogram bounds: docs/design.md, "Prometheus metrics".
 cdef enum:
     C2S = 0                  # direction: client -> server
     S2C = 1                  # direction: server -> client
-    OPCODE_SLOTS = 257       # 256 distinct opcodes per route (DESIGN.md) + "other"
+    OPCODE_SLOTS = 257       # 256 distinct opcodes per route + "other"
     OTHER_SLOT = 256         # slot of every opcode after the first 256
     CODE_TABLE = 65536       # numeric opcodes 0..65535 map through a direct table
     NAME_TABLE = 512         # hash table of interned opcode names (power of two)
     UNKNOWN_LABELS = 16      # unknown_<n> labels per route; later unknown codes share "unknown"
     STATUS_SLOTS = 32        # distinct status values per route; the last is "other"
     REASON_SLOTS = 32        # protocol-error reasons (framing_common.REASONS)
-    N_BUCKETS = 17           # latency histogram bounds (DESIGN.md); +Inf is bucket 17
+    N_BUCKETS = 17           # latency histogram bounds; +Inf is bucket 17
     HEADER_LIMIT = 65536     # default header_limit: most header bytes a parser may want
     OUTCOME_OK = 0
     OUTCOME_ERROR = 1
@@ -93,7 +94,7 @@ cdef struct MapEntry:        # 32 bytes; the key is p.key
     int32_t used             # 1 when the entry holds a pending request
     Pending p
 
-# One frame-log row, filled by the recording calls (DESIGN.md "Frame log").  Strings
+# One frame-log row, filled by the recording calls (docs/design.md, "Frame log").  Strings
 # are table lookups done by the writer: opcode name from `slot`/`opcode`, request
 # opcode name from `req_slot`, status name from `status` via the route's namer,
 # route/protocol/peer/run id from the connection.  `resource` and `attrs` are
@@ -385,7 +386,7 @@ cdef inline void add_messages(FrameParser self, int d, int64_t n) noexcept:
 
 cdef inline void entry(FrameParser self, int d) noexcept:
     """One more separately acknowledged entry of the current frame: its own row
-    (messages = 1); rows after the first carry no bytes (DESIGN.md "Frame log")."""
+    (messages = 1); rows after the first carry no bytes (docs/design.md, "Frame log")."""
     cdef DirState* s = &self.st[d]
     cdef FrameRecord* rec = &s.rec
     if not self.recording:

@@ -355,7 +355,8 @@ cdef class FrameParser:
         if self.error is not None or self.closed:
             return 0
         s.offset += n
-        self.now_ns = monotonic_ns()           # one clock read per read (DESIGN.md)
+        # One clock read per read, not per frame (docs/design.md, "Performance principles").
+        self.now_ns = monotonic_ns()
         self.c.relayed[d] += n
         while pos < n:
             if s.remaining > 0:                # inside a payload: pass it without copying

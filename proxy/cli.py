@@ -1,4 +1,4 @@
-"""The ``frametap`` command line (DESIGN.md, "Command line").
+"""The ``frametap`` command line (docs/design.md, "Command line").
 
 User errors (bad arguments, bad config, a port in use) print one line and exit 2,
 never a traceback.

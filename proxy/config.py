@@ -1,4 +1,4 @@
-"""TOML config (DESIGN.md, "Config file"), validated into plain dataclasses.
+"""TOML config (docs/design.md, "Config file"), validated into plain dataclasses.
 
 Every problem raises ConfigError with one line naming the key, the value and what
 was expected; the CLI prints it and exits 2. Every number must be finite and inside

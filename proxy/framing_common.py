@@ -4,7 +4,7 @@ DIRECTIONS = ("c2s", "s2c")
 C2S = 0
 S2C = 1
 
-#: Latency buckets in seconds (DESIGN.md, "Prometheus metrics").
+#: Latency buckets in seconds (docs/design.md, "Prometheus metrics").
 BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
            0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BUCKETS_NS = tuple(int(round(b * 1e9)) for b in BUCKETS)

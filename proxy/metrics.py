@@ -1,6 +1,6 @@
 """Prometheus export: a custom Collector that reads the native counters at scrape time.
 
-Metric names and labels are a contract (DESIGN.md, "Prometheus metrics"); nothing
+Metric names and labels are a contract (docs/design.md, "Prometheus metrics"); nothing
 on the per-frame path touches prometheus_client.
 """
 

@@ -18,7 +18,7 @@ from proxy import protocols
 from proxy.framing import RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
 
-_conn_ids = itertools.count(1)            # conn_id of the frame log (DESIGN.md)
+_conn_ids = itertools.count(1)            # conn_id of the frame log (docs/design.md, "Frame log")
 
 log = logging.getLogger("frametap.relay")
 

@@ -39,7 +39,7 @@ from proxy.protocols.flymq.opcodes import ERROR, MAX_FRAME_BYTES, PRODUCE
 
 # ---------------------------------------------------------------- spec wire example
 
-# "Wire Example - Produce "hello" to "test"" (flymq-binary.md), byte for byte.
+# "Wire Example - Produce "hello" to "test"" (the FlyMQ seed document), byte for byte.
 SPEC_PRODUCE_PAYLOAD = bytes.fromhex(
     "0004" "74657374"      # topic "test"
     "00000000"             # key length 0 (no key)

@@ -1,7 +1,7 @@
 """Synchronous FlyMQ client over a plain ``socket`` (gevent-patchable, used by Locust).
 
 One request in flight at a time, as in the reference SDK: FlyMQ has no correlation id, so
-the response to a request is simply the next frame on the connection (DESIGN.md, "FlyMQ").
+the response to a request is simply the next frame on the connection (docs/design.md, "FlyMQ").
 Payload layouts are those of :mod:`proxy.protocols.flymq.codec`.
 
 Errors:

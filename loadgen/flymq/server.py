@@ -1,8 +1,8 @@
 """Reference FlyMQ server (asyncio, uvloop when installed) for load runs and tests.
 
-No real FlyMQ broker is installable here (DESIGN.md, "Protocol notes"), so this in-memory
+No real FlyMQ broker is installable here (docs/design.md, "Reference servers"), so this in-memory
 server is what ``frametap serve flymq``, the demo and the tests talk to. It implements
-the core opcodes of ../specs/flymq-binary.md with the payload layouts of
+the core opcodes of the FlyMQ seed document (docs/design.md, "FlyMQ") with the payload layouts of
 :mod:`proxy.protocols.flymq.codec`:
 
 * Topics hold partitions; each partition is an append-only log whose offsets start at 0.

@@ -1,7 +1,7 @@
 """Synchronous RabbitMQ Stream client over a plain ``socket`` (gevent-patchable, used by Locust).
 
 Wire format: deps/rabbitmq_stream/docs/PROTOCOL.adoc of rabbitmq-server, with the real
-server's behaviour where the document is behind (DESIGN.md, "RabbitMQ Stream"). Every
+server's behaviour where the document is behind (docs/design.md, "RabbitMQ Stream"). Every
 frame is ``Size u32 | Key u16 | Version u16 | body``; requests and their responses carry a
 correlation id, while Publish, PublishConfirm, PublishError, Deliver, Credit, StoreOffset,
 Heartbeat, Tune and MetadataUpdate do not. All commands are sent as version 1, so the

@@ -1,6 +1,6 @@
 """Synchronous RocketMQ remoting client over a plain ``socket`` (gevent-patchable, used by Locust).
 
-Wire format (DESIGN.md, "RocketMQ remoting"; Apache ``RemotingCommand``): every frame is
+Wire format (docs/design.md, "RocketMQ remoting"; Apache ``RemotingCommand``): every frame is
 ``length u32 | header-length word u32 | header | body`` where ``length`` counts everything
 after itself, the header-length word's high byte is the serialization type (0 JSON,
 1 ROCKETMQ binary) and its low 24 bits the header length. Requests and responses are

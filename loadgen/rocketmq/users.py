@@ -4,7 +4,7 @@ Host: Locust's ``--host`` is the *name server*, as ``rocketmq://HOST:PORT``, ``H
 or ``HOST`` (port 9876). Like Apache's clients, the users ask the name server for the
 topic's route (GET_ROUTEINFO_BY_TOPIC) and then connect to the broker addresses the route
 data names - so a proxy in front of the name server alone sees only route lookups, and a
-proxy that rewrites route data (DESIGN.md, "Address rewriting") sees the broker traffic too.
+proxy that rewrites route data (docs/design.md, "RocketMQ remoting") sees the broker traffic too.
 One connection per broker address per user.
 
 Every request fires ``environment.events.request`` with ``request_type="rocketmq"``,

@@ -1,8 +1,8 @@
-"""Protocol registry: one sub-package per protocol (DESIGN.md, "Layout").
+"""Protocol registry: one sub-package per protocol (docs/design.md, "Layout").
 
 A sub-package counts as a protocol when its ``__init__.py`` defines ``PROTOCOL``, a
 ``ProtocolSpec`` (see ``proxy.protocols.spec``). Nothing here lists them: adding a
-protocol is adding a folder. ``KNOWN`` is the product's list (DESIGN.md, "Command
+protocol is adding a folder. ``KNOWN`` is the product's list (docs/design.md, "Command
 line"), used only to tell "not implemented in this build" from "no such protocol".
 
 ``python -m proxy.protocols --check-build`` imports every compiled extension (the
@@ -15,7 +15,7 @@ import pkgutil
 
 from proxy.protocols.spec import DemoRoute, DemoSpec, ProtocolSpec  # noqa: F401
 
-#: Every protocol name of the product (DESIGN.md, "Command line").
+#: Every protocol name of the product (docs/design.md, "Command line").
 KNOWN = ("rocketmq", "fleximq", "flymq", "rabbitmq-stream", "ttheader")
 
 

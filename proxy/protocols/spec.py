@@ -1,7 +1,7 @@
 """``ProtocolSpec``: what the rest of frametap needs to know about one protocol.
 
 Each protocol package declares one, ``PROTOCOL = ProtocolSpec(...)`` in its
-``__init__.py``; ``proxy.protocols`` finds them (DESIGN.md, "Layout": everything
+``__init__.py``; ``proxy.protocols`` finds them (docs/design.md, "Layout": everything
 about a protocol lives in its folder). The CLI, the config checker, the relay, the
 locustfile, the demo, the parser benchmark and the build checks read these
 descriptors and keep no protocol list of their own.

@@ -1,10 +1,10 @@
 # cython: language_level=3
 """FlyMQ frame parser (compiled).  Twin: parser_py.py.
 
-Wire format (flymq-binary.md, "Wire Format"): magic 0xAF, version, opcode, flags,
+Wire format (docs/design.md, "FlyMQ"): magic 0xAF, version, opcode, flags,
 u32 big-endian payload length, payload.  No correlation id: the reference SDK keeps
 one request in flight and the server answers in order, so requests and responses
-pair FIFO (DESIGN.md, "FlyMQ").  The server echoes the request opcode, or answers
+pair FIFO (docs/design.md, "FlyMQ").  The server echoes the request opcode, or answers
 ERROR (0xFF) with a text body.
 """
 

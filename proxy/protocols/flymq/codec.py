@@ -1,4 +1,5 @@
-"""FlyMQ codec: whole frames and whole messages (../specs/flymq-binary.md).
+"""FlyMQ codec: whole frames and whole messages (the FlyMQ seed document, with the
+real server's request decoding; docs/design.md, "FlyMQ").
 
 Pure Python; used by the reference server, the sync client, the Locust users and the
 tests. The proxy's hot-path parser does not use it.

@@ -1,4 +1,5 @@
-"""FlyMQ wire constants and opcode names (../specs/flymq-binary.md, "Operation Codes").
+"""FlyMQ wire constants and opcode names (the FlyMQ seed document's operation codes;
+docs/design.md, "FlyMQ").
 
 The names are the spec's own; they become the ``opcode`` label of every metric.
 """
@@ -9,7 +10,7 @@ HEADER_SIZE = 8
 MAX_FRAME_BYTES = 32 * 1024 * 1024  # MAX_MESSAGE_SIZE: limit on the payload length field
 
 FLAG_BINARY = 0x01
-# Bits 1-3 of the flags byte name the compression (DESIGN.md, "FlyMQ").
+# Bits 1-3 of the flags byte name the compression (docs/design.md, "FlyMQ").
 COMPRESSION_MASK = 0x0E
 COMPRESSION_SHIFT = 1
 
@@ -86,5 +87,5 @@ OPCODES = {
 
 
 def opcode_name(code: int) -> str:
-    """Spec name of ``code``, or ``unknown_<n>`` (DESIGN.md metric rule)."""
+    """Spec name of ``code``, or ``unknown_<n>`` (docs/design.md, "Prometheus metrics")."""
     return OPCODES.get(code, f"unknown_{code}")

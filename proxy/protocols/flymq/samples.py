@@ -13,7 +13,7 @@ TARGET_RATIO = 20.0          # compiled / pure-Python
 
 
 def frame(opcode, payload):
-    """Header per shared/specs/flymq-binary.md "Wire Format"."""
+    """Header per docs/design.md, "FlyMQ" (wire format)."""
     return struct.pack(">BBBBI", MAGIC, VERSION, opcode, FLAG_BINARY, len(payload)) + payload
 
 

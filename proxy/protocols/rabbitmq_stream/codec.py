@@ -4,7 +4,7 @@ Pure Python; used by the reference broker (:mod:`loadgen.rabbitmq_stream.server`
 proxy's Metadata address rewriting and the tests. The proxy's hot-path parser does not use
 it.
 
-Sources, in the order they win (DESIGN.md, "Protocol notes"): what the real server
+Sources, in the order they win (docs/design.md, "Protocol decisions"): what the real server
 (``rabbit_stream_core.erl``) and the real clients (PyPI ``rstream``) put on the wire, then
 ``deps/rabbitmq_stream/docs/PROTOCOL.adoc``, then the seed draft.
 

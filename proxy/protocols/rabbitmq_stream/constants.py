@@ -1,5 +1,5 @@
-"""RabbitMQ Stream protocol constants (DESIGN.md "RabbitMQ Stream"; the real server's
-deps/rabbitmq_stream/docs/PROTOCOL.adoc wins over the seed draft in ../specs).
+"""RabbitMQ Stream protocol constants (docs/design.md, "RabbitMQ Stream": the real
+server's deps/rabbitmq_stream/docs/PROTOCOL.adoc wins over the seed draft).
 
 Frame: Size u32 (bytes after the size field), Key u16 (bit 15 set = response),
 Version u16, then per command: CorrelationId u32 for request/response commands.
@@ -49,7 +49,7 @@ COMMANDS = {
     27: "ExchangeCommandVersions", 28: "StreamStats",
 }
 
-#: Commands without a correlation id (DESIGN.md): one-way frames.
+#: Commands without a correlation id (docs/design.md, "RabbitMQ Stream"): one-way frames.
 NO_CORRELATION = frozenset({TUNE, PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR, DELIVER, CREDIT,
                             STORE_OFFSET, HEARTBEAT, METADATA_UPDATE})
 #: Requests the server sends to the client (correlated in the s2c direction).

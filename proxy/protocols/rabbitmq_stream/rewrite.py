@@ -1,4 +1,4 @@
-"""Address rewriting for RabbitMQ Stream Metadata responses (DESIGN.md "Address rewriting").
+"""Address rewriting for RabbitMQ Stream Metadata responses (docs/design.md, "RabbitMQ Stream").
 
 Clients (rstream, unless ``load_balancer_mode``) connect to the leader address that
 Metadata advertises; without rewriting, those follow-on connections bypass the proxy.

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """RocketMQ remoting frame parser (compiled).  Twin: parser_py.py.
 
-Frame (DESIGN.md "RocketMQ remoting"): length u32 (bytes after itself; route option
+Frame (docs/design.md, "RocketMQ remoting"): length u32 (bytes after itself; route option
 ``length_includes_self`` for peers that count it), header-length word u32 (high byte =
 serialization: 0 JSON, 1 ROCKETMQ binary; low 24 bits = header length), header, body.
 The header streams through on_body(): scanned in place when a read holds it whole,
@@ -342,7 +342,8 @@ cdef class RocketMQParser(FrameParser):
         flag = <int>f[2]
         if flag & F_RESPONSE:
             # A response answers a request that went the other way.  A c2s frame with
-            # flag 1 that answers nothing is a Go client's oneway request (DESIGN.md).
+            # flag 1 that answers nothing is a Go client's oneway request
+            # (docs/design.md, "RocketMQ remoting").
             slot = take(self, d, 1 - d, opaque)
             if slot >= 0:                      # counted under the request's opcode
                 begin(self, d, slot, K_RESPONSE, r.total, HDR + r.hlen)

@@ -3,7 +3,7 @@
 Pure Python; used by the reference name server + broker (:mod:`loadgen.rocketmq.server`),
 address rewriting of route data and the tests. The proxy's hot-path parser does not use it.
 
-Sources, in the order they win (DESIGN.md, "Protocol notes"): Apache RocketMQ
+Sources, in the order they win (docs/design.md, "RocketMQ remoting"): Apache RocketMQ
 (``remoting/.../protocol/RemotingCommand.java``, ``RocketMQSerializable.java``,
 ``common/message/MessageDecoder.java``, ``protocol/route/*.java``), then the seed spec.
 

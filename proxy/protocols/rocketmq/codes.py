@@ -1,6 +1,6 @@
 """RocketMQ remoting tables: request codes, response codes, language codes, flag bits.
 
-Numbers follow Apache RocketMQ, not the seed spec (DESIGN.md, "Protocol notes"):
+Numbers follow Apache RocketMQ, not the seed spec (docs/design.md, "RocketMQ remoting"):
 
 * :data:`REQUEST_CODES` — ``remoting/.../protocol/RequestCode.java`` (apache/rocketmq,
   the version after PR #8871, 2024-10, which moved the POP family from the overflowing

@@ -151,7 +151,8 @@ class RocketMQParser(FrameParser):
         hb = HDR + r.hlen
         if flag & F_RESPONSE:
             # A response answers a request that went the other way.  A c2s frame with
-            # flag 1 that answers nothing is a Go client's oneway request (DESIGN.md).
+            # flag 1 that answers nothing is a Go client's oneway request
+            # (docs/design.md, "RocketMQ remoting").
             slot = self.take(d, 1 - d, opaque)
             if slot >= 0:                      # counted under the request's opcode
                 self.begin(d, slot, K_RESPONSE, r.total, hb)
