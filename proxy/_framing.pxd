@@ -197,9 +197,6 @@ cdef class RouteStats:
     cdef int slot_for(self, int64_t code) noexcept
     cdef int _shared_unknown(self) noexcept
     cdef int slot_for_name(self, const uint8_t* name, Py_ssize_t n) except -1
-    cdef int status_slot(self, int64_t code) noexcept
-    cdef void observe(self, int slot, int outcome, int64_t dt_ns) noexcept
-    cdef void response(self, int slot, int64_t status) noexcept
     cdef void error(self, int direction, int reason) noexcept
 
 
@@ -587,13 +584,18 @@ cdef inline void _count_response(Counters* c, int slot, int64_t status) noexcept
     c.responses[slot * STATUS_SLOTS + _status_slot(c, status)] += 1
 
 
-cdef inline void _observe(Counters* c, int slot, int outcome, int64_t dt_ns) noexcept:
+cdef inline int _bucket(const int64_t* bounds, int64_t dt_ns) noexcept:
+    """Histogram bucket of dt_ns (N_BUCKETS is +Inf)."""
     cdef int b = 0
+    while b < N_BUCKETS and dt_ns > bounds[b]:
+        b += 1
+    return b
+
+
+cdef inline void _observe(Counters* c, int slot, int outcome, int64_t dt_ns) noexcept:
     if dt_ns < 0:
         dt_ns = 0
-    while b < N_BUCKETS and dt_ns > c.bounds[b]:
-        b += 1
-    c.hist[(slot * 2 + outcome) * (N_BUCKETS + 1) + b] += 1
+    c.hist[(slot * 2 + outcome) * (N_BUCKETS + 1) + _bucket(c.bounds, dt_ns)] += 1
     c.hist_sum[slot][outcome] += dt_ns * 1e-9
 
 

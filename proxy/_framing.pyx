@@ -51,13 +51,6 @@ def now_ns():
     return monotonic_ns()
 
 
-cdef inline int bucket_of(int64_t dt_ns) noexcept:
-    cdef int i = 0
-    while i < N_BUCKETS and dt_ns > _bounds[i]:
-        i += 1
-    return i
-
-
 cdef class RouteStats:
     """Every counter of one route, in C arrays (shared by all its connections)."""
 
@@ -177,14 +170,8 @@ cdef class RouteStats:
         self.name_slot_of[j] = <int16_t>s
         return s
 
-    cdef int status_slot(self, int64_t code) noexcept:
-        return _status_slot(&self.c, code)
 
-    cdef void observe(self, int slot, int outcome, int64_t dt_ns) noexcept:
-        _observe(&self.c, slot, outcome, dt_ns)
 
-    cdef void response(self, int slot, int64_t status) noexcept:
-        _count_response(&self.c, slot, status)
 
     cdef void error(self, int direction, int reason) noexcept:
         _count_error(&self.c, direction, reason)
@@ -196,7 +183,7 @@ cdef class RouteStats:
 
     def observe_connect(self, double seconds):
         """Record one upstream connect duration (frametap_upstream_connect_duration_seconds)."""
-        self.connect_hist[bucket_of(<int64_t>(seconds * 1e9))] += 1
+        self.connect_hist[_bucket(self.c.bounds, <int64_t>(seconds * 1e9))] += 1
         self.connect_sum += seconds
 
     def count_error(self, str direction, str reason):

@@ -342,36 +342,27 @@ class FlyMQServer(ReferenceServer):
             raise _RequestError(f"offset {req.offset} is beyond the end of {req.topic!r} "
                                 f"partition {req.partition} (next offset {hw})")
         start = max(req.offset, part.base)
+        limit = min(max_messages, MAX_FETCH_MESSAGES)
         if req.filter:
-            return self._fetch_filtered(part, start, min(max_messages, MAX_FETCH_MESSAGES),
-                                        req.filter)
-        end = min(hw, start + min(max_messages, MAX_FETCH_MESSAGES))
-        messages = []
-        size = 0
-        offset = start
-        for key, value, _ts in part.records[start - part.base:end - part.base]:
-            size += len(value) + (len(key) if key else 0) + 16
-            if messages and size > MAX_FETCH_BYTES:
-                break
-            messages.append(FetchedMessage(offset, value, key))
-            offset += 1
-        return FetchResponse(messages, offset)
+            return self._collect(part, start, min(hw, start + FILTER_SCAN_LIMIT), limit,
+                                 req.filter.encode("utf-8", "surrogateescape").lower())
+        return self._collect(part, start, min(hw, start + limit), limit)
 
     @staticmethod
-    def _fetch_filtered(part: _Partition, start: int, limit: int,
-                        text: str) -> FetchResponse:
-        """FETCH with a filter: like the real broker, look at no more than
-        FILTER_SCAN_LIMIT records and return those whose value or key contains the filter
-        (case-insensitive); the next offset is the first record not looked at."""
-        needle = text.encode("utf-8", "surrogateescape").lower()
+    def _collect(part: _Partition, start: int, scan_end: int, limit: int,
+                 needle: bytes | None = None) -> FetchResponse:
+        """Up to ``limit`` records from ``start`` (and MAX_FETCH_BYTES), looking no further
+        than ``scan_end``; with ``needle``, like the real broker's filter, only those whose
+        value or key contains it (case-insensitive).  The next offset is the first record
+        not looked at."""
         messages = []
         size = 0
         offset = start
-        scan_end = min(part.high_watermark, start + FILTER_SCAN_LIMIT)
         for key, value, _ts in part.records[start - part.base:scan_end - part.base]:
             if len(messages) >= limit:
                 break
-            if needle in value.lower() or (key is not None and needle in key.lower()):
+            if needle is None or needle in value.lower() or (
+                    key is not None and needle in key.lower()):
                 size += len(value) + (len(key) if key else 0) + 16
                 if messages and size > MAX_FETCH_BYTES:
                     break
