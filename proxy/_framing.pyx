@@ -721,7 +721,7 @@ cdef class FrameParser:
         return self.st[d].frame_start
 
 
-def _attrs_dict(const uint8_t* a, Py_ssize_t n):
+cdef dict _attrs_dict(const uint8_t* a, Py_ssize_t n):
     """add_attr()'s packed pairs as a dict (tracer and tests)."""
     cdef Py_ssize_t i = 0, kn, vn
     out = {}
