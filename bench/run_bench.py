@@ -500,7 +500,8 @@ def write_chart(summaries: list[dict], path: Path) -> str:
             panels.append((s, "p50_us", "p50 latency (us)"))
             panels.append((s, "p99_us", "p99 latency (us)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.8), squeeze=False)
-    colors = {PASSTHROUGH: "#8c8c8c", FRAMETAP: "#1f77b4", PREVIOUS: "#aec7e8"}
+    colors = {PASSTHROUGH: "#8c8c8c", FRAMETAP: "#1f77b4", PREVIOUS: "#aec7e8",
+              FRAMELOG: "#ff7f0e", FRAMELOG_SAMPLED: "#ffbb78"}
     for ax, (s, key, label) in zip(axes[0], panels):
         names = list(s["proxies"])
         meds = [s["proxies"][n]["median_" + key] for n in names]
@@ -555,10 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke check: defaults become 1 repeat x 2 s, 0.5 s warmup")
     ap.add_argument("--scenarios", default="a,b,c", help="comma list of scenarios to run (default a,b,c)")
-    ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP}",
+    ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP},{FRAMELOG},{FRAMELOG_SAMPLED}",
                     help="comma list from passthrough,frametap,framelog,framelog1pct (default "
-                         "passthrough,frametap; the framelog variants are frametap writing a "
-                         "frame log of every / 1%% of connections, compared in scenario a)")
+                         "all; the framelog variants are frametap writing a frame log of every "
+                         "/ 1%% of connections, run in scenario a only)")
     ap.add_argument("--previous", type=Path, metavar="DIR",
                     help="also run frametap from this checkout (built in place: `python setup.py "
                          "build_ext --inplace`), interleaved: the before build of a hot-path change")
@@ -638,7 +639,8 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
             log(f"({sc.key}) {sc.title}")
             for rep in range(args.repeat):
                 # alternate who goes first so slow drift hits both sides alike
-                order = proxies if rep % 2 == 0 else list(reversed(proxies))
+                mine = [p for p in proxies if sc.key == "a" or p not in FRAMELOG_TARGETS]
+                order = mine if rep % 2 == 0 else list(reversed(mine))
                 for which in order:
                     r = one_run(env, sc, which, rep)
                     runs.append(r)
@@ -646,7 +648,9 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
     finally:
         stop(server)
 
-    summaries = [summarize(sc, [r for r in runs if r["scenario"] == sc.key], proxies) for sc in scenarios]
+    summaries = [summarize(sc, [r for r in runs if r["scenario"] == sc.key],
+                           [p for p in proxies if sc.key == "a" or p not in FRAMELOG_TARGETS])
+                 for sc in scenarios]
     failed = print_summary(summaries)
 
     parser = None if args.skip_parser else run_parser_bench(args.quick)
