@@ -24,6 +24,14 @@ _conn_ids = itertools.count(1)            # conn_id of the frame log (docs/desig
 log = logging.getLogger("frametap.relay")
 
 
+def format_peer(addr):
+    """A socket address as the frame log's `peer`: ``ip:port``, ``[ip6]:port``."""
+    if not addr:
+        return "?"
+    host, port = addr[:2]
+    return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
+
+
 class LogLimiter:
     """At most ``per_second`` warnings per route; the rest are counted and reported in one
     line naming the route, flushed by the route's sweeper even when no warning follows, so
@@ -183,7 +191,7 @@ class ClientSide(asyncio.Protocol):
         route = self.route
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = "%s:%s" % peer[:2] if peer else "?"
+        self.peer = format_peer(peer)
         if len(route.connections) >= route.cfg.max_connections:
             route.stats.conn_rejected += 1
             route.log.warning("route %s: connection from %s rejected: %d connections open "
