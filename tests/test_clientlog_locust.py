@@ -68,10 +68,14 @@ def run_locust(protocol, host, framelog, args=(), extra_env=None, users=4, durat
 
 
 def locust_stats(proc):
-    """{name: entry} from Locust's --json summary (final, unlike the lagging CSV)."""
-    start = proc.stdout.find("[")
-    assert start >= 0, f"no JSON on stdout:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    return {e["name"]: e for e in json.loads(proc.stdout[start:])}
+    """{name: entry} from Locust's --json summary (final, unlike the lagging CSV); with
+    --processes the workers print their own (empty) summaries first: the last one is
+    the master's."""
+    decoder, text, pos, last = json.JSONDecoder(), proc.stdout, 0, None
+    while (start := text.find("[", pos)) >= 0:
+        last, pos = decoder.raw_decode(text, start)
+    assert last is not None, f"no JSON on stdout:\n{text[-2000:]}\n{proc.stderr[-3000:]}"
+    return {e["name"]: e for e in last}
 
 
 def read_rows(directory):
@@ -301,3 +305,148 @@ def test_rocketmq_client_rows_join_on_name_server_and_broker(tmp_path):
     # opaque, as the proxy writes it: a signed decimal
     assert all(re.fullmatch(r"-?\d+", r["correlation_id"]) for r in rows)
     assert sum(r["messages"] for r in rows if r["opcode_name"] == "PULL_MESSAGE") > 0
+
+
+# ---------------------------------------------------------------------- processes
+
+FILE_NAME = re.compile(r"^client-(?P<host>[^-]+)-(?P<pid>\d+)-\d{8}T\d{6}Z-\d{6}\.(parquet|jsonl)$")
+
+
+def file_pids(directory):
+    names = os.listdir(directory)
+    assert not [n for n in names if n.startswith(".")], names   # no unfinished file left
+    pids = Counter()
+    for name in names:
+        m = FILE_NAME.match(name)
+        assert m, name
+        pids[int(m["pid"])] += 1
+    return pids
+
+
+def test_processes_each_child_writes_its_own_files_and_no_secret(tmp_path):
+    password = "pw-" + uuid.uuid4().hex      # must not reach any file
+    log = tmp_path / "log"
+    with FlyMQServerThread(users={"loaduser": password}, require_auth=True) as srv:
+        proc = subprocess.Popen(
+            locust_cmd(f"127.0.0.1:{srv.port}", ["--processes", "2", "--frametap-framelog",
+                                                 str(log)], users=4, duration="5s"),
+            cwd=ROOT, env=locust_env("flymq", {"FRAMETAP_FLYMQ_USER": "loaduser",
+                                               "FRAMETAP_FLYMQ_PASSWORD": password}),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    pids = file_pids(log)
+    assert len(pids) == 2 and proc.pid not in pids, (pids, proc.pid)   # children only
+    rows = read_rows(log)
+    check_rows(rows, "flymq")
+    stats = locust_stats(subprocess.CompletedProcess([], 0, out, err))
+    assert len(rows) == request_count(stats)
+    # one run id per process when none is given, one conn_id numbering per process
+    by_run = Counter(r["run_id"] for r in rows)
+    assert len(by_run) == 2
+    assert {r["opcode_name"] for r in rows} >= {"AUTH", "PRODUCE", "FETCH"}
+    assert all(r["status"] == "OK" for r in rows if r["opcode_name"] == "AUTH")
+    for r in rows:
+        assert password not in json.dumps(r)
+    for path in glob.glob(str(log / "*")):
+        with open(path, "rb") as f:
+            assert password.encode() not in f.read()
+
+
+def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
+    password = "pw-" + uuid.uuid4().hex
+    log = tmp_path / "log"
+    with FlyMQServerThread(users={"u": password}, require_auth=True) as srv:
+        proc = run_locust("flymq", f"127.0.0.1:{srv.port}", log,
+                          ["--frametap-framelog-format", "jsonl"], duration="3s",
+                          extra_env={"FRAMETAP_RUN_ID": "demo-run-7",
+                                     "FRAMETAP_FLYMQ_USER": "u",
+                                     "FRAMETAP_FLYMQ_PASSWORD": password})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(file_pids(log)) and all(n.endswith(".jsonl") for n in os.listdir(log))
+    rows = read_rows(log)
+    check_rows(rows, "flymq", run_id="demo-run-7")
+    assert len(rows) == request_count(locust_stats(proc))
+    for path in glob.glob(str(log / "*")):
+        with open(path, "rb") as f:
+            data = f.read()
+        assert password.encode() not in data and b'"opcode_name":"AUTH"' in data
+    # the same table through pyarrow's JSON reader, with the schema's types
+    from pyarrow import json as pajson
+    table = pajson.read_json(glob.glob(str(log / "*.jsonl"))[0], parse_options=pajson.ParseOptions(
+        explicit_schema=pa.schema([f for f in SCHEMA if f.name != "attrs"])))
+    assert table.num_rows > 0
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_distributed_workers_write_master_writes_nothing(tmp_path):
+    """A master and two workers: worker 1 has its own --frametap-framelog and run id
+    (they win), worker 2 has none and takes the master's (sent with the spawn message)."""
+    master_dir, own_dir = tmp_path / "master-dir", tmp_path / "worker1-dir"
+    port = _free_port()
+    with FlyMQServerThread() as srv:
+        env = locust_env("flymq")
+        master = subprocess.Popen(
+            locust_cmd(f"127.0.0.1:{srv.port}", [
+                "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+                "--expect-workers", "2", "--frametap-framelog", str(master_dir),
+                "--frametap-run-id", "master-run"], users=4, duration="4s"),
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        worker_cmd = [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--worker",
+                      "--master-host", "127.0.0.1", "--master-port", str(port),
+                      "--loglevel", "WARNING", "--skip-log"]
+        w1 = subprocess.Popen(worker_cmd + ["--frametap-framelog", str(own_dir)], cwd=ROOT,
+                              env=locust_env("flymq", {"FRAMETAP_RUN_ID": "worker1-run"}),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        w2 = subprocess.Popen(worker_cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        out, err = master.communicate(timeout=120)
+        for w in (w1, w2):
+            try:
+                w.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                raise
+    assert master.returncode == 0, err[-3000:]
+    assert w1.returncode == 0 and w2.returncode == 0
+    assert set(file_pids(own_dir)) == {w1.pid}
+    assert set(file_pids(master_dir)) == {w2.pid}      # the master itself wrote nothing
+    own, given = read_rows(own_dir), read_rows(master_dir)
+    check_rows(own, "flymq", run_id="worker1-run")
+    check_rows(given, "flymq", run_id="master-run")
+    stats = locust_stats(subprocess.CompletedProcess([], 0, out, err))
+    assert len(own) + len(given) == request_count(stats)
+
+
+# ---------------------------------------------------------------------- command line
+
+def test_help_lists_the_options():
+    # Locust prints --help before importing the locustfile (locustio/locust#2917), so
+    # the plugin's options show when Locust is started through the plugin module.
+    proc = subprocess.run([sys.executable, "-m", "loadgen.clientlog", "--help"], cwd=ROOT,
+                          env=locust_env("flymq"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--frametap-framelog DIR", "--frametap-run-id ID",
+                   "--frametap-framelog-format {parquet,jsonl}", "FRAMETAP_RUN_ID"):
+        assert option in proc.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--frametap-framelog-format", "csv"], "invalid choice: 'csv'"),
+    (["--frametap-framelog", "{file}/sub"], "--frametap-framelog"),
+])
+def test_bad_options_exit_2_with_one_line(tmp_path, args, expected):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    args = [a.replace("{file}", str(blocker)) for a in args]
+    proc = subprocess.run(
+        locust_cmd("127.0.0.1:1", args, users=1, duration="1s", classes=["FlyMQProducer"]),
+        cwd=ROOT, env=locust_env("flymq"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
