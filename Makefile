@@ -25,6 +25,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install -q matplotlib
 	$(BIN)/python bench/run_bench.py $(BENCH_ARGS)
+	$(BIN)/python bench/framelog_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -52,6 +52,10 @@ PASSTHROUGH = "passthrough"
 FRAMETAP = "frametap"
 PREVIOUS = "previous"      # frametap from another checkout (--previous DIR), the before build
 PREVIOUS_TOLERANCE = 0.03  # a change to the hot path may cost at most 3% against it
+FRAMELOG = "framelog"      # frametap writing a Parquet frame log of every connection
+FRAMELOG_SAMPLED = "framelog1pct"   # ... of 1% of connections ([framelog] sample = 0.01)
+#: frame-log variants: (sample, min rps ratio against plain frametap, scenario "a" only)
+FRAMELOG_TARGETS = {FRAMELOG: (1.0, 0.70), FRAMELOG_SAMPLED: (0.01, 0.95)}
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,16 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
         argv = [sys.executable, str(BENCH_DIR / "passthrough.py"),
                 "--listen", f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{env.server_port}"]
         cwd = BENCH_DIR
+    elif which in FRAMELOG_TARGETS:
+        admin = free_port()
+        logs = env.logdir / f"{run_id}-{which}-framelogs"
+        cfg = env.logdir / f"{run_id}-{which}.toml"
+        cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n[framelog]\ndir = "{logs}"\n'
+                       f'sample = {FRAMELOG_TARGETS[which][0]}\n[[routes]]\nname = "flymq"\n'
+                       f'protocol = "flymq"\nlisten = "127.0.0.1:{listen}"\n'
+                       f'upstream = "127.0.0.1:{env.server_port}"\n')
+        argv = [sys.executable, "-m", "proxy", "proxy", "-c", str(cfg)]
+        cwd = env.frametap_cwd
     else:
         admin = free_port()
         argv = [sys.executable, "-m", "proxy", "proxy", "--protocol", "flymq",
@@ -316,8 +330,21 @@ def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
             result.update(check_metrics(admin, result))
     finally:
         stop(proc)
+    if which in FRAMELOG_TARGETS:
+        result.update(framelog_counts(env.logdir / f"{run_id}-{which}-framelogs", t1 - t0))
     result.update(proxy=which, scenario=sc.key, repeat=rep)
     return result
+
+
+def framelog_counts(directory: Path, seconds: float) -> dict:
+    """Rows the proxy wrote (read from the finished files after its SIGTERM flush)."""
+    import pyarrow.parquet as pq
+    files = sorted(directory.glob("*.parquet"))
+    rows = sum(pq.read_metadata(f).num_rows for f in files)
+    size = sum(f.stat().st_size for f in files)
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"framelog_rows": rows, "framelog_rows_per_s": round(rows / seconds),
+            "framelog_mib": round(size / 2**20, 1)}
 
 
 def check_metrics(admin: int, result: dict) -> dict:
@@ -333,7 +360,9 @@ def check_metrics(admin: int, result: dict) -> dict:
         return {"metrics_ok": False,
                 "metrics_note": 'no frametap_frames_total{direction="c2s",opcode="PRODUCE"} sample'}
     ok = frames >= result["requests"] and frames >= result.get("completed_total", 0)
-    return {"frames_c2s_produce": int(frames), "metrics_ok": ok}
+    dropped = metric_sum(text, "frametap_framelog_dropped_total") or 0
+    return {"frames_c2s_produce": int(frames), "metrics_ok": ok,
+            "framelog_dropped": int(dropped)}
 
 
 def progress_line(sc: Scenario, rep: int, repeats: int, r: dict) -> str:
@@ -342,6 +371,8 @@ def progress_line(sc: Scenario, rep: int, repeats: int, r: dict) -> str:
              f"client_cpu={r['client_cpu_pct']:5.1f}%"]
     if "proxy_cpu_pct" in r:
         parts.append(f"proxy_cpu={r['proxy_cpu_pct']:5.1f}%")
+    if "framelog_rows" in r:
+        parts.append(f"log={r['framelog_rows_per_s']:,}/s dropped={r.get('framelog_dropped', 0)}")
     if "server_cpu_pct" in r:
         parts.append(f"server_cpu={r['server_cpu_pct']:5.1f}%")
     if "frames_c2s_produce" in r:
@@ -390,6 +421,18 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
                 checks[key] = {"ratio": ratio, "target": f"<= {sc.target}", "pass": ratio <= sc.target}
         checks["metrics"] = {"pass": ft["metrics_ok"]}
         out["checks"] = checks
+    for which, (_sample, target) in FRAMELOG_TARGETS.items():
+        if which not in out["proxies"] or FRAMETAP not in out["proxies"] or sc.key != "a":
+            continue
+        fl, ft = out["proxies"][which], out["proxies"][FRAMETAP]
+        mine = [r for r in runs if r["proxy"] == which]
+        fl["median_framelog_rows_per_s"] = median([r.get("framelog_rows_per_s", 0) for r in mine])
+        fl["framelog_dropped"] = sum(r.get("framelog_dropped", 0) for r in mine)
+        fl["median_proxy_cpu_pct"] = median([r.get("proxy_cpu_pct") or 0 for r in mine])
+        ratio = fl["median_rps"] / ft["median_rps"] if ft["median_rps"] else float("nan")
+        out.setdefault("checks", {})[which + "_rps"] = {
+            "ratio": ratio, "target": f">= {target}", "pass": ratio >= target,
+            "spread": (min(fl["rps"]), max(fl["rps"]))}
     if PREVIOUS in out["proxies"] and FRAMETAP in out["proxies"]:
         prev, ft = out["proxies"][PREVIOUS], out["proxies"][FRAMETAP]
         checks = out.setdefault("checks", {})
@@ -427,6 +470,11 @@ def print_summary(summaries: list[dict]) -> list[str]:
                 failed.append(f"{s['scenario']}:{name}")
             if name == "metrics":
                 log(f"    frametap metrics saw every request: {verdict}")
+            elif name.endswith("_rps") and name[:-4] in FRAMELOG_TARGETS:
+                p = s["proxies"][name[:-4]]
+                log(f"    {name[:-4]}/frametap rps ratio {c['ratio']:.3f} (target {c['target']}): "
+                    f"{verdict}; {p['median_framelog_rows_per_s']:,.0f} rows/s written, "
+                    f"{p['framelog_dropped']} dropped, proxy cpu {p['median_proxy_cpu_pct']:.0f}%")
             elif name.startswith("vs_previous"):
                 log(f"    frametap/previous build {name[12:]} ratio {c['ratio']:.3f} "
                     f"(target {c['target']}): {verdict}")
@@ -452,7 +500,8 @@ def write_chart(summaries: list[dict], path: Path) -> str:
             panels.append((s, "p50_us", "p50 latency (us)"))
             panels.append((s, "p99_us", "p99 latency (us)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.8), squeeze=False)
-    colors = {PASSTHROUGH: "#8c8c8c", FRAMETAP: "#1f77b4", PREVIOUS: "#aec7e8"}
+    colors = {PASSTHROUGH: "#8c8c8c", FRAMETAP: "#1f77b4", PREVIOUS: "#aec7e8",
+              FRAMELOG: "#ff7f0e", FRAMELOG_SAMPLED: "#ffbb78"}
     for ax, (s, key, label) in zip(axes[0], panels):
         names = list(s["proxies"])
         meds = [s["proxies"][n]["median_" + key] for n in names]
@@ -507,8 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke check: defaults become 1 repeat x 2 s, 0.5 s warmup")
     ap.add_argument("--scenarios", default="a,b,c", help="comma list of scenarios to run (default a,b,c)")
-    ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP}",
-                    help="comma list from passthrough,frametap (default both)")
+    ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP},{FRAMELOG},{FRAMELOG_SAMPLED}",
+                    help="comma list from passthrough,frametap,framelog,framelog1pct (default "
+                         "all; the framelog variants are frametap writing a frame log of every "
+                         "/ 1%% of connections, run in scenario a only)")
     ap.add_argument("--previous", type=Path, metavar="DIR",
                     help="also run frametap from this checkout (built in place: `python setup.py "
                          "build_ext --inplace`), interleaved: the before build of a hot-path change")
@@ -527,9 +578,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--previous {args.previous}: not a frametap checkout")
         args.previous = args.previous.resolve()
         proxies.append(PREVIOUS)
-    bad = set(proxies) - {PASSTHROUGH, FRAMETAP, PREVIOUS}
+    bad = set(proxies) - {PASSTHROUGH, FRAMETAP, PREVIOUS, *FRAMELOG_TARGETS}
     if bad or not proxies:
-        ap.error(f"--proxies: unknown {sorted(bad)}; choose from passthrough,frametap")
+        ap.error(f"--proxies: unknown {sorted(bad)}; choose from passthrough,frametap,"
+                 f"{','.join(FRAMELOG_TARGETS)}")
     keys = [k.strip() for k in args.scenarios.split(",") if k.strip()]
     scenarios = [s for s in SCENARIOS if s.key in keys]
     if len(scenarios) != len(keys):
@@ -549,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario]) -> int:
     frametap_cwd, framing_file = None, None
-    if FRAMETAP in proxies:
+    if set(proxies) & {FRAMETAP, *FRAMELOG_TARGETS}:
         frametap_cwd, framing_file = locate_frametap()
     if PASSTHROUGH in proxies:
         try:
@@ -587,7 +639,8 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
             log(f"({sc.key}) {sc.title}")
             for rep in range(args.repeat):
                 # alternate who goes first so slow drift hits both sides alike
-                order = proxies if rep % 2 == 0 else list(reversed(proxies))
+                mine = [p for p in proxies if sc.key == "a" or p not in FRAMELOG_TARGETS]
+                order = mine if rep % 2 == 0 else list(reversed(mine))
                 for which in order:
                     r = one_run(env, sc, which, rep)
                     runs.append(r)
@@ -595,7 +648,9 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
     finally:
         stop(server)
 
-    summaries = [summarize(sc, [r for r in runs if r["scenario"] == sc.key], proxies) for sc in scenarios]
+    summaries = [summarize(sc, [r for r in runs if r["scenario"] == sc.key],
+                           [p for p in proxies if sc.key == "a" or p not in FRAMELOG_TARGETS])
+                 for sc in scenarios]
     failed = print_summary(summaries)
 
     parser = None if args.skip_parser else run_parser_bench(args.quick)

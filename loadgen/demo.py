@@ -15,6 +15,7 @@ import time
 import urllib.error
 
 from loadgen import promread
+from proxy.framelog import new_run_id
 from proxy import protocols
 from proxy.paths import locustfile_path
 
@@ -119,6 +120,16 @@ def wait_ready(url, proc, timeout=30.0):
         except (urllib.error.URLError, OSError):
             time.sleep(0.1)
     raise RuntimeError(f"proxy not ready at {url} within {timeout:.0f}s")
+
+
+def stop_gracefully(proc, what, timeout=30.0):
+    """SIGTERM and wait (the proxy drains, then flushes its frame log)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what} did not stop within {timeout:.0f}s of SIGTERM") from None
 
 
 class Processes:
@@ -263,8 +274,12 @@ def main(argv=None):
             hosts[proto] = host
             route_names[proto] = names
         cfg = os.path.join(out, "frametap.toml")
+        logdir = os.path.join(out, "framelogs")
+        run_id = new_run_id()
         with open(cfg, "w") as f:
-            f.write(f'[admin]\nlisten = "127.0.0.1:{admin}"\n\n' + "\n".join(routes))
+            f.write(f'[admin]\nlisten = "127.0.0.1:{admin}"\n\n'
+                    f'[framelog]\ndir = {toml_value(logdir)}\nrun_id = "{run_id}"\n\n'
+                    + "\n".join(routes))
         print(f"[demo] starting proxy (config {cfg}); metrics at "
               f"http://127.0.0.1:{admin}/metrics", flush=True)
         proxy = procs.start("proxy", frametap + ["proxy", "-c", cfg, "--log-level", "warning"])
@@ -306,6 +321,8 @@ def main(argv=None):
         text = promread.fetch(metrics_url)
         with open(os.path.join(out, "metrics.txt"), "w") as f:
             f.write(text)
+        stop_gracefully(proxy, "proxy")    # SIGTERM: the frame log is flushed and closed
+        print(f"[demo] frame logs (run {run_id}): {logdir}", flush=True)
         print()
         total = 0
         for proto in chosen:

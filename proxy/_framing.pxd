@@ -15,6 +15,7 @@
 #   expect(d, tag, key, corr_hi) / expect_fifo(d, aux) the frame is a request
 #   take(d, tag, key) / take_fifo(d) + answer(d, status, outcome)   a response
 #   entry(d)                                           one more row for multi-entry frames
+#   set_resource(d, p, n) / add_attr(d, k, kn, v, vn)  frame-log resource and attrs
 # Timeouts (request_timeout, connection closed, limits) are settled by the core.
 #
 # State transitions (instead of writing DirState fields):
@@ -25,7 +26,7 @@
 
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.stdint cimport uint8_t, int8_t, int16_t, int32_t, int64_t, uint64_t
-from libc.string cimport memmove
+from libc.string cimport memmove, memcpy
 
 # Label and histogram bounds: docs/design.md, "Prometheus metrics".
 cdef enum:
@@ -40,6 +41,8 @@ cdef enum:
     REASON_SLOTS = 32        # protocol-error reasons (framing_common.REASONS)
     N_BUCKETS = 17           # latency histogram bounds; +Inf is bucket 17
     HEADER_LIMIT = 65536     # default header_limit: most header bytes a parser may want
+    RESOURCE_MAX = 256       # frame-log resource bytes kept per frame (longer: truncated)
+    ATTRS_MAX = 4096         # frame-log attrs bytes per frame (further pairs are dropped)
     OUTCOME_OK = 0
     OUTCOME_ERROR = 1
     OUTCOME_NONE = -1
@@ -138,6 +141,10 @@ cdef struct DirState:
     Pending* taken           # take()/take_fifo(): the request this frame answers, or NULL
                              # (a FIFO slot, valid until the next expect_fifo(); or `held`)
     Pending held             # take(): the map entry, copied out (deletion moves entries)
+    int res_len              # set_resource(): bytes in res, -1 none (only when recording)
+    uint8_t res[RESOURCE_MAX]
+    uint8_t* attrs           # add_attr(): (u16 klen, key, u16 vlen, value)... (heap, lazy)
+    Py_ssize_t alen
 
 
 # Every per-route counter the hot path bumps, in one C struct inside RouteStats: parsers
@@ -200,6 +207,48 @@ cdef class RouteStats:
     cdef void error(self, int direction, int reason) noexcept
 
 
+# One frame-log row as buffered for the writer: the record plus who produced it.
+cdef struct LogRecord:
+    FrameRecord r            # r.resource / r.attrs: offsets into the chunk's arena
+    int64_t conn_id
+    int32_t route            # FrameLogBuffer.add_route() index
+    int32_t spare
+
+
+cdef struct LogChunk:
+    LogRecord* recs
+    Py_ssize_t n
+    uint8_t* arena           # resource: u16 len + bytes; attrs: u16 total + pairs
+    Py_ssize_t alen
+    Py_ssize_t acap
+
+
+# The per-process frame-log buffer (docs/design.md, "Frame log"): parsers append fixed-
+# size records to the chunk being filled; the writer thread takes whole chunks, turns
+# them into Arrow columns (columns()) and gives them back (release()).  With every
+# chunk full, records are dropped and counted per route: relaying never waits.
+cdef class FrameLogBuffer:
+    cdef LogChunk* chunks
+    cdef int nchunks
+    cdef Py_ssize_t chunk_records
+    cdef Py_ssize_t arena_limit
+    cdef int cur                        # chunk being filled, -1 none
+    cdef int* full                      # FIFO of full chunks (indexes)
+    cdef int full_head, full_len
+    cdef int* free_list
+    cdef int nfree
+    cdef uint64_t* dropped              # per route
+    cdef uint64_t* appended             # per route
+    cdef int nroutes, routes_cap
+    cdef readonly list routes           # RouteStats per route index
+    cdef public object wake             # threading.Event set when a chunk fills
+    cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
+                     const uint8_t* res, Py_ssize_t res_len,
+                     const uint8_t* attrs, Py_ssize_t alen) noexcept
+    cdef int _next_chunk(self) noexcept
+    cdef void _chunk_full(self) noexcept
+
+
 cdef class FrameParser:
     cdef readonly RouteStats stats
     cdef Counters* c                    # &stats.c (stats is kept alive by the reference above)
@@ -215,6 +264,8 @@ cdef class FrameParser:
     cdef public object options          # the route's [routes.options] table (dict)
     cdef object _tracer                 # callable(dict) per record (tests), or None
     cdef readonly bint recording        # records are wanted (a tracer or the frame log)
+    cdef FrameLogBuffer log             # the frame log this connection writes to, or None
+    cdef int32_t log_route              # this route's index in log
 
     # Rewriting (address rewriting): with hold[d] set, a header split across reads is
     # not forwarded until complete, so the frame can still be captured; feed() then
@@ -249,7 +300,8 @@ cdef class FrameParser:
     cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1
     cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
                                     Py_ssize_t emit, object mv, list out) except -1
-    cdef dict _record_dict(self, FrameRecord* rec)
+    cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
+                           const uint8_t* attrs, Py_ssize_t alen)
     cdef int _map_grow(self) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept
@@ -339,6 +391,43 @@ cdef inline void protocol_error(FrameParser self, int d, int reason) noexcept:
 # ---- recording ------------------------------------------------------------
 
 
+cdef inline void set_resource(FrameParser self, int d, const uint8_t* p, Py_ssize_t n) noexcept:
+    """The frame's frame-log `resource` (topic, stream, routing path): n bytes of UTF-8,
+    copied (at most RESOURCE_MAX).  Never a secret."""
+    cdef DirState* s = &self.st[d]
+    if not self.recording or n < 0:
+        return
+    if n > RESOURCE_MAX:
+        n = RESOURCE_MAX
+    memcpy(s.res, p, n)
+    s.res_len = <int>n
+
+
+cdef inline int add_attr(FrameParser self, int d, const uint8_t* k, Py_ssize_t kn,
+                         const uint8_t* v, Py_ssize_t vn) except -1:
+    """One frame-log `attrs` entry (key, value: UTF-8) for the current frame; pairs
+    past ATTRS_MAX bytes per frame are dropped.  Never a secret."""
+    cdef DirState* s = &self.st[d]
+    if not self.recording:
+        return 0
+    if kn > 65535 or vn > 65535 or s.alen + 4 + kn + vn > ATTRS_MAX:
+        return 0
+    if s.attrs is NULL:
+        s.attrs = <uint8_t*>PyMem_Malloc(ATTRS_MAX)
+        if s.attrs is NULL:
+            raise MemoryError()
+    s.attrs[s.alen] = <uint8_t>(kn >> 8)
+    s.attrs[s.alen + 1] = <uint8_t>kn
+    memcpy(s.attrs + s.alen + 2, k, kn)
+    s.alen += 2 + kn
+    s.attrs[s.alen] = <uint8_t>(vn >> 8)
+    s.attrs[s.alen + 1] = <uint8_t>vn
+    memcpy(s.attrs + s.alen + 2, v, vn)
+    s.alen += 2 + vn
+    return 0
+
+
+
 cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t frame_bytes,
                 int64_t header_bytes) noexcept:
     """A frame: count it under opcode `slot` and open its record."""
@@ -372,6 +461,8 @@ cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t fram
     rec.outcome = OUTCOME_NONE
     rec.corr_fmt = CORR_NONE
     rec.has_status = 0
+    s.res_len = -1
+    s.alen = 0
 
 
 cdef inline void add_messages(FrameParser self, int d, int64_t n) noexcept:

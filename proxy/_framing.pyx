@@ -294,6 +294,8 @@ cdef class FrameParser:
         PyMem_Free(self.map)
         PyMem_Free(self.st[0].hbuf)
         PyMem_Free(self.st[1].hbuf)
+        PyMem_Free(self.st[0].attrs)
+        PyMem_Free(self.st[1].attrs)
 
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
@@ -572,11 +574,20 @@ cdef class FrameParser:
         self._emit(&ev)
 
     cdef void _emit(self, FrameRecord* rec) noexcept:
-        """Hand one finished record to the frame log (tests: the tracer)."""
+        """Hand one finished record to the frame log (and the tracer, in tests)."""
+        cdef DirState* s = &self.st[rec.direction & 1]
+        cdef const uint8_t* res = NULL
+        cdef const uint8_t* attrs = NULL
+        cdef Py_ssize_t res_len = -1, alen = 0
+        if rec is &s.rec:                  # a frame's row (timeout events have neither)
+            res, res_len = s.res, s.res_len
+            attrs, alen = s.attrs, s.alen
+        if self.log is not None:
+            self.log.append(rec, self.conn_id, self.log_route, res, res_len, attrs, alen)
         if self._tracer is None:
             return
         try:
-            self._tracer(self._record_dict(rec))
+            self._tracer(self._record_dict(rec, res, res_len, attrs, alen))
         except Exception:
             pass
 
@@ -588,10 +599,21 @@ cdef class FrameParser:
     @tracer.setter
     def tracer(self, fn):
         self._tracer = fn
-        self.recording = fn is not None
+        self.recording = fn is not None or self.log is not None
 
-    cdef dict _record_dict(self, FrameRecord* rec):
-        return record_dict(self.stats, self.conn_id, rec[0])
+    def attach_log(self, FrameLogBuffer log, int route):
+        """Write this connection's records to ``log`` (as route index ``route``; see
+        FrameLogBuffer.add_route), or stop with ``log=None``."""
+        self.log = log
+        self.log_route = route
+        self.recording = log is not None or self._tracer is not None
+
+    cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
+                           const uint8_t* attrs, Py_ssize_t alen):
+        return record_dict(
+            self.stats, self.conn_id, rec[0],
+            res[:res_len].decode("utf-8", "replace") if res_len >= 0 else None,
+            _attrs_dict(attrs, alen) if alen > 0 else None)
 
     # ---- correlation map ------------------------------------------------------
 
@@ -697,3 +719,431 @@ cdef class FrameParser:
     def frame_start(self, int d):
         """Stream offset where direction d's current frame began."""
         return self.st[d].frame_start
+
+
+cdef dict _attrs_dict(const uint8_t* a, Py_ssize_t n):
+    """add_attr()'s packed pairs as a dict (tracer and tests)."""
+    cdef Py_ssize_t i = 0, kn, vn
+    out = {}
+    while i + 2 <= n:
+        kn = (a[i] << 8) | a[i + 1]
+        key = a[i + 2:i + 2 + kn].decode("utf-8", "replace")
+        i += 2 + kn
+        vn = (a[i] << 8) | a[i + 1]
+        out[key] = a[i + 2:i + 2 + vn].decode("utf-8", "replace")
+        i += 2 + vn
+    return out
+
+
+# ==== Frame-log buffer ================================================================
+
+from libc.stdlib cimport malloc, realloc, free
+from cpython.bytearray cimport PyByteArray_AS_STRING
+
+
+cdef Py_ssize_t _utf8_copy(uint8_t* dst, const uint8_t* src, Py_ssize_t n) noexcept nogil:
+    """Copy n bytes, each byte of an invalid UTF-8 sequence replaced by '?': a hostile
+    client's resource bytes never make a frame-log file unreadable."""
+    cdef Py_ssize_t i = 0, k, need
+    cdef uint8_t c
+    while i < n:
+        c = src[i]
+        if c < 0x80:
+            dst[i] = c
+            i += 1
+            continue
+        if 0xC2 <= c <= 0xDF:
+            need = 1
+        elif 0xE0 <= c <= 0xEF:
+            need = 2
+        elif 0xF0 <= c <= 0xF4:
+            need = 3
+        else:
+            dst[i] = 63
+            i += 1
+            continue
+        if i + need >= n:
+            dst[i] = 63                    # sequence cut short by the end
+            i += 1
+            continue
+        for k in range(1, need + 1):
+            if src[i + k] & 0xC0 != 0x80:
+                break
+        else:
+            if not ((c == 0xE0 and src[i + 1] < 0xA0) or (c == 0xED and src[i + 1] > 0x9F)
+                    or (c == 0xF0 and src[i + 1] < 0x90) or (c == 0xF4 and src[i + 1] > 0x8F)):
+                memcpy(dst + i, src + i, need + 1)
+                i += need + 1
+                continue
+        dst[i] = 63
+        i += 1
+    return n
+
+
+cdef Py_ssize_t _fmt_u64(uint8_t* out, uint64_t v) noexcept nogil:
+    cdef uint8_t tmp[24]
+    cdef Py_ssize_t n = 0, i
+    if v == 0:
+        out[0] = 48
+        return 1
+    while v:
+        tmp[n] = <uint8_t>(48 + v % 10)
+        v //= 10
+        n += 1
+    for i in range(n):
+        out[i] = tmp[n - 1 - i]
+    return n
+
+
+cdef Py_ssize_t _fmt_i64(uint8_t* out, int64_t v) noexcept nogil:
+    if v < 0:
+        out[0] = 45
+        return 1 + _fmt_u64(out + 1, <uint64_t>0 - <uint64_t>v)
+    return _fmt_u64(out, <uint64_t>v)
+
+
+cdef inline void _setbit(uint8_t* bits, Py_ssize_t i) noexcept nogil:
+    bits[i >> 3] |= <uint8_t>(1 << (i & 7))
+
+
+cdef class FrameLogBuffer:
+    """Chunks of fixed-size frame-log records, filled on the event loop, drained by the
+    frame-log writer thread (proxy/framelog_native.py).  See _framing.pxd."""
+
+    def __cinit__(self, int chunks=8, Py_ssize_t chunk_records=32768,
+                  Py_ssize_t arena_bytes=8 << 20):
+        cdef int i
+        if chunks < 2 or chunk_records < 1:
+            raise ValueError("a frame-log buffer needs >= 2 chunks of >= 1 record")
+        self.nchunks = chunks
+        self.chunk_records = chunk_records
+        self.arena_limit = arena_bytes
+        self.chunks = <LogChunk*>malloc(chunks * sizeof(LogChunk))
+        self.full = <int*>malloc(chunks * sizeof(int))
+        self.free_list = <int*>malloc(chunks * sizeof(int))
+        self.routes_cap = 16
+        self.dropped = <uint64_t*>malloc(self.routes_cap * sizeof(uint64_t))
+        self.appended = <uint64_t*>malloc(self.routes_cap * sizeof(uint64_t))
+        if (self.chunks is NULL or self.full is NULL or self.free_list is NULL
+                or self.dropped is NULL or self.appended is NULL):
+            raise MemoryError()
+        memset(self.chunks, 0, chunks * sizeof(LogChunk))
+        memset(self.dropped, 0, self.routes_cap * sizeof(uint64_t))
+        memset(self.appended, 0, self.routes_cap * sizeof(uint64_t))
+        for i in range(chunks):
+            self.free_list[i] = chunks - 1 - i
+        self.nfree = chunks
+        self.cur = -1
+        self.routes = []
+
+    def __dealloc__(self):
+        cdef int i
+        if self.chunks is not NULL:
+            for i in range(self.nchunks):
+                free(self.chunks[i].recs)
+                free(self.chunks[i].arena)
+        free(self.chunks)
+        free(self.full)
+        free(self.free_list)
+        free(self.dropped)
+        free(self.appended)
+
+    def add_route(self, RouteStats stats):
+        """Register a route; returns its index for FrameParser.attach_log()."""
+        cdef int n = len(self.routes)
+        if n >= self.routes_cap:
+            self.routes_cap *= 2
+            self.dropped = <uint64_t*>realloc(self.dropped, self.routes_cap * sizeof(uint64_t))
+            self.appended = <uint64_t*>realloc(self.appended, self.routes_cap * sizeof(uint64_t))
+            if self.dropped is NULL or self.appended is NULL:
+                raise MemoryError()
+            memset(self.dropped + n, 0, (self.routes_cap - n) * sizeof(uint64_t))
+            memset(self.appended + n, 0, (self.routes_cap - n) * sizeof(uint64_t))
+        self.routes.append(stats)
+        self.nroutes = n + 1
+        return n
+
+    cdef int _next_chunk(self) noexcept:
+        """Make a free chunk current; -1 when none is free (the writer is behind)."""
+        cdef LogChunk* c
+        if self.nfree == 0:
+            self.cur = -1
+            return -1
+        self.nfree -= 1
+        self.cur = self.free_list[self.nfree]
+        c = &self.chunks[self.cur]
+        if c.recs is NULL:                 # first use: allocate
+            c.recs = <LogRecord*>malloc(self.chunk_records * sizeof(LogRecord))
+            if c.recs is NULL:
+                self.free_list[self.nfree] = self.cur
+                self.nfree += 1
+                self.cur = -1
+                return -1
+        c.n = 0
+        c.alen = 0
+        return self.cur
+
+    cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
+                     const uint8_t* res, Py_ssize_t res_len,
+                     const uint8_t* attrs, Py_ssize_t alen) noexcept:
+        cdef LogChunk* c
+        cdef LogRecord* out
+        cdef Py_ssize_t extra = 0, need
+        cdef uint8_t* na
+        if route < 0 or route >= self.nroutes:
+            return
+        if self.cur < 0 and self._next_chunk() < 0:
+            self.dropped[route] += 1
+            return
+        c = &self.chunks[self.cur]
+        if res_len >= 0:
+            extra += 2 + res_len
+        if alen > 0:
+            extra += 2 + alen
+        if extra and c.alen + extra > c.acap:
+            need = c.acap * 2 if c.acap else 65536
+            while need < c.alen + extra:
+                need *= 2
+            if need > self.arena_limit:
+                need = self.arena_limit
+            if c.alen + extra <= need:
+                na = <uint8_t*>realloc(c.arena, need)
+                if na is not NULL:
+                    c.arena = na
+                    c.acap = need
+        if extra and c.alen + extra > c.acap:
+            # this chunk's arena is full: hand the chunk over, continue in the next
+            self._chunk_full()
+            if self.cur < 0 and self._next_chunk() < 0:
+                self.dropped[route] += 1
+                return
+            c = &self.chunks[self.cur]
+            if c.alen + extra > c.acap:
+                need = 65536
+                while need < extra:
+                    need *= 2
+                na = <uint8_t*>realloc(c.arena, need)
+                if na is NULL:
+                    self.dropped[route] += 1
+                    return
+                c.arena = na
+                c.acap = need
+        out = &c.recs[c.n]
+        out.r = rec[0]
+        out.conn_id = conn_id
+        out.route = route
+        out.r.resource = -1
+        out.r.attrs = -1
+        if res_len >= 0:
+            out.r.resource = <int32_t>c.alen
+            c.arena[c.alen] = <uint8_t>(res_len >> 8)
+            c.arena[c.alen + 1] = <uint8_t>res_len
+            memcpy(c.arena + c.alen + 2, res, res_len)
+            c.alen += 2 + res_len
+        if alen > 0:
+            out.r.attrs = <int32_t>c.alen
+            c.arena[c.alen] = <uint8_t>(alen >> 8)
+            c.arena[c.alen + 1] = <uint8_t>alen
+            memcpy(c.arena + c.alen + 2, attrs, alen)
+            c.alen += 2 + alen
+        c.n += 1
+        self.appended[route] += 1
+        if c.n == self.chunk_records:
+            self._chunk_full()
+
+    cdef void _chunk_full(self) noexcept:
+        self.full[(self.full_head + self.full_len) % self.nchunks] = self.cur
+        self.full_len += 1
+        self.cur = -1
+        if self.wake is not None:
+            try:
+                self.wake.set()
+            except Exception:
+                pass
+
+    # ---- the writer's side (holds the GIL for take/release only) ------------------
+
+    def take(self):
+        """A chunk to write: the oldest full one, else the current one when it holds
+        records; returns its index, or -1 when there is nothing to write."""
+        cdef int i
+        if self.full_len:
+            i = self.full[self.full_head]
+            self.full_head = (self.full_head + 1) % self.nchunks
+            self.full_len -= 1
+            return i
+        if self.cur >= 0 and self.chunks[self.cur].n > 0:
+            i = self.cur
+            self.cur = -1
+            return i
+        return -1
+
+    def release(self, int i):
+        """Give chunk i back after columns() (its records are gone)."""
+        self.chunks[i].n = 0
+        self.chunks[i].alen = 0
+        self.free_list[self.nfree] = i
+        self.nfree += 1
+
+    def dropped_counts(self):
+        """{route name: records dropped because every chunk was full}."""
+        return {self.routes[i].route: self.dropped[i] for i in range(self.nroutes)
+                if self.dropped[i]}
+
+    def appended_counts(self):
+        return {self.routes[i].route: self.appended[i] for i in range(self.nroutes)}
+
+    def columns(self, int i, int64_t wall_offset_ns):
+        """Chunk i as column buffers (bytearrays) for Arrow: fixed-width values,
+        validity bitmaps (None: no nulls), and offsets + data for the strings.  Runs
+        without the GIL over the records."""
+        cdef LogChunk* c = &self.chunks[i]
+        cdef Py_ssize_t n = c.n, j, k, nb = (c.n + 7) // 8, pos, npairs = 0, m
+        cdef Py_ssize_t cpos = 0, rpos = 0, kpos = 0, vpos = 0, pend, alen
+        cdef LogRecord* r
+        cdef FrameRecord* f
+        cdef const uint8_t* a
+        # count attribute pairs first (sizes the key/value offset arrays)
+        for j in range(n):
+            if c.recs[j].r.attrs >= 0:
+                a = c.arena + c.recs[j].r.attrs
+                alen = (a[0] << 8) | a[1]
+                k = 2
+                while k + 2 <= alen + 2:
+                    m = (a[k] << 8) | a[k + 1]
+                    k += 2 + m
+                    m = (a[k] << 8) | a[k + 1]
+                    k += 2 + m
+                    npairs += 1
+        ts = bytearray(n * 8); conn = bytearray(n * 8); route = bytearray(n * 4)
+        direction = bytearray(n); kind = bytearray(n); outcome = bytearray(n)
+        outcome_v = bytearray(nb); opcode = bytearray(n * 4); opcode_v = bytearray(nb)
+        op_key = bytearray(n * 4); req_key = bytearray(n * 4); req_v = bytearray(nb)
+        skey = bytearray(n * 8); skey_v = bytearray(nb)
+        fbytes = bytearray(n * 8); hbytes = bytearray(n * 8); pbytes = bytearray(n * 8)
+        msgs = bytearray(n * 8); lat = bytearray(n * 8); lat_v = bytearray(nb)
+        corr_off = bytearray((n + 1) * 4); corr_data = bytearray(n * 32 + 1)
+        corr_v = bytearray(nb)
+        res_off = bytearray((n + 1) * 4); res_data = bytearray(c.alen + 1); res_v = bytearray(nb)
+        map_off = bytearray((n + 1) * 4); map_v = bytearray(nb)
+        key_off = bytearray((npairs + 1) * 4); key_data = bytearray(c.alen + 1)
+        val_off = bytearray((npairs + 1) * 4); val_data = bytearray(c.alen + 1)
+        cdef int64_t* p_ts = <int64_t*>PyByteArray_AS_STRING(ts)
+        cdef int64_t* p_conn = <int64_t*>PyByteArray_AS_STRING(conn)
+        cdef int32_t* p_route = <int32_t*>PyByteArray_AS_STRING(route)
+        cdef int8_t* p_dir = <int8_t*>PyByteArray_AS_STRING(direction)
+        cdef int8_t* p_kind = <int8_t*>PyByteArray_AS_STRING(kind)
+        cdef int8_t* p_out = <int8_t*>PyByteArray_AS_STRING(outcome)
+        cdef uint8_t* v_out = <uint8_t*>PyByteArray_AS_STRING(outcome_v)
+        cdef int32_t* p_op = <int32_t*>PyByteArray_AS_STRING(opcode)
+        cdef uint8_t* v_op = <uint8_t*>PyByteArray_AS_STRING(opcode_v)
+        cdef int32_t* p_opk = <int32_t*>PyByteArray_AS_STRING(op_key)
+        cdef int32_t* p_reqk = <int32_t*>PyByteArray_AS_STRING(req_key)
+        cdef uint8_t* v_req = <uint8_t*>PyByteArray_AS_STRING(req_v)
+        cdef int64_t* p_sk = <int64_t*>PyByteArray_AS_STRING(skey)
+        cdef uint8_t* v_sk = <uint8_t*>PyByteArray_AS_STRING(skey_v)
+        cdef int64_t* p_fb = <int64_t*>PyByteArray_AS_STRING(fbytes)
+        cdef int64_t* p_hb = <int64_t*>PyByteArray_AS_STRING(hbytes)
+        cdef int64_t* p_pb = <int64_t*>PyByteArray_AS_STRING(pbytes)
+        cdef int64_t* p_msg = <int64_t*>PyByteArray_AS_STRING(msgs)
+        cdef int64_t* p_lat = <int64_t*>PyByteArray_AS_STRING(lat)
+        cdef uint8_t* v_lat = <uint8_t*>PyByteArray_AS_STRING(lat_v)
+        cdef int32_t* p_coff = <int32_t*>PyByteArray_AS_STRING(corr_off)
+        cdef uint8_t* p_cdat = <uint8_t*>PyByteArray_AS_STRING(corr_data)
+        cdef uint8_t* v_corr = <uint8_t*>PyByteArray_AS_STRING(corr_v)
+        cdef int32_t* p_roff = <int32_t*>PyByteArray_AS_STRING(res_off)
+        cdef uint8_t* p_rdat = <uint8_t*>PyByteArray_AS_STRING(res_data)
+        cdef uint8_t* v_res = <uint8_t*>PyByteArray_AS_STRING(res_v)
+        cdef int32_t* p_moff = <int32_t*>PyByteArray_AS_STRING(map_off)
+        cdef uint8_t* v_map = <uint8_t*>PyByteArray_AS_STRING(map_v)
+        cdef int32_t* p_koff = <int32_t*>PyByteArray_AS_STRING(key_off)
+        cdef uint8_t* p_kdat = <uint8_t*>PyByteArray_AS_STRING(key_data)
+        cdef int32_t* p_voff = <int32_t*>PyByteArray_AS_STRING(val_off)
+        cdef uint8_t* p_vdat = <uint8_t*>PyByteArray_AS_STRING(val_data)
+        cdef Py_ssize_t pairs = 0
+        with nogil:
+            p_coff[0] = 0
+            p_roff[0] = 0
+            p_moff[0] = 0
+            p_koff[0] = 0
+            p_voff[0] = 0
+            for j in range(n):
+                r = &c.recs[j]
+                f = &r.r
+                p_ts[j] = f.t_ns + wall_offset_ns
+                p_conn[j] = r.conn_id
+                p_route[j] = r.route
+                p_dir[j] = f.direction
+                p_kind[j] = f.kind
+                p_out[j] = f.outcome if f.outcome >= 0 else 0
+                if f.outcome >= 0:
+                    _setbit(v_out, j)
+                p_op[j] = <int32_t>f.opcode
+                if f.opcode >= 0:
+                    _setbit(v_op, j)
+                p_opk[j] = r.route * OPCODE_SLOTS + f.slot
+                p_reqk[j] = r.route * OPCODE_SLOTS + (f.req_slot if f.req_slot >= 0 else 0)
+                if f.req_slot >= 0:
+                    _setbit(v_req, j)
+                if f.kind == K_EVENT:
+                    p_sk[j] = -1
+                    _setbit(v_sk, j)
+                elif f.has_status:
+                    p_sk[j] = (<int64_t>r.route << 32) | (f.status & <int64_t>0xFFFFFFFFLL)
+                    _setbit(v_sk, j)
+                else:
+                    p_sk[j] = 0
+                p_fb[j] = f.frame_bytes
+                p_hb[j] = f.header_bytes
+                p_pb[j] = f.frame_bytes - f.header_bytes if f.frame_bytes else 0
+                p_msg[j] = f.messages
+                p_lat[j] = f.latency_ns if f.latency_ns >= 0 else 0
+                if f.latency_ns >= 0:
+                    _setbit(v_lat, j)
+                # correlation id, formatted here rather than in Python
+                if f.corr_fmt == CORR_INT:
+                    cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
+                    _setbit(v_corr, j)
+                elif f.corr_fmt == CORR_SINT:
+                    cpos += _fmt_i64(p_cdat + cpos, f.corr)
+                    _setbit(v_corr, j)
+                elif f.corr_fmt == CORR_PAIR:
+                    cpos += _fmt_i64(p_cdat + cpos, f.corr_hi)
+                    p_cdat[cpos] = 58
+                    cpos += 1
+                    cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
+                    _setbit(v_corr, j)
+                p_coff[j + 1] = <int32_t>cpos
+                if f.resource >= 0:
+                    a = c.arena + f.resource
+                    m = (a[0] << 8) | a[1]
+                    rpos += _utf8_copy(p_rdat + rpos, a + 2, m)
+                    _setbit(v_res, j)
+                p_roff[j + 1] = <int32_t>rpos
+                if f.attrs >= 0:
+                    a = c.arena + f.attrs
+                    pend = 2 + ((a[0] << 8) | a[1])
+                    k = 2
+                    while k + 2 <= pend:
+                        m = (a[k] << 8) | a[k + 1]
+                        kpos += _utf8_copy(p_kdat + kpos, a + k + 2, m)
+                        k += 2 + m
+                        m = (a[k] << 8) | a[k + 1]
+                        vpos += _utf8_copy(p_vdat + vpos, a + k + 2, m)
+                        k += 2 + m
+                        pairs += 1
+                        p_koff[pairs] = <int32_t>kpos
+                        p_voff[pairs] = <int32_t>vpos
+                    _setbit(v_map, j)
+                p_moff[j + 1] = <int32_t>pairs
+        return {
+            "n": n, "npairs": pairs,
+            "ts_ns": ts, "conn_id": conn, "route": route, "direction": direction,
+            "kind": kind, "outcome": (outcome, outcome_v), "opcode": (opcode, opcode_v),
+            "op_key": op_key, "req_key": (req_key, req_v), "status_key": (skey, skey_v),
+            "frame_bytes": fbytes, "header_bytes": hbytes, "payload_bytes": pbytes,
+            "messages": msgs, "latency_ns": (lat, lat_v),
+            "correlation_id": (corr_off, corr_data, corr_v),
+            "resource": (res_off, res_data, res_v),
+            "attrs": (map_off, map_v, key_off, key_data, val_off, val_data),
+        }

@@ -1,6 +1,7 @@
 """Runs a whole proxy: every route's listener, the admin endpoint, graceful shutdown."""
 
 import asyncio
+import os
 import errno
 import logging
 import resource
@@ -39,6 +40,30 @@ def connection_capacity(fd_limit):
     return max(0, (fd_limit - FD_HEADROOM) // 2)
 
 
+def start_framelog(cfg, routes):
+    """The proxy's frame log (docs/design.md, "Frame log"): one native buffer shared by
+    every route with ``framelog = true``, drained by a writer thread."""
+    from proxy.framelog import FrameLog, new_run_id
+    from proxy.framelog_native import make_source
+    from proxy.framing import FrameLogBuffer
+    chunks = 8
+    buffer = FrameLogBuffer(chunks, max(256, cfg.buffer_records // chunks))
+    framelog = FrameLog(cfg.dir, "proxy", cfg.format, cfg.rotate_bytes, cfg.rotate_seconds)
+    source = framelog.add_source(make_source(buffer, cfg.run_id or new_run_id()))
+    buffer.wake = framelog.wake
+    try:
+        os.makedirs(cfg.dir, exist_ok=True)
+    except OSError as exc:             # not fatal: the writer retries, drops are counted
+        log.warning("frame log: cannot create %s (%s); records are dropped until it can be "
+                    "written", cfg.dir, exc.strerror or exc)
+    for route in routes:
+        if route.cfg.framelog:
+            route.log_to(buffer, buffer.add_route(route.stats), source, cfg.sample)
+    log.info("frame log: %s files in %s (run id %s, sample %g)", cfg.format, cfg.dir,
+             source.run_id, cfg.sample)
+    return framelog.start()
+
+
 class ProxyApp:
     """Start with ``await app.start()``; stop with ``app.request_stop()`` or SIGTERM/SIGINT."""
 
@@ -49,6 +74,7 @@ class ProxyApp:
         self.ready = False
         self._stop = None
         self._force = None
+        self.framelog = None           # proxy.framelog.FrameLog when [framelog] is set
 
     async def start(self):
         loop = asyncio.get_running_loop()
@@ -65,8 +91,8 @@ class ProxyApp:
                          "to reach more)", wanted, fd_limit, capacity)
         if self.config.admin_listen is not None:
             host, port = self.config.admin_listen
-            self.admin = AdminServer(make_registry(lambda: self.routes), lambda: self.ready,
-                                     host, port)
+            self.admin = AdminServer(make_registry(lambda: self.routes, lambda: self.framelog),
+                                     lambda: self.ready, host, port)
             await self._bind(self.admin.start(), self._key("admin.listen"), host, port)
         for i, route in enumerate(self.routes):
             host, port = route.cfg.listen
@@ -79,7 +105,7 @@ class ProxyApp:
         if self.admin is not None:
             log.info("admin: http://%s:%d/metrics", *self.admin.address)
         if self.config.framelog is not None:
-            log.warning("[framelog] is accepted but frame logs are not written by this build yet")
+            self.framelog = start_framelog(self.config.framelog, self.routes)
 
     def _key(self, key):
         """A config key as the user named it (a flag in single-route mode)."""
@@ -122,6 +148,11 @@ class ProxyApp:
         if open_conns:
             log.info("draining %d open connections (up to %.1fs)", open_conns, timeout)
         await asyncio.gather(*(r.drain(timeout, self._force) for r in self.routes))
+        if self.framelog is not None:      # after the drain: closing connections log too
+            await asyncio.get_running_loop().run_in_executor(None, self.framelog.close)
+            log.info("frame log: %d records in %d files in %s (%d dropped)",
+                     sum(self.framelog.records.values()), self.framelog.files,
+                     self.framelog.sink.directory, sum(self.framelog.dropped().values()))
         if self.admin is not None:
             self.admin.close()
 

@@ -39,6 +39,8 @@ def _add_proxy(sub):
     p.add_argument("--admin", metavar="HOST:PORT",
                    help="admin HTTP address for /metrics, /healthz, /readyz")
     p.add_argument("--framelog", metavar="DIR", help="frame log directory")
+    p.add_argument("--run-id", metavar="ID",
+                   help="frame-log run id (default: a new one per process)")
     p.add_argument("--name", default=None, help="route name (default: the protocol name)")
     p.add_argument("--max-frame-bytes", type=int, default=None,
                    help="reject frames declaring more than this (default: protocol limit)")
@@ -60,6 +62,7 @@ FLAG_NAMES = {
     "routes[0].request_timeout": "--request-timeout",
     "admin.listen": "--admin",
     "framelog.dir": "--framelog",
+    "framelog.run_id": "--run-id",
     "proxy.shutdown_timeout": "--drain-timeout",
 }
 
@@ -67,6 +70,8 @@ FLAG_NAMES = {
 def build_config(args):
     """The Config for ``frametap proxy``: from -c FILE, or from the single-route flags."""
     from proxy.config import RANGES, config_from_dict, load_config
+    if args.run_id is not None and args.framelog is None and not args.config:
+        raise ConfigError("--run-id needs --framelog DIR (the run id names frame-log rows)")
     single = [args.protocol, args.listen, args.upstream]
     if args.config:
         if any(v is not None for v in single):
@@ -79,6 +84,17 @@ def build_config(args):
         if args.drain_timeout is not None:
             cfg.shutdown_timeout = RANGES["proxy.shutdown_timeout"].check(
                 args.drain_timeout, "--drain-timeout")
+        if args.run_id is not None and args.framelog is None and cfg.framelog is None:
+            raise ConfigError("--run-id needs --framelog DIR or a [framelog] table in "
+                              f"{args.config}")
+        if args.framelog is not None or args.run_id is not None:
+            from proxy.config import FramelogConfig
+            fl = cfg.framelog or FramelogConfig()
+            if args.framelog is not None:
+                fl.dir = args.framelog
+            if args.run_id is not None:
+                fl.run_id = args.run_id
+            cfg.framelog = fl
         return cfg
     missing = [flag for flag, v in zip(("--protocol", "--listen", "--upstream"), single)
                if v is None]
@@ -94,6 +110,8 @@ def build_config(args):
         data["admin"] = {"listen": args.admin}
     if args.framelog is not None:
         data["framelog"] = {"dir": args.framelog}
+        if args.run_id is not None:
+            data["framelog"]["run_id"] = args.run_id
     if args.drain_timeout is not None:
         data["proxy"] = {"shutdown_timeout": args.drain_timeout}
     return config_from_dict(data, FLAG_NAMES)

@@ -69,6 +69,8 @@ RANGES = {
     "proxy.max_pending_bytes": Range(int, 1 * MiB, 64 * GiB, "bytes"),
     "framelog.rotate_bytes": Range(int, 1 * KiB, 1 * TiB, "bytes"),
     "framelog.rotate_seconds": Range(float, 1, 86400, "s"),
+    "framelog.sample": Range(float, 0, 1, "", "fraction of connections logged"),
+    "framelog.buffer_records": Range(int, 2048, 1 << 26, "records"),
     "routes.max_frame_bytes": Range(int, 1, 1 << 31, "bytes"),
     "routes.request_timeout": Range(float, 0.001, 3600, "s"),
     "routes.connect_timeout": Range(float, 0.001, 600, "s"),
@@ -96,6 +98,8 @@ class RouteConfig:
     #: close a connection with no bytes either way for this long; 0: never
     idle_timeout: float = 3600.0
     options: dict = field(default_factory=dict)
+    #: false: this route writes no frame log
+    framelog: bool = True
 
 
 @dataclass
@@ -104,6 +108,12 @@ class FramelogConfig:
     format: str = "parquet"
     rotate_bytes: int = 268435456
     rotate_seconds: float = 300.0
+    #: fraction of connections logged (a sampled connection is logged whole)
+    sample: float = 1.0
+    #: None: one new run id per process
+    run_id: str | None = None
+    #: records buffered before the writer (beyond: dropped and counted)
+    buffer_records: int = 262144
 
 
 @dataclass
@@ -162,7 +172,7 @@ def _string(value, name, what="a non-empty string"):
 
 ROUTE_KEYS = {"name", "protocol", "listen", "upstream", "max_frame_bytes", "request_timeout",
               "connect_timeout", "max_connections", "half_close_timeout", "idle_timeout",
-              "options"}
+              "options", "framelog"}
 _ROUTE_NUMBERS = {"max_frame_bytes": None, "request_timeout": 30.0, "connect_timeout": 5.0,
                   "max_connections": 10000, "half_close_timeout": 60.0, "idle_timeout": 3600.0}
 
@@ -201,7 +211,11 @@ def route_from_table(table, index, names=None):
                           f"({protocol} has no route options)")
     numbers = {key: _number(table, key, where, default, keys, f"routes.{key}")
                for key, default in _ROUTE_NUMBERS.items()}
+    framelog = table.get("framelog", True)
+    if not isinstance(framelog, bool):
+        raise bad_value(keys(f"{where}.framelog"), framelog, "expected true or false")
     return RouteConfig(
+        framelog=framelog,
         name=name,
         protocol=protocol,
         listen=parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True),
@@ -232,7 +246,14 @@ def config_from_dict(data, names=None):
     framelog = None
     if "framelog" in data:
         fl = _table(data, "framelog", "framelog", " ([framelog] with dir = \"...\")")
-        _check_keys(fl, {"dir", "format", "rotate_bytes", "rotate_seconds"}, "framelog")
+        _check_keys(fl, {"dir", "format", "rotate_bytes", "rotate_seconds", "sample",
+                         "run_id", "buffer_records"}, "framelog")
+        run_id = fl.get("run_id")
+        if run_id is not None:
+            run_id = _string(run_id, keys("framelog.run_id"))
+            if len(run_id) > MAX_NAME_CHARS or not run_id.isprintable():
+                raise bad_value(keys("framelog.run_id"), run_id,
+                                f"expected at most {MAX_NAME_CHARS} printable characters")
         log_dir = _string(fl.get("dir", "framelogs"), keys("framelog.dir"),
                           "a directory name (a non-empty string)")
         if "\0" in log_dir:
@@ -244,7 +265,10 @@ def config_from_dict(data, names=None):
         framelog = FramelogConfig(
             dir=log_dir, format=fmt,
             rotate_bytes=_number(fl, "rotate_bytes", "framelog", 268435456, keys),
-            rotate_seconds=_number(fl, "rotate_seconds", "framelog", 300.0, keys))
+            rotate_seconds=_number(fl, "rotate_seconds", "framelog", 300.0, keys),
+            sample=_number(fl, "sample", "framelog", 1.0, keys),
+            buffer_records=_number(fl, "buffer_records", "framelog", 262144, keys),
+            run_id=run_id)
     routes_raw = data.get("routes")
     if routes_raw is None or routes_raw == [] or routes_raw == {}:
         raise ConfigError("routes: expected at least one [[routes]] table")

@@ -59,6 +59,15 @@ SCHEMA = pa.schema([
 ])
 COLUMNS = tuple(SCHEMA.names)
 
+#: Columns with few distinct values per row group: dictionary-encoded in Parquet.  The
+#: others (times, ids, latencies) are written plain: a dictionary would only cost time.
+#: No column statistics either: they cost ~30% of the writer's time and the analysis
+#: scans whole files.  (bench/framelog_bench.py measures the writer.)
+DICTIONARY_COLUMNS = ["source", "run_id", "route", "protocol", "peer", "direction", "opcode",
+                      "opcode_name", "kind", "status", "outcome", "request_opcode_name",
+                      "resource", "conn_id", "frame_bytes", "header_bytes", "payload_bytes",
+                      "messages"]
+
 
 def new_run_id():
     """A run id for a process that was not given one: UTC start time + 8 random hex."""
@@ -119,7 +128,8 @@ class FileSink:
             # store_schema=False: files read back with the plain SCHEMA types, whether
             # the batch was built with dictionary-encoded columns or not
             self._writer = pq.ParquetWriter(self._file, schema, compression=self.compression,
-                                            store_schema=False)
+                                            store_schema=False, write_statistics=False,
+                                            use_dictionary=DICTIONARY_COLUMNS)
         self._opened = time.monotonic()
         self._rows = {}
 

@@ -9,10 +9,11 @@ import os
 NO_EXTENSIONS = bool(os.environ.get("FRAMETAP_NO_EXTENSIONS"))
 
 if NO_EXTENSIONS:
-    from proxy.framing_py import RouteStats, FrameParser, now_ns  # noqa: F401
+    from proxy.framing_py import RouteStats, FrameParser, FrameLogBuffer, now_ns  # noqa: F401
 else:
     try:
-        from proxy._framing import RouteStats, FrameParser, now_ns  # noqa: F401
+        from proxy._framing import (RouteStats, FrameParser, FrameLogBuffer,  # noqa: F401
+                                     now_ns)
     except ImportError as exc:  # pragma: no cover - build problem
         raise ImportError(
             "frametap's compiled extensions are missing (%s); build them with "
@@ -20,3 +21,6 @@ else:
             "FRAMETAP_NO_EXTENSIONS=1 for the pure-Python parsers" % exc) from exc
 
 HAVE_EXTENSIONS = not NO_EXTENSIONS
+
+__all__ = ["RouteStats", "FrameParser", "FrameLogBuffer", "now_ns", "NO_EXTENSIONS",
+           "HAVE_EXTENSIONS"]

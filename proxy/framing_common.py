@@ -48,9 +48,14 @@ DEFAULT_MAP_LIMIT = 262144     # pending keyed requests per connection (e.g. unc
 _U64 = (1 << 64) - 1
 
 
-def record_dict(stats, conn_id, r):
+RESOURCE_MAX = 256      # frame-log resource bytes kept per frame
+ATTRS_MAX = 4096        # frame-log attrs bytes per frame (key + value + 4 per pair)
+
+
+def record_dict(stats, conn_id, r, resource=None, attrs=None):
     """One frame-log record (a FrameRecord as a dict of its raw fields) with its names
-    resolved: what the tracer sees, and the shape the frame-log writer produces."""
+    resolved: what the tracer sees, and the row the frame-log writer produces (minus
+    the identity columns: ts_ns, source, run_id, route, protocol, peer)."""
     fmt, corr = r["corr_fmt"], r["corr"] & _U64
     if fmt == 1:
         cid = str(corr)
@@ -66,10 +71,12 @@ def record_dict(stats, conn_id, r):
         "t_ns": r["t_ns"], "conn_id": conn_id, "direction": DIRECTIONS[r["direction"]],
         "opcode": r["opcode"], "opcode_name": stats.slot_name(r["slot"]),
         "kind": KINDS[r["kind"]], "correlation_id": cid,
-        "status": status_name(r["status"]) if r["has_status"] else None,
+        "status": ("timeout" if r["kind"] == K_EVENT else
+                   status_name(r["status"]) if r["has_status"] else None),
         "outcome": OUTCOMES[r["outcome"]] if r["outcome"] >= 0 else None,
         "frame_bytes": fb, "header_bytes": r["header_bytes"],
         "payload_bytes": fb - r["header_bytes"] if fb else 0, "messages": r["messages"],
         "latency_ns": lat if lat >= 0 else None,
         "request_opcode_name": stats.slot_name(r["req_slot"]) if r["req_slot"] >= 0 else None,
+        "resource": resource, "attrs": attrs,
     }

@@ -9,7 +9,7 @@ and a fuzzer asserts they agree on every counter and record.
 import time
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
+from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
                                   UNKNOWN_LABELS,
@@ -259,7 +259,7 @@ class Record:
     """One frame-log row (the twin of _framing.pxd's FrameRecord)."""
     __slots__ = ("t_ns", "frame_bytes", "header_bytes", "messages", "latency_ns", "corr",
                  "status", "opcode", "corr_hi", "resource", "attrs", "slot", "req_slot",
-                 "direction", "kind", "outcome", "corr_fmt", "has_status")
+                 "direction", "kind", "outcome", "corr_fmt", "has_status", "abytes")
 
     def __init__(self, t_ns, d, slot, kind, opcode, frame_bytes, header_bytes):
         self.t_ns = t_ns
@@ -271,8 +271,9 @@ class Record:
         self.status = 0
         self.opcode = opcode
         self.corr_hi = -1
-        self.resource = -1
-        self.attrs = -1
+        self.resource = None     # str (set_resource)
+        self.attrs = None        # {key: value} (add_attr)
+        self.abytes = 0          # add_attr(): bytes used, as the compiled core counts them
         self.slot = slot
         self.req_slot = -1
         self.direction = d
@@ -311,6 +312,8 @@ class FrameParser:
         self.conn_id = 0
         self._tracer = None
         self.recording = False
+        self.log = None
+        self.log_route = 0
 
     def set_hold(self, d, on):
         self.hold[d] = bool(on)
@@ -557,7 +560,9 @@ class FrameParser:
         rec = s.rec
         if s.rows > 0:
             self._emit(rec)
+            old = rec
             rec = s.rec = Record(rec.t_ns, d, rec.slot, rec.kind, rec.opcode, 0, 0)
+            rec.resource, rec.attrs, rec.abytes = old.resource, old.attrs, old.abytes
         s.rows += 1
         rec.messages = 1
 
@@ -671,19 +676,50 @@ class FrameParser:
     @tracer.setter
     def tracer(self, fn):
         self._tracer = fn
-        self.recording = fn is not None
+        self.recording = fn is not None or self.log is not None
+
+    def attach_log(self, log, route):
+        """Write this connection's records to ``log`` (a FrameLogBuffer, as route index
+        ``route``), or stop with ``log=None``."""
+        self.log = log
+        self.log_route = route
+        self.recording = log is not None or self._tracer is not None
 
     def _emit(self, rec):
-        if self._tracer is None:
+        if self.log is None and self._tracer is None:
             return
-        try:
-            self._tracer(self._record_dict(rec))
-        except Exception:
-            pass
+        row = self._record_dict(rec)
+        if self.log is not None:
+            self.log.append(row, self.log_route)
+        if self._tracer is not None:
+            try:
+                self._tracer(dict(row))
+            except Exception:
+                pass
 
     def _record_dict(self, rec):
         return record_dict(self.stats, self.conn_id,
-                           {k: getattr(rec, k) for k in Record.__slots__})
+                           {k: getattr(rec, k) for k in Record.__slots__},
+                           rec.resource, dict(rec.attrs) if rec.attrs else None)
+
+    def set_resource(self, d, data):
+        """The frame's frame-log ``resource`` (bytes, UTF-8; at most RESOURCE_MAX kept)."""
+        if self.recording:
+            self.st[d].rec.resource = bytes(data[:RESOURCE_MAX]).decode("utf-8", "replace")
+
+    def add_attr(self, d, key, value):
+        """One frame-log ``attrs`` entry (bytes, bytes) for the current frame."""
+        if not self.recording:
+            return
+        rec = self.st[d].rec
+        kn, vn = len(key), len(value)
+        if kn > 65535 or vn > 65535 or rec.abytes + 4 + kn + vn > ATTRS_MAX:
+            return
+        rec.abytes += 4 + kn + vn
+        if rec.attrs is None:
+            rec.attrs = {}
+        rec.attrs[bytes(key).decode("utf-8", "replace")] = bytes(value).decode("utf-8",
+                                                                               "replace")
 
     # ---- lifecycle ------------------------------------------------------------
 
@@ -747,3 +783,43 @@ class FrameParser:
 
     def frame_start(self, d):
         return self.st[d].frame_start
+
+
+class FrameLogBuffer:
+    """Twin of _framing.FrameLogBuffer: a bounded list of (route index, row dict);
+    drained by proxy.framelog_native.TwinSource."""
+
+    def __init__(self, chunks=8, chunk_records=32768, arena_bytes=8 << 20):
+        if chunks < 2 or chunk_records < 1:
+            raise ValueError("a frame-log buffer needs >= 2 chunks of >= 1 record")
+        self.limit = chunks * chunk_records
+        self.rows = []
+        self.routes = []
+        self.dropped = []
+        self.appended = []
+        self.wake = None
+
+    def add_route(self, stats):
+        self.routes.append(stats)
+        self.dropped.append(0)
+        self.appended.append(0)
+        return len(self.routes) - 1
+
+    def append(self, row, route):
+        if len(self.rows) >= self.limit:
+            self.dropped[route] += 1
+            return
+        self.rows.append((route, row))
+        self.appended[route] += 1
+        if len(self.rows) * 2 == self.limit and self.wake is not None:
+            self.wake.set()
+
+    def take_rows(self):
+        rows, self.rows = self.rows, []
+        return rows
+
+    def dropped_counts(self):
+        return {s.route: n for s, n in zip(self.routes, self.dropped) if n}
+
+    def appended_counts(self):
+        return {s.route: n for s, n in zip(self.routes, self.appended)}

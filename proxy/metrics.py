@@ -25,8 +25,9 @@ def _buckets(counts):
 class FrametapCollector(Collector):
     """Yields every frametap_* family from the routes' RouteStats snapshots."""
 
-    def __init__(self, routes):
+    def __init__(self, routes, framelog=None):
         self._routes = routes          # callable -> iterable of Route (or RouteStats)
+        self._framelog = framelog      # callable -> proxy.framelog.FrameLog or None
 
     def collect(self):
         snaps = []
@@ -106,12 +107,33 @@ class FrametapCollector(Collector):
                 closed.add_metric([s["route"], by, reason], v)
         yield from (frames, fbytes, msgs, raw, dur, resp, inflight, timeouts, unmatched, perr,
                     active, total, rejected, closed, cfail, cdur)
+        yield from self._framelog_metrics([s["route"] for s in snaps])
+
+    def _framelog_metrics(self, routes):
+        fl = self._framelog() if self._framelog is not None else None
+        records = CounterMetricFamily("frametap_framelog_records", "Frame-log rows written "
+                                      "to finished files", labels=["route"])
+        dropped = CounterMetricFamily("frametap_framelog_dropped", "Frame-log rows discarded "
+                                      "(writer behind, or lost to a write error)",
+                                      labels=["route"])
+        written = fl.records if fl is not None else {}
+        lost = fl.dropped() if fl is not None else {}
+        for route in routes:
+            records.add_metric([route], written.get(route, 0))
+            dropped.add_metric([route], lost.get(route, 0))
+        yield records
+        yield dropped
+        yield CounterMetricFamily("frametap_framelog_files", "Frame-log files completed",
+                                  value=fl.files if fl is not None else 0)
+        yield CounterMetricFamily("frametap_framelog_write_errors", "Frame-log writes that "
+                                  "failed (disk full, unwritable directory)",
+                                  value=fl.write_errors if fl is not None else 0)
 
 
-def make_registry(routes):
+def make_registry(routes, framelog=None):
     """A private registry holding only frametap's collector (plus process metrics)."""
     from prometheus_client import ProcessCollector
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FrametapCollector(routes))
+    registry.register(FrametapCollector(routes, framelog))
     ProcessCollector(registry=registry)
     return registry

@@ -11,6 +11,7 @@ side aborts the other.
 import asyncio
 import itertools
 import logging
+import random
 import socket
 import time
 
@@ -75,6 +76,7 @@ class Route:
         self._sweeper = None
         self.log = LogLimiter(cfg.name)
         self.closed_counts = {}        # (by, reason) -> connections closed that way
+        self.framelog = None           # (FrameLogBuffer, route index, source, sample)
         self.half_close_timeout = getattr(cfg, "half_close_timeout", 60.0)
         self.idle_timeout = getattr(cfg, "idle_timeout", 3600.0)   # 0: never
 
@@ -97,6 +99,23 @@ class Route:
             parser.local_address = local_address[:2] if local_address else None
             parser.upstream_address = self.cfg.upstream
         return parser
+
+    def log_to(self, buffer, index, source, sample):
+        """Write frame logs of (a ``sample`` fraction of) this route's connections."""
+        self.framelog = (buffer, index, source, sample)
+
+    def start_logging(self, parser, peer):
+        """Sampling is by connection: a sampled connection is logged whole."""
+        if self.framelog is None:
+            return
+        buffer, index, source, sample = self.framelog
+        if sample >= 1.0 or (sample > 0 and random.random() < sample):
+            source.connection(parser.conn_id, peer)
+            parser.attach_log(buffer, index)
+
+    def stop_logging(self, parser):
+        if self.framelog is not None and parser.recording:
+            self.framelog[2].forget(parser.conn_id)
 
     async def _sweep(self):
         """Count requests that waited longer than request_timeout (FIFO heads only)."""
@@ -174,6 +193,7 @@ class ClientSide(asyncio.Protocol):
             transport.abort()
             return
         self.parser = route.new_parser(transport.get_extra_info("sockname"))
+        route.start_logging(self.parser, self.peer)
         route.connections.add(self)
         route.stats.conn_total += 1
         route.stats.conn_active += 1
@@ -362,6 +382,7 @@ class ClientSide(asyncio.Protocol):
             except Exception as exc:       # a broken parser must not break the close
                 self.route.log.warning("route %s: parser close failed: %s: %s",
                                        self.route.cfg.name, type(exc).__name__, exc)
+            self.route.stop_logging(self.parser)
         self.route.forget(self)
 
 

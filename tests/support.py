@@ -138,7 +138,7 @@ def sample(app, name, **labels):
 
     from proxy.metrics import FrametapCollector
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(FrametapCollector(lambda: app.routes))
+    reg.register(FrametapCollector(lambda: app.routes, lambda: getattr(app, "framelog", None)))
     return reg.get_sample_value(name, labels)
 
 

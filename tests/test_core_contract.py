@@ -1,11 +1,7 @@
 """The core's contract with parsers: header requests are bounded by header_limit and
 never touch the other direction's state; gather() hands back split body bytes."""
 
-import os
-import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,30 +29,11 @@ class PyProbe(framing_py.FrameParser):
 
 
 @pytest.fixture(scope="session")
-def c_probe(tmp_path_factory):
-    """ProbeParser compiled against proxy/_framing.pxd, in a temporary directory."""
-    if os.environ.get("FRAMETAP_NO_EXTENSIONS"):
-        pytest.skip("FRAMETAP_NO_EXTENSIONS=1: the twin probe covers this run")
-    try:
-        import Cython.Build  # noqa: F401
-    except ImportError:
-        pytest.fail("Cython is a test dependency (pip install -e '.[test]')")
-    out = tmp_path_factory.mktemp("probe")
-    shutil.copy(HERE / "probe" / "probe_parser.pyx", out / "probe_parser.pyx")
-    root = HERE.parent
-    script = ("from setuptools import setup, Extension; from Cython.Build import cythonize; "
-              "setup(script_args=['build_ext', '--inplace', '-q'], ext_modules=cythonize("
-              "[Extension('probe_parser', ['probe_parser.pyx'])], include_path=[%r], quiet=True))"
-              % str(root))
-    res = subprocess.run([sys.executable, "-c", script], cwd=out, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    sys.path.insert(0, str(out))
-    try:
-        import probe_parser
-    finally:
-        sys.path.remove(str(out))
+def c_probe():
+    """ProbeParser compiled against proxy/_framing.pxd (tests/probe_build.py)."""
     from proxy import _framing
-    return _framing.RouteStats, probe_parser.ProbeParser
+    from tests.probe_build import probe_module
+    return _framing.RouteStats, probe_module().ProbeParser
 
 
 def impls(c_probe=None):

@@ -34,6 +34,36 @@ def test_demo_runs_and_reports(tmp_path):
     assert "protocol errors: 0   unmatched responses: 0" in r.stdout
     assert (tmp_path / "metrics.txt").read_text().count("frametap_frames_total") > 2
     assert_all_closed(ports_in(r.stdout))
+    assert_framelog_matches_metrics(tmp_path)
+
+
+def assert_framelog_matches_metrics(out):
+    """Every landed protocol under load: the proxy's frame-log rows per (route, direction,
+    opcode) equal its frametap_frames_total exactly (nothing dropped at this rate; a
+    frame's extra rows - one per Stream publishing id - carry frame_bytes 0)."""
+    from collections import Counter
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from prometheus_client.parser import text_string_to_metric_families
+    files = sorted((out / "framelogs").glob("proxy-*.parquet"))
+    assert files, "the demo's proxy wrote no frame log"
+    rows = pa.concat_tables([pq.read_table(f) for f in files]).to_pylist()
+    got = Counter((r["route"], r["direction"], r["opcode_name"]) for r in rows
+                  if r["kind"] != "event" and r["frame_bytes"] > 0)
+    want = Counter()
+    dropped = 0
+    for fam in text_string_to_metric_families((out / "metrics.txt").read_text()):
+        for s in fam.samples:
+            if s.name == "frametap_frames_total" and s.value:
+                want[(s.labels["route"], s.labels["direction"], s.labels["opcode"])] = s.value
+            if s.name == "frametap_framelog_dropped_total":
+                dropped += s.value
+    assert dropped == 0
+    assert {k: int(v) for k, v in want.items()} == dict(got)
+    routes = {r[0] for r in want}
+    assert len(routes) >= 4, routes           # flymq, rabbitmq-stream, rocketmq x2
+    assert all(r["peer"] and r["run_id"] == rows[0]["run_id"] for r in rows)
 
 
 def test_demo_cleans_up_on_ctrl_c(tmp_path):

@@ -22,3 +22,25 @@ cdef class ProbeParser(FrameParser):
             return want_header(self, d, self.want)
         begin(self, d, self.stats.slot_for(h[4]), K_ONEWAY, be32(h), self.want)
         return be32(h)
+
+
+from proxy._framing cimport set_resource, add_attr
+
+
+cdef class ResourceProbe(FrameParser):
+    """Emits one record per frame() call with the given resource and attrs (the frame-log
+    test's way to drive set_resource/add_attr from Python)."""
+
+    def __init__(self, RouteStats stats):
+        self.header_size = 5
+        FrameParser.__init__(self, stats, 1 << 20, 30.0, None)
+
+    def frame(self, resource, attrs):
+        cdef bytes k, v
+        begin(self, 0, self.stats.slot_for(1), K_ONEWAY, 10, 5)
+        if resource is not None:
+            set_resource(self, 0, <const uint8_t*><char*>resource, len(resource))
+        for k, v in attrs:
+            add_attr(self, 0, <const uint8_t*><char*>k, len(k), <const uint8_t*><char*>v, len(v))
+        self.st[0].open = 0
+        self._emit(&self.st[0].rec)

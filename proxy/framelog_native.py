@@ -1,0 +1,182 @@
+"""The compiled proxy's frame-log source: ``FrameLogBuffer`` chunks -> Arrow tables.
+
+``FrameLogBuffer.columns()`` transposes a chunk of native records into column buffers
+(without the GIL); this module wraps them as Arrow arrays without copying and resolves
+the repeated strings as dictionary arrays (route, protocol, peer, opcode and status
+names are looked up once per distinct value per batch, never per row).  Runs on the
+frame-log writer thread.
+"""
+
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from proxy.framing_common import DIRECTIONS, KINDS, OPCODE_SLOTS, OUTCOMES
+
+_EMPTY = pa.array([], pa.string())
+
+
+def _fixed(typ, n, values, validity=None):
+    bufs = [None if validity is None else pa.py_buffer(validity), pa.py_buffer(values)]
+    return pa.Array.from_buffers(typ, n, bufs)
+
+
+def _strings(n, offsets, data, validity):
+    return pa.Array.from_buffers(pa.string(), n, [
+        None if validity is None else pa.py_buffer(validity),
+        pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _dict(indices, names):
+    return pa.DictionaryArray.from_arrays(indices, pa.array(names, pa.string()))
+
+
+def make_source(buffer, run_id, source="proxy"):
+    """The FrameLog source draining ``buffer`` (compiled, or the pure-Python twin's)."""
+    if hasattr(buffer, "columns"):
+        return NativeSource(buffer, run_id, source)
+    return TwinSource(buffer, run_id, source)
+
+
+class NativeSource:
+    """Drains a FrameLogBuffer for FrameLog (``drain()`` / ``dropped_counts()``).
+
+    ``peers`` maps conn_id -> the client's ``ip:port``; the relay adds a connection
+    when it starts logging it and calls ``forget(conn_id)`` when it closes (the entry
+    goes after the next drain, which holds the connection's last records).
+    """
+
+    def __init__(self, buffer, run_id, source="proxy"):
+        self.buffer = buffer
+        self.run_id = run_id
+        self.source = source
+        self.peers = {}
+        self._closing = []
+        # wall clock = monotonic record time + this offset (one reading per process)
+        self.wall_offset_ns = time.time_ns() - time.monotonic_ns()
+        self.full = None
+
+    def connection(self, conn_id, peer):
+        self.peers[conn_id] = peer
+
+    def forget(self, conn_id):
+        self._closing.append(conn_id)
+
+    def dropped_counts(self):
+        return self.buffer.dropped_counts()
+
+    def drain(self):
+        closing, self._closing = self._closing, []
+        tables = []
+        while True:
+            i = self.buffer.take()
+            if i < 0:
+                break
+            try:
+                cols = self.buffer.columns(i, self.wall_offset_ns)
+            finally:
+                self.buffer.release(i)
+            if cols["n"]:
+                tables.append(self.table(cols))
+        for conn_id in closing:
+            self.peers.pop(conn_id, None)
+        return tables
+
+    def table(self, c):
+        """One chunk's columns as a pyarrow Table of framelog.SCHEMA's columns."""
+        n = c["n"]
+        routes = self.buffer.routes
+        route_idx = _fixed(pa.int32(), n, c["route"])
+        zero = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(bytes(4 * n))])
+        # names by key: route * OPCODE_SLOTS + slot
+        op_key = _fixed(pa.int32(), n, c["op_key"])
+        req_vals, req_valid = c["req_key"]
+        req_key = _fixed(pa.int32(), n, req_vals, req_valid)
+        keys = pc.unique(pa.chunked_array([op_key, req_key.drop_null()]).combine_chunks())
+        names = [routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS)
+                 for k in keys.to_pylist()]
+        opcode_name = _dict(pc.index_in(op_key, value_set=keys), names)
+        req_name = _dict(pc.index_in(req_key, value_set=keys), names)
+        # status: (route << 32 | code); -1 marks a timeout event
+        svals, svalid = c["status_key"]
+        skey = _fixed(pa.int64(), n, svals, svalid)
+        skeys = pc.unique(skey.drop_null())
+        snames = []
+        for k in skeys.to_pylist():
+            if k == -1:
+                snames.append("timeout")
+                continue
+            code = k & 0xFFFFFFFF
+            if code >= 1 << 31:
+                code -= 1 << 32
+            namer = routes[k >> 32].status_namer or str
+            try:
+                snames.append(str(namer(code)))
+            except Exception:
+                snames.append(str(code))
+        status = _dict(pc.index_in(skey, value_set=skeys), snames)
+        # peers by conn_id
+        conn = _fixed(pa.int64(), n, c["conn_id"])
+        conn_keys = pc.unique(conn)
+        peer = _dict(pc.index_in(conn, value_set=conn_keys),
+                     [self.peers.get(k) for k in conn_keys.to_pylist()])
+        ovals, ovalid = c["outcome"]
+        opv, opvalid = c["opcode"]
+        lvals, lvalid = c["latency_ns"]
+        m_off, m_valid, k_off, k_data, v_off, v_data = c["attrs"]
+        npairs = c["npairs"]
+        attrs = pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(m_off)]),
+            _strings(npairs, k_off, k_data, None),
+            _strings(npairs, v_off, v_data, None),
+            mask=pc.invert(_fixed(pa.bool_(), n, m_valid)) if n else None)
+        columns = {
+            "ts_ns": _fixed(pa.int64(), n, c["ts_ns"]),
+            "source": _dict(zero, [self.source]),
+            "run_id": _dict(zero, [self.run_id]),
+            "route": _dict(route_idx, [s.route for s in routes]),
+            "protocol": _dict(route_idx, [s.protocol for s in routes]),
+            "conn_id": conn,
+            "peer": peer,
+            "direction": _dict(_fixed(pa.int8(), n, c["direction"]), list(DIRECTIONS)),
+            "opcode": _fixed(pa.int32(), n, opv, opvalid),
+            "opcode_name": opcode_name,
+            "kind": _dict(_fixed(pa.int8(), n, c["kind"]), list(KINDS)),
+            "correlation_id": _strings(n, *c["correlation_id"]),
+            "status": status,
+            "outcome": _dict(_fixed(pa.int8(), n, ovals, ovalid), list(OUTCOMES)),
+            "frame_bytes": _fixed(pa.int64(), n, c["frame_bytes"]),
+            "header_bytes": _fixed(pa.int64(), n, c["header_bytes"]),
+            "payload_bytes": _fixed(pa.int64(), n, c["payload_bytes"]),
+            "messages": _fixed(pa.int64(), n, c["messages"]),
+            "latency_ns": _fixed(pa.int64(), n, lvals, lvalid),
+            "request_opcode_name": req_name,
+            "resource": _strings(n, *c["resource"]),
+            "attrs": attrs,
+        }
+        return pa.table(columns)
+
+
+class TwinSource(NativeSource):
+    """Drains the pure-Python twin's FrameLogBuffer (rows already resolved to names)."""
+
+    def drain(self):
+        closing, self._closing = self._closing, []
+        rows = self.buffer.take_rows()
+        tables = []
+        if rows:
+            routes = self.buffer.routes
+            out = []
+            for route, r in rows:
+                stats = routes[route]
+                row = dict(r, source=self.source, run_id=self.run_id, route=stats.route,
+                           protocol=stats.protocol, peer=self.peers.get(r["conn_id"]),
+                           ts_ns=r["t_ns"] + self.wall_offset_ns)
+                del row["t_ns"]
+                out.append(row)
+            from proxy.framelog import SCHEMA
+            tables.append(pa.Table.from_pylist(out, schema=SCHEMA))
+        for conn_id in closing:
+            self.peers.pop(conn_id, None)
+        return tables

@@ -1,0 +1,245 @@
+"""The frame log (docs/design.md, "Frame log"): what the parsers record reaches the files
+row for row, for every protocol and both twins; files are named, rotated and renamed as
+the contract says; the writer drops and counts instead of blocking; a failing disk is
+counted and recovered from."""
+
+import glob
+import json
+import os
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from proxy import framing_py
+from proxy.framelog import COLUMNS, SCHEMA, FileSink, FrameLog, RowBuffer, file_stem
+from proxy.framelog_native import make_source
+from tests.test_conformance import HAVE_C, PROTOCOLS, SPECS, events_sorted, impls
+
+if HAVE_C:
+    from proxy import _framing
+
+
+def buffer_class(label):
+    return _framing.FrameLogBuffer if label == "c" else framing_py.FrameLogBuffer
+
+
+def read_rows(directory):
+    rows = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.parquet"))):
+        rows.extend(pq.read_table(path).to_pylist())
+    for path in sorted(glob.glob(os.path.join(directory, "*.jsonl"))):
+        with open(path) as f:
+            rows.extend(json.loads(line) for line in f)
+    return rows
+
+
+def logged_run(impl, pkg, conv, directory, fmt="parquet", chunk_records=64):
+    """Feed one golden conversation with a tracer and the frame log attached; returns
+    (tracer records, rows read back from the files, FrameLog)."""
+    label, RouteStats, Parser = impl
+    stats = RouteStats("r-" + pkg, SPECS[pkg].name)
+    parser = Parser(stats, options=dict(conv.options or {}))
+    parser.conn_id = 42
+    traced = []
+    parser.tracer = traced.append
+    buf = buffer_class(label)(4, chunk_records)
+    fl = FrameLog(directory, "proxy", fmt, flush_interval=0.05)
+    src = fl.add_source(make_source(buf, "run-x"))
+    buf.wake = fl.wake
+    parser.attach_log(buf, buf.add_route(stats))
+    src.connection(42, "127.0.0.1:40000")
+    fl.start()
+    for d, data in conv.bursts():
+        parser.feed(d, data)
+        if parser.error is not None:
+            break
+        time.sleep(0.001)
+    parser.close()
+    fl.close()
+    assert fl.dropped() == {}
+    return traced, read_rows(directory), fl
+
+
+def _conv_cases():
+    for pkg, mod in sorted(PROTOCOLS.items()):
+        for conv in mod.conversations():
+            if conv.records:
+                yield pytest.param(pkg, conv, id=f"{pkg}-{conv.name}")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("pkg,conv", list(_conv_cases()))
+def test_files_hold_exactly_what_the_parsers_recorded(pkg, conv, fmt, tmp_path):
+    for impl in impls(pkg):
+        out = tmp_path / impl[0]
+        traced, rows, fl = logged_run(impl, pkg, conv, str(out), fmt)
+        assert len(rows) == len(traced) > 0
+        assert fl.records == {"r-" + pkg: len(rows)} and fl.files == 1
+        for got, want in zip(events_sorted(rows), events_sorted(traced)):
+            assert set(got) == set(COLUMNS)
+            assert got["source"] == "proxy" and got["run_id"] == "run-x"
+            assert got["route"] == "r-" + pkg and got["protocol"] == SPECS[pkg].name
+            assert got["peer"] == "127.0.0.1:40000"
+            # wall clock: the monotonic record time moved to the epoch, within a minute
+            assert abs(got["ts_ns"] - time.time_ns()) < 60e9
+            for key, value in want.items():
+                if key == "t_ns":
+                    continue
+                if key == "opcode" and value is not None and value < 0:
+                    value = None                 # interned names have no numeric opcode
+                assert got[key] == value, (impl[0], key, got, want)
+
+
+def test_native_columns_match_the_twin_across_many_chunks(tmp_path):
+    """Many chunks, correlation ids of every format, resources with hostile bytes."""
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    pkg = "rabbitmq_stream"
+    conv = next(c for c in PROTOCOLS[pkg].conversations() if c.records)
+    results = {}
+    for impl in impls(pkg):
+        traced, rows, _ = logged_run(impl, pkg, conv, str(tmp_path / impl[0]), chunk_records=2)
+        results[impl[0]] = [dict(r, ts_ns=None, latency_ns=r["latency_ns"] is not None)
+                            for r in events_sorted(rows)]
+    assert results["c"] == results["py"]
+
+
+def test_resource_and_attrs_round_trip_with_invalid_utf8(tmp_path):
+    """set_resource/add_attr bytes reach the file; invalid UTF-8 never makes it unreadable."""
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    from tests.probe_build import probe_module
+    probe = probe_module()
+    stats = _framing.RouteStats("probe", "probe")
+    p = probe.ResourceProbe(stats)
+    buf = _framing.FrameLogBuffer(2, 8)
+    fl = FrameLog(str(tmp_path), "proxy", flush_interval=0.05)
+    src = fl.add_source(make_source(buf, "r"))
+    p.conn_id = 1
+    p.attach_log(buf, buf.add_route(stats))
+    src.connection(1, "[::1]:5")
+    traced = []
+    p.tracer = traced.append
+    p.frame(b"orders", [(b"FROM_SERVICE", b"svc-a"), (b"k", b"")])
+    p.frame(b"bad\xff\xfe\xc3", [(b"key\x80", b"v\xe2\x82")])
+    p.frame(None, [])
+    p.frame("é".encode() * 200, [])            # 400 bytes: kept up to 256
+    fl.close()
+    rows = read_rows(str(tmp_path))
+    assert [r["resource"] for r in rows] == ["orders", "bad???", None,
+                                             "é" * 128]
+    assert rows[0]["attrs"] == [("FROM_SERVICE", "svc-a"), ("k", "")]
+    assert rows[1]["attrs"] == [("key?", "v??")]
+    assert rows[2]["attrs"] is None
+    assert traced[0]["resource"] == "orders"
+    assert traced[0]["attrs"] == {"FROM_SERVICE": "svc-a", "k": ""}
+
+
+# ---- files -----------------------------------------------------------------------------
+
+def test_file_names_temp_names_and_rotation(tmp_path):
+    finished = []
+    sink = FileSink(str(tmp_path), "client", "parquet", rotate_bytes=1 << 30,
+                    rotate_seconds=3600, on_finished=lambda p, rows: finished.append((p, rows)))
+    buf = RowBuffer(defaults={"source": "client", "route": "a"})
+    for i in range(10):
+        buf.append({"ts_ns": i, "correlation_id": str(i)})
+    sink.write(buf.drain()[0])
+    visible = os.listdir(tmp_path)
+    assert len(visible) == 1 and visible[0].startswith(".") and visible[0].endswith(".tmp")
+    sink.finish()
+    name = os.path.basename(finished[0][0])
+    stem = file_stem("client", time.time())
+    host_pid = stem.rsplit("-", 1)[0]
+    assert name.startswith(host_pid) and name.endswith("-000001.parquet"), name
+    assert finished[0][1] == {"a": 10}
+    assert sorted(os.listdir(tmp_path)) == [name]
+    # size rotation: a tiny limit finishes a file per batch
+    sink.rotate_bytes = 1
+    for _ in range(3):
+        buf.append({"ts_ns": 1})
+        sink.write(buf.drain()[0])
+    assert len(finished) == 4
+    assert sorted(os.path.basename(p)[-14:] for p, _ in finished) == [
+        "000001.parquet", "000002.parquet", "000003.parquet", "000004.parquet"]
+    # age rotation
+    sink.rotate_bytes, sink.rotate_seconds = 1 << 30, 0.01
+    buf.append({"ts_ns": 2})
+    sink.write(buf.drain()[0])
+    time.sleep(0.02)
+    sink.maybe_rotate()
+    assert len(finished) == 5
+    assert pq.read_table(finished[-1][0]).schema.equals(SCHEMA)
+
+
+def test_two_writers_in_one_directory_never_collide(tmp_path):
+    logs = [FrameLog(str(tmp_path), "client", flush_interval=0.01) for _ in range(2)]
+    for i, fl in enumerate(logs):
+        fl.sink.stem += "-w%d" % i            # two processes differ by pid; here by hand
+        buf = fl.add_source(RowBuffer(defaults={"route": "r%d" % i}))
+        fl.start()
+        for j in range(100):
+            buf.append({"ts_ns": j})
+    for fl in logs:
+        fl.close()
+    rows = read_rows(str(tmp_path))
+    assert len(rows) == 200 and len(os.listdir(tmp_path)) == 2
+
+
+# ---- faults ----------------------------------------------------------------------------
+
+def test_full_buffer_drops_and_counts_without_blocking():
+    buf = RowBuffer(limit=10)
+    fl = FrameLog("/nonexistent-never-written", "client")
+    fl.add_source(buf)
+    t0 = time.perf_counter()
+    for i in range(1000):
+        buf.append({"route": "r", "ts_ns": i})
+    assert time.perf_counter() - t0 < 1.0
+    assert len(buf.rows) == 10
+    assert fl.dropped() == {"r": 990}
+
+
+def test_unwritable_directory_counts_errors_and_recovers(tmp_path):
+    blocker = tmp_path / "logs"
+    blocker.write_text("a file where the directory should be")
+    buf = RowBuffer(defaults={"route": "r"})
+    fl = FrameLog(str(blocker), "proxy", flush_interval=0.02)
+    fl.add_source(buf)
+    fl.start()
+    for i in range(50):
+        buf.append({"ts_ns": i})
+    deadline = time.time() + 5
+    while fl.write_errors == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    assert fl.write_errors >= 1
+    assert fl.dropped() == {"r": 50}
+    blocker.unlink()                           # the disk "recovers"
+    for i in range(20):
+        buf.append({"ts_ns": i})
+    fl.close()
+    assert fl.records == {"r": 20} and len(read_rows(str(blocker))) == 20
+    assert not [n for n in os.listdir(blocker) if n.startswith(".")]
+
+
+def test_native_buffer_full_drops_per_route_and_recovers():
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    pkg = "flymq"
+    impl = [i for i in impls(pkg) if i[0] == "c"][0]
+    stats = impl[1]("fly", "flymq")
+    parser = impl[2](stats)
+    buf = _framing.FrameLogBuffer(2, 4)
+    parser.attach_log(buf, buf.add_route(stats))
+    conv = next(c for c in PROTOCOLS[pkg].conversations() if c.records)
+    for _ in range(10):
+        for d, data in conv.bursts():
+            parser.feed(d, data)
+    appended = buf.appended_counts()["fly"]
+    dropped = buf.dropped_counts()["fly"]
+    assert appended == 8 and dropped > 0      # two chunks of four, nothing more held
+    while (i := buf.take()) >= 0:
+        buf.release(i)
+    parser.feed(*conv.bursts()[0])
+    assert buf.appended_counts()["fly"] > 8    # room again after the writer caught up
