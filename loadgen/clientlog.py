@@ -327,8 +327,7 @@ def main(argv=None):
     locustfile installs the plugin: locustio/locust#2917). Otherwise the same as
     ``locust``; ``-f`` defaults to the packaged locustfile."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not any(a in ("-f", "--locustfile") or a.startswith(("--locustfile=", "-f="))
-               for a in args):
+    if not any(a in ("-f", "--locustfile") or a.startswith("--locustfile=") for a in args):
         args = ["-f", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                    "locustfile.py")] + args
     install()
