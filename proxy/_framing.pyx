@@ -580,8 +580,10 @@ cdef class FrameParser:
         cdef const uint8_t* attrs = NULL
         cdef Py_ssize_t res_len = -1, alen = 0
         if rec is &s.rec:                  # a frame's row (timeout events have neither)
-            res, res_len = s.res, s.res_len
-            attrs, alen = s.attrs, s.alen
+            res = &s.res[0]
+            res_len = s.res_len
+            attrs = s.attrs
+            alen = s.alen
         if self.log is not None:
             self.log.append(rec, self.conn_id, self.log_route, res, res_len, attrs, alen)
         if self._tracer is None:
