@@ -5,11 +5,14 @@
   command-line helpers (:func:`address_arg`, :func:`user_arg`, :func:`service_time_arg`,
   :func:`serve_main`).
 * Sync clients: :func:`parse_host` (Locust's ``--host``), :func:`connect_tcp`,
-  :class:`SocketClient` (``closed``, ``close()``, context manager), :func:`format_address`.
+  :class:`SocketClient` (``closed``, ``close()``, context manager; the connection's
+  ``conn_id`` and ``local_address`` and the requests it sent, :class:`SentRequest`, for
+  the client-side frame log), :func:`format_address`.
 * Locust users: the ``FRAMETAP_*`` settings readers (:func:`env_int`, :func:`env_float`,
   :func:`env_bool`, :func:`env_choice`) and :class:`RequestReporter` (its
   :meth:`~RequestReporter.timed` context manager times a request and fires Locust's
-  request event).
+  request event; :meth:`~RequestReporter.on_wire` gives a request its frame-log row,
+  see :mod:`loadgen.clientlog`).
 
 Nothing here imports Locust, so the servers can use it without gevent-patching anything.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
 import signal
@@ -25,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -33,7 +38,7 @@ from loadgen.servicetime import ServiceTime, parse_service_time
 __all__ = [
     "new_event_loop", "ServerThread", "address_arg", "user_arg", "service_time_arg",
     "CommandLineError", "serve_main", "parse_host", "connect_tcp", "SocketClient",
-    "format_address",
+    "SentRequest", "format_address",
     "env_int", "env_float", "env_bool", "env_choice", "RequestReporter",
 ]
 
@@ -248,11 +253,83 @@ def connect_tcp(host: str, port: int, timeout: float | None) -> socket.socket:
     return sock
 
 
+#: Per-process numbering of the sync clients' connections (the frame log's ``conn_id``).
+_CONN_IDS = itertools.count(1)
+
+
+class SentRequest:
+    """One request a client put on the wire, as the proxy's parser will see it.
+
+    ``seq``: 1-based number of the request on its connection (every request frame the
+    client sent, reported to Locust or not); ``correlation_id``: the protocol's id as the
+    proxy's frame log writes it (a decimal string; None when the frame carries none);
+    ``opcode`` / ``opcode_name``: the request's opcode and the proxy's name for it (the
+    protocol's own table, as the parser names it); ``kind``: ``"request"``,
+    or ``"oneway"`` for a request that gets no answer; ``status``: the protocol's status
+    name of the answer once it arrived (the proxy's ``status`` of the response), else None.
+    """
+
+    __slots__ = ("seq", "correlation_id", "opcode", "opcode_name", "kind", "status")
+
+    def __init__(self, seq: int, correlation_id: str | None, opcode: int, opcode_name: str,
+                 kind: str = "request"):
+        self.seq = seq
+        self.correlation_id = correlation_id
+        self.opcode = opcode
+        self.opcode_name = opcode_name
+        self.kind = kind
+        self.status: str | None = None
+
+    def __repr__(self) -> str:
+        return (f"SentRequest({self.seq}, {self.correlation_id!r}, {self.opcode}, "
+                f"{self.opcode_name!r}, {self.kind!r}, status={self.status!r})")
+
+
 class SocketClient:
     """Base of the sync clients: one TCP connection in ``self._sock`` (None once closed);
-    a context manager that closes it on exit."""
+    a context manager that closes it on exit.
+
+    For the client-side frame log (docs/design.md, "Frame log"), a client calls
+    :meth:`_connected` once its socket is connected, which sets ``conn_id`` (a
+    per-process connection number) and ``local_address`` (this end's ``ip:port``, the
+    ``peer`` the proxy logs for it; both stay readable after ``close()``), and
+    :meth:`_sent` for every request frame it sends. ``requests_sent`` counts those;
+    ``recent`` keeps the last few (:class:`SentRequest`), for :meth:`sent_after`.
+    """
 
     _sock: socket.socket | None
+    conn_id = 0
+    local_address = ""
+    requests_sent = 0
+    recent: deque = deque(maxlen=0)   # replaced per connection by _connected()
+
+    def _connected(self, sock: socket.socket) -> None:
+        """Number the connection and note its local address (``[v6]:port`` for IPv6)."""
+        self.conn_id = next(_CONN_IDS)
+        self.local_address = format_address(sock.getsockname())
+        self.requests_sent = 0
+        self.recent = deque(maxlen=16)
+
+    def _sent(self, correlation_id: str | None, opcode: int, opcode_name: str,
+              kind: str = "request") -> SentRequest:
+        """Record a request frame just sent; returns its record (the caller sets
+        ``status`` when the answer comes)."""
+        self.requests_sent += 1
+        sent = SentRequest(self.requests_sent, correlation_id, opcode, opcode_name, kind)
+        self.recent.append(sent)
+        return sent
+
+    def sent_after(self, mark: int) -> SentRequest | None:
+        """The first request sent after ``requests_sent`` was ``mark`` (None when none was,
+        or when it is no longer among the recent ones)."""
+        if self.requests_sent <= mark:
+            return None
+        first = None
+        for sent in reversed(self.recent):
+            if sent.seq <= mark:
+                break
+            first = sent
+        return first if first is not None and first.seq == mark + 1 else None
 
     @property
     def closed(self) -> bool:
@@ -327,16 +404,98 @@ def env_choice(name: str, default: str, choices: tuple) -> str:
     return text
 
 
+class _OnWire:
+    """Placeholder in a timed request's context until the block ends: the request goes
+    out on ``client`` as its first request after ``mark``."""
+
+    __slots__ = ("client", "mark", "fields")
+
+    def __init__(self, client: SocketClient, fields: dict):
+        self.client = client
+        self.mark = client.requests_sent
+        self.fields = fields
+
+    def resolve(self, ts_ns: int) -> dict | None:
+        """The ``frametap`` context of the request that started at ``ts_ns`` (wall
+        clock), or None when it never went out."""
+        client = self.client
+        sent = client.sent_after(self.mark)
+        if sent is None:
+            return None
+        ft = {"ts_ns": ts_ns, "conn_id": client.conn_id, "peer": client.local_address,
+              "correlation_id": sent.correlation_id, "opcode": sent.opcode,
+              "opcode_name": sent.opcode_name, "kind": sent.kind, "status": sent.status}
+        if self.fields:
+            ft.update(self.fields)
+        return ft
+
+
 class RequestReporter:
     """Mixin for Locust users: report requests to Locust as ``request_type``.
 
     :meth:`timed` times a block (a round trip); :meth:`fire` reports a request timed some
     other way (e.g. a publish confirmed by a later read). ``last_exception`` is the
     failure of the last :meth:`timed` block (None when it succeeded).
+
+    **Client-side frame log** (:mod:`loadgen.clientlog`, docs/design.md "Frame log").
+    A request event whose ``context`` has a ``"frametap"`` entry becomes frame-log
+    row(s) with ``source="client"``; events without one (connection set-up, Deliver
+    chunks, ...) are not logged. The entry is a dict:
+
+    ===================  =====================================================================
+    key                  meaning
+    ===================  =====================================================================
+    ``conn_id``          the client connection's per-process number (``SocketClient.conn_id``)
+    ``peer``             the client socket's local ``ip:port`` (``[v6]:port``): the proxy's
+                         ``peer`` for that connection
+    ``correlation_id``   the id the proxy's parser gives the request (a string; None when
+                         the frame carries none, e.g. RabbitMQ Stream StoreOffset)
+    ``opcode``           the request's opcode (optional)
+    ``opcode_name``      the proxy's opcode name of the request (default: the event's
+                         ``name``); when they differ the row keeps Locust's name in
+                         ``attrs["locust_name"]``
+    ``kind``             ``"request"`` (default), ``"oneway"`` for a request without answer
+    ``status``           the protocol's status name of the answer, as the proxy names the
+                         response's status; None when no answer came (the row then says
+                         ``"timeout"`` for a TimeoutError, else the exception's class name)
+    ``messages``         messages the exchange carried (sent or received; default 0)
+    ``resource``         topic / stream (optional)
+    ``ts_ns``            wall-clock start in ns (default: the event's ``start_time``, else
+                         now minus ``response_time``)
+    ``items``            optional list of ``(correlation_id, response_time_ms, status,
+                         outcome)``: one row per item instead of one per event (RabbitMQ
+                         Stream Publish: one per publishing id), each with ``messages = 1``;
+                         a None status is filled from the event's exception as above
+    ===================  =====================================================================
+
+    Users do not build it by hand for a timed round trip: inside the ``with`` block they
+    call ``self.on_wire(req, client)`` before the client call, and when the block ends
+    the entry is filled from the first request ``client`` sent after that (its
+    :class:`SentRequest`), whatever the block's outcome; nothing is logged when no request
+    went out. Only when :attr:`frame_log` is on (the plugin sets it when it starts): off,
+    ``on_wire`` does nothing. The row's ``outcome`` is the client's verdict (``"ok"`` when
+    the event has no exception), which can differ from the proxy's for answers the users
+    accept (e.g. RocketMQ TOPIC_NOT_EXIST while a producer falls back to TBW102).
     """
 
     request_type = ""
     last_exception: Exception | None = None
+    #: True while the client-side frame log runs in this process (set by loadgen.clientlog).
+    frame_log = False
+
+    def on_wire(self, req: dict, client: SocketClient, **fields) -> None:
+        """Inside a :meth:`timed` block: the request goes out on ``client`` (its first
+        request from now on); ``fields`` add to its frame-log entry (``messages``,
+        ``resource``...). No-op unless the frame log is on."""
+        if self.frame_log and client is not None:
+            req["context"]["frametap"] = _OnWire(client, fields)
+
+    def frame_fields(self, req: dict, **fields) -> None:
+        """Inside a :meth:`timed` block, after :meth:`on_wire`: more frame-log fields
+        learnt from the answer (``messages=len(records)``)."""
+        wire = req["context"].get("frametap") if self.frame_log else None
+        if wire.__class__ is _OnWire:
+            wire.fields.update(fields)
 
     @contextmanager
     def timed(self, name: str, response_length: int = 0, quiet: bool = False,
@@ -355,9 +514,10 @@ class RequestReporter:
         itself, and after the block ``req["exception"] is None`` means success.
         ``quiet``: report only a failure (e.g. a connection set up in ``on_start``).
         """
+        start_ns = time.time_ns()
         meta = {"request_type": self.request_type, "name": name,
                 "response_length": response_length, "context": context,
-                "exception": None, "start_time": time.time()}
+                "exception": None, "start_time": start_ns / 1e9}
         start = time.perf_counter()
         try:
             yield meta
@@ -368,12 +528,22 @@ class RequestReporter:
         # success with whatever the block had set).
         meta["response_time"] = (time.perf_counter() - start) * 1000.0
         self.last_exception = meta["exception"]
+        ctx = meta["context"]
+        if ctx:
+            wire = ctx.get("frametap")
+            if wire.__class__ is _OnWire:
+                ft = wire.resolve(start_ns)
+                if ft is None:
+                    del ctx["frametap"]
+                else:
+                    ctx["frametap"] = ft
         if not quiet or meta["exception"] is not None:
             self.environment.events.request.fire(**meta)
 
     def fire(self, name: str, response_time: float, length: int = 0,
              exception: Exception | None = None, **context) -> None:
-        """Report one request timed elsewhere (``response_time`` in ms)."""
+        """Report one request timed elsewhere (``response_time`` in ms); ``context`` is
+        the event's context (``frametap=`` for its frame-log row, see the class)."""
         self.environment.events.request.fire(
             request_type=self.request_type, name=name, response_time=response_time,
             response_length=length, exception=exception, context=context)

@@ -2,6 +2,9 @@
 
 One request in flight at a time, as in the reference SDK: FlyMQ has no correlation id, so
 the response to a request is simply the next frame on the connection (docs/design.md, "FlyMQ").
+The proxy therefore correlates FIFO, and its frame log's ``correlation_id`` of a request is
+the request's 1-based number on its connection; the client counts every request frame it
+sends the same way (``requests_sent``, ``recent``: see :class:`loadgen.common.SocketClient`).
 Payload layouts are those of :mod:`proxy.protocols.flymq.codec`.
 
 Errors:
@@ -89,7 +92,7 @@ class FlyMQClient(common.SocketClient):
         self.last_request_bytes = 0
         self.last_response_bytes = 0
         self._sock: socket.socket | None = common.connect_tcp(host, self.port, timeout)
-        self.local_address = common.format_address(self._sock.getsockname())
+        self._connected(self._sock)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -118,9 +121,12 @@ class FlyMQClient(common.SocketClient):
         frame = encode_frame(opcode, payload, flags)
         try:
             self._sock.sendall(frame)
+            # FIFO correlation: the request's number on this connection
+            sent = self._sent(str(self.requests_sent + 1), opcode, opcode_name(opcode))
             header = self._recv_exactly(HEADER_SIZE)
             _magic, _version, resp_opcode, resp_flags, length = decode_header(
                 header, self.max_frame_bytes)
+            sent.status = "ERROR" if resp_opcode == ERROR else "OK"
             resp_payload = self._recv_exactly(length) if length else b""
         except BaseException:
             # Half-done exchange: the next frame on this socket can't be paired safely.

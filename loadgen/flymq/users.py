@@ -8,6 +8,13 @@ Every request fires ``environment.events.request`` with ``request_type="flymq"``
 ``exception=`` (ERROR responses, socket errors, timeouts). A connection that failed is
 re-opened on the next request.
 
+With the client-side frame log on (``--frametap-framelog DIR``, :mod:`loadgen.clientlog`)
+every reported request that went out on a connection is also one frame-log row whose
+``correlation_id`` is the request's 1-based number on its connection, counted over every
+request sent on it (the proxy correlates FlyMQ FIFO and numbers requests the same way);
+``messages`` is 1 for PRODUCE and the records a FETCH returned. A failed connect
+(``CONNECT``) sent nothing and has no row.
+
 Settings (environment variables, read when a user starts):
 
 ==============================  =========================================  ==================
@@ -114,6 +121,7 @@ class FlyMQUser(RequestReporter, User):
             self.client = client
             if self.settings.user:
                 with self.timed("AUTH") as req:
+                    self.on_wire(req, client)
                     client.auth(self.settings.user, self.settings.password)
                     req["response_length"] = client.last_response_bytes
                 if req["exception"] is not None:
@@ -124,6 +132,7 @@ class FlyMQUser(RequestReporter, User):
         """CREATE_TOPIC (an "already exists" answer is a normal answer, not a failure)."""
         with self.timed("CREATE_TOPIC") as req:
             client = self._connect()
+            self.on_wire(req, client, resource=topic)
             client.create_topic(topic, self.settings.partitions)
             req["response_length"] = client.last_response_bytes
 
@@ -132,6 +141,7 @@ class FlyMQUser(RequestReporter, User):
         meta = None
         with self.timed("METADATA") as req:
             client = self._connect()
+            self.on_wire(req, client, resource=topic)
             meta = client.metadata(topic)
             req["response_length"] = client.last_response_bytes
         return meta
@@ -173,6 +183,7 @@ class FlyMQProducer(FlyMQUser):
         value = self._make_value(key, topic)
         with self.timed("PRODUCE") as req:
             client = self._connect()
+            self.on_wire(req, client, resource=topic, messages=1)
             client.produce(topic, value, key)
             req["response_length"] = client.last_response_bytes
 
@@ -199,6 +210,7 @@ class FlyMQConsumer(FlyMQUser):
         self.offset = 0
         with self.timed("SUBSCRIBE") as req:
             client = self._connect()
+            self.on_wire(req, client, resource=self.topic)
             self.offset = client.subscribe(self.topic, s.group, self.partition, "commit")
             req["response_length"] = client.last_response_bytes
         self.fetches = 0
@@ -209,8 +221,10 @@ class FlyMQConsumer(FlyMQUser):
         s = self.settings
         with self.timed("FETCH") as req:
             client = self._connect()
+            self.on_wire(req, client, resource=self.topic)
             resp = client.fetch(self.topic, self.partition, self.offset, s.fetch_max)
             req["response_length"] = client.last_response_bytes
+            self.frame_fields(req, messages=len(resp.messages))
         if req["exception"] is not None:
             if isinstance(req["exception"], FlyMQServerError):
                 # e.g. offset out of range after the topic was re-created: restart from
@@ -223,5 +237,6 @@ class FlyMQConsumer(FlyMQUser):
         if self.fetches % s.commit_every == 0:
             with self.timed("COMMIT") as req:
                 client = self._connect()
+                self.on_wire(req, client, resource=self.topic)
                 client.commit(self.topic, s.group, self.partition, self.offset)
                 req["response_length"] = client.last_response_bytes

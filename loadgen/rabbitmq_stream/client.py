@@ -296,7 +296,7 @@ class StreamClient(common.SocketClient):
             exc.command = "PeerProperties"
             raise
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.local_address = common.format_address(self._sock.getsockname())
+        self._connected(self._sock)
         try:
             self._handshake(user, password, connection_name)
         except BaseException as exc:
@@ -459,6 +459,7 @@ class StreamClient(common.SocketClient):
         Response codes are not checked here."""
         corr = self._next_correlation()
         self._send(command, correlation_id=corr, **fields)
+        sent = self._sent(str(corr), command, command_name(command))
         if timeout == -1.0:
             timeout = self.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -475,6 +476,9 @@ class StreamClient(common.SocketClient):
                 raise exc
             self._dispatch(*frame)
         response, size = self._responses.pop(corr)
+        # the proxy's status of the response: its code's name (Metadata has none: OK)
+        code = response.fields.get("code")
+        sent.status = "OK" if code is None else status_name(code)
         if response.key != command:
             self.close()
             raise StreamProtocolError(
@@ -710,8 +714,9 @@ class StreamClient(common.SocketClient):
         return errors
 
     def store_offset(self, reference: str, stream: str, offset: int) -> None:
-        """StoreOffset (no response)."""
+        """StoreOffset (no response, no correlation id)."""
         self._send(STORE_OFFSET, reference=reference, stream=stream, offset=offset)
+        self._sent(None, STORE_OFFSET, command_name(STORE_OFFSET), "oneway")
 
     def query_offset(self, reference: str, stream: str) -> int | None:
         """QueryOffset: the stored offset, or None when nothing is stored."""

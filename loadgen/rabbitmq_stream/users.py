@@ -24,6 +24,15 @@ measured with ``perf_counter()`` and failures through ``exception=``:
   (``PeerProperties`` when the TCP connect itself fails, ``SaslAuthenticate``...). A
   broken connection is re-opened on the next task.
 
+With the client-side frame log on (``--frametap-framelog DIR``, :mod:`loadgen.clientlog`)
+the requests above are also frame-log rows on the connection they used, with the
+correlation id the proxy logs: the request's correlation id for ``Create``,
+``DeclarePublisher``, ``Subscribe``, ``Metadata``; for ``Publish`` one row
+per publishing id, ``<publisherId>:<publishingId>``, ``messages = 1``, timed from the send
+of the batch to that id's PublishConfirm (status ``OK``) or PublishError (the error
+code's name); ``StoreOffset`` is ``kind="oneway"`` without correlation id. ``Deliver``,
+``Credit`` errors and handshake failures are not requests of the user and have no row.
+
 Settings (environment variables, read when a user starts):
 
 ===================================  ====================================  ================
@@ -81,6 +90,7 @@ from proxy.protocols.rabbitmq_stream.constants import (
     OFFSET_OFFSET,
     OK,
     PRECONDITION_FAILED,
+    PUBLISH,
     command_name,
     status_name,
 )
@@ -218,6 +228,7 @@ class StreamUser(RequestReporter, User):
         """Create the stream unless it exists (reported as ``Create``)."""
         s = self.settings
         with self.timed(command_name(CREATE)) as req:
+            self.on_wire(req, client, resource=s.stream)
             try:
                 client.create(s.stream, s.arguments, exist_ok=True)
             except StreamServerError as exc:
@@ -236,11 +247,17 @@ _PAD_ALPHABET = (string.ascii_letters + string.digits).encode()
 
 @dataclass
 class _Batch:
-    ids: set
-    start: float
+    ids: set                 # publishing ids not yet confirmed or errored
+    start: float             # perf_counter() before the send
     size: int
-    errors: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)    # publishing id -> PublishError code
     done_at: float = 0.0
+    # for the frame log: every id in order, when each was answered, where it went
+    order: list = field(default_factory=list)
+    done: dict = field(default_factory=dict)      # publishing id -> perf_counter()
+    wall_ns: int = 0
+    conn_id: int = 0
+    peer: str = ""
 
 
 class StreamPublisher(StreamUser):
@@ -265,6 +282,7 @@ class StreamPublisher(StreamUser):
         if not self._ensure_stream(client):
             return False
         with self.timed("DeclarePublisher") as req:
+            self.on_wire(req, client, resource=self.settings.stream)
             client.declare_publisher(self.PUBLISHER_ID, self.settings.stream)
             req["response_length"] = client.last_response_bytes
         return req["exception"] is None
@@ -294,12 +312,16 @@ class StreamPublisher(StreamUser):
             return
         s = self.settings
         messages = [self._make_message() for _ in range(s.batch)]
+        wall_ns = time.time_ns()
         start = perf_counter()
         with self.timed("Publish", quiet=True) as req:  # reported here only when sending fails
             ids = client.publish_batch(self.PUBLISHER_ID, messages)
         if req["exception"] is not None:
             return
         batch = _Batch(set(ids), start, sum(len(m) for m in messages))
+        if self.frame_log:
+            batch.order, batch.wall_ns = ids, wall_ns
+            batch.conn_id, batch.peer = client.conn_id, client.local_address
         self._inflight.append(batch)
         for pid in ids:
             self._by_id[pid] = batch
@@ -315,6 +337,7 @@ class StreamPublisher(StreamUser):
     def _metadata(self, client: StreamClient) -> None:
         stream = self.settings.stream
         with self.timed("Metadata") as req:
+            self.on_wire(req, client, resource=stream)
             meta = client.metadata(stream).streams.get(stream)
             req["response_length"] = client.last_response_bytes
             if meta is None or meta.code != OK:
@@ -334,13 +357,15 @@ class StreamPublisher(StreamUser):
             batch = self._by_id.pop(pid, None)
             if batch is not None:
                 batch.ids.discard(pid)
+                batch.done[pid] = at
                 batch.done_at = max(batch.done_at, at)
         for pid, code in errored.items():
             batch = self._by_id.pop(pid, None)
             if batch is not None:
                 batch.ids.discard(pid)
                 batch.errors[pid] = code
-                batch.done_at = max(batch.done_at, perf_counter())
+                batch.done[pid] = at = perf_counter()
+                batch.done_at = max(batch.done_at, at)
         now = perf_counter()
         while self._inflight:
             batch = self._inflight[0]
@@ -360,15 +385,36 @@ class StreamPublisher(StreamUser):
                     self._by_id.pop(pid, None)
                 batch.done_at = now
             self.fire("Publish", (batch.done_at - batch.start) * 1000.0, batch.size,
-                      exception=exc)
+                      exception=exc, **self._publish_rows(batch, batch.done_at))
         return handled
 
     def _fail_inflight(self, exc: Exception) -> None:
         now = perf_counter()
         while self._inflight:
             batch = self._inflight.popleft()
-            self.fire("Publish", (now - batch.start) * 1000.0, batch.size, exception=exc)
+            self.fire("Publish", (now - batch.start) * 1000.0, batch.size, exception=exc,
+                      **self._publish_rows(batch, now))
         self._by_id.clear()
+
+    def _publish_rows(self, batch: _Batch, end: float) -> dict:
+        """The Publish event's frame-log context: one item per publishing id (the proxy
+        correlates each one with its PublishConfirm / PublishError)."""
+        if not batch.order:
+            return {}
+        items = []
+        prefix = f"{self.PUBLISHER_ID}:"
+        for pid in batch.order:
+            at = batch.done.get(pid)
+            if at is None:      # no answer: the event's exception says why
+                items.append((prefix + str(pid), (end - batch.start) * 1000.0, None, "error"))
+            elif pid in batch.errors:
+                items.append((prefix + str(pid), (at - batch.start) * 1000.0,
+                              status_name(batch.errors[pid]), "error"))
+            else:
+                items.append((prefix + str(pid), (at - batch.start) * 1000.0, "OK", "ok"))
+        return {"frametap": {"conn_id": batch.conn_id, "peer": batch.peer, "opcode": PUBLISH,
+                             "ts_ns": batch.wall_ns, "resource": self.settings.stream,
+                             "items": items}}
 
 
 class StreamConsumer(StreamUser):
@@ -400,6 +446,7 @@ class StreamConsumer(StreamUser):
         else:
             offset_type, offset = s.offset_type, s.offset
         with self.timed("Subscribe") as req:
+            self.on_wire(req, client, resource=s.stream)
             client.subscribe(self.SUBSCRIPTION_ID, s.stream, offset_type, offset, s.credit)
             req["response_length"] = client.last_response_bytes
         self._wait_start = perf_counter()
@@ -448,6 +495,7 @@ class StreamConsumer(StreamUser):
             return
         offset = self.next_offset - 1
         with self.timed("StoreOffset") as req:  # no response: the send time
+            self.on_wire(req, client, resource=self.settings.stream)
             client.store_offset(self.reference, self.settings.stream, offset)
         if req["exception"] is None:
             self._stored = offset

@@ -302,16 +302,9 @@ class RocketMQClient(common.SocketClient):
         except OSError:
             pass
         self._sock = sock
+        self._connected(sock)   # conn_id, local_address (``ip:port``, ``[v6]:port``)
 
     # ------------------------------------------------------------------ plumbing
-
-    @property
-    def local_address(self) -> str:
-        """``ip:port`` of this end of the connection."""
-        if self._sock is None:
-            return ""
-        host, port = self._sock.getsockname()[:2]
-        return f"{host}:{port}"
 
     @property
     def address(self) -> str:
@@ -385,6 +378,9 @@ class RocketMQClient(common.SocketClient):
                               ext_fields=ext_fields or {}, body=body or b"",
                               serialize_type=self.serialize_type)
         self._send_frame(encode(cmd))
+        # the proxy's correlation id: opaque as a signed decimal (an i32 on the wire)
+        sent = self._sent(str(opaque), code, request_name(code),
+                          "oneway" if oneway else "request")
         if oneway:
             return None
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -394,6 +390,7 @@ class RocketMQClient(common.SocketClient):
                 self._answer_server_request(frame)
                 continue
             if frame.opaque == opaque:
+                sent.status = response_name(frame.code)
                 return frame
             # a late response to a request that timed out: drop it
 

@@ -41,6 +41,13 @@ Every request fires ``environment.events.request`` with ``request_type="rocketmq
 A failed connect is reported under the request it was for; a broken connection is
 re-opened on the next task, and a broker failure also triggers a fresh route lookup.
 
+With the client-side frame log on (``--frametap-framelog DIR``, :mod:`loadgen.clientlog`)
+every reported request that went out is also one frame-log row on the connection it used
+(name server or broker), ``correlation_id`` = its ``opaque`` as a signed decimal, as the
+proxy logs it; a oneway UPDATE_CONSUMER_OFFSET is ``kind="oneway"``. ``messages``: the
+messages sent (SEND_*) or pulled (PULL_MESSAGE). A failed connect sent nothing and has
+no row.
+
 Settings (environment variables, read when a user starts):
 
 ===================================  ====================================  ==================
@@ -193,6 +200,7 @@ class RocketMQUser(RequestReporter, User):
             for addr in list(self.brokers):
                 with self.timed("UNREGISTER_CLIENT", broker=addr) as req:
                     client = self._client(addr)
+                    self.on_wire(req, client)
                     client.unregister(self.client_id, **self.groups())
                     req["response_length"] = client.last_response_bytes
         for client in list(self.brokers.values()) + [self.namesrv]:
@@ -254,6 +262,7 @@ class RocketMQUser(RequestReporter, User):
         route = False
         with self.timed(_ROUTE, topic=topic) as req:
             client = self._client(None)
+            self.on_wire(req, client, resource=topic)
             try:
                 route = client.get_route(topic)
             except RocketMQServerError as exc:
@@ -294,6 +303,7 @@ class RocketMQUser(RequestReporter, User):
         for addr in sorted(set(a for a in self.route.brokers.values() if a)):
             with self.timed("HEART_BEAT", broker=addr) as req:
                 client = self._client(addr)
+                self.on_wire(req, client)
                 client.heartbeat(self.client_id, **self.heartbeat_groups())
                 req["response_length"] = client.last_response_bytes
             self._succeeded(req, addr)
@@ -369,6 +379,7 @@ class RocketMQProducer(RocketMQUser):
             name = "SEND_MESSAGE_V2" if s.send_v2 else "SEND_MESSAGE"
         with self.timed(name, broker=addr) as req:
             client = self._client(addr)
+            self.on_wire(req, client, resource=s.topic, messages=len(bodies))
             if s.batch > 1:
                 client.send_batch(s.topic, bodies, queue_id, keys=keys, tags=tags,
                                   producer_group=s.producer_group, broker_name=broker_name)
@@ -447,6 +458,7 @@ class RocketMQConsumer(RocketMQUser):
         group = self.settings.consumer_group
         with self.timed("GET_CONSUMER_LIST_BY_GROUP", broker=addrs[0]) as req:
             client = self._client(addrs[0])
+            self.on_wire(req, client)
             ids = client.consumer_ids(group)
             req["response_length"] = client.last_response_bytes
         if not self._succeeded(req, addrs[0]):
@@ -468,6 +480,7 @@ class RocketMQConsumer(RocketMQUser):
         queue_id = key[1]
         with self.timed("QUERY_CONSUMER_OFFSET", broker=addr) as req:
             client = self._client(addr)
+            self.on_wire(req, client, resource=s.topic)
             offset = client.query_offset(s.consumer_group, s.topic, queue_id)
             req["response_length"] = client.last_response_bytes
         if not self._succeeded(req, addr):
@@ -478,6 +491,7 @@ class RocketMQConsumer(RocketMQUser):
             else:
                 with self.timed("GET_MAX_OFFSET", broker=addr) as req:
                     client = self._client(addr)
+                    self.on_wire(req, client, resource=s.topic)
                     offset = client.get_max_offset(s.topic, queue_id)
                     req["response_length"] = client.last_response_bytes
                 if not self._succeeded(req, addr):
@@ -505,10 +519,12 @@ class RocketMQConsumer(RocketMQUser):
                 return
             self.offsets[key] = offset
         with self.timed("PULL_MESSAGE", broker=addr) as req:
-            result = self._client(addr).pull(s.topic, s.consumer_group, queue_id, offset,
-                                             max_nums=s.pull_batch,
-                                             suspend_ms=s.pull_suspend_ms)
+            client = self._client(addr)
+            self.on_wire(req, client, resource=s.topic)
+            result = client.pull(s.topic, s.consumer_group, queue_id, offset,
+                                 max_nums=s.pull_batch, suspend_ms=s.pull_suspend_ms)
             req["response_length"] = sum(len(m.body) for m in result.messages)
+            self.frame_fields(req, messages=len(result.messages))
         if self._succeeded(req, addr):
             self.offsets[key] = result.next_begin_offset
             self.received_messages += len(result.messages)
@@ -532,6 +548,7 @@ class RocketMQConsumer(RocketMQUser):
         s = self.settings
         with self.timed("UPDATE_CONSUMER_OFFSET", broker=addr) as req:
             client = self._client(addr)
+            self.on_wire(req, client, resource=s.topic)
             client.update_offset(s.consumer_group, s.topic, queue_id, offset,
                                  oneway=s.commit_oneway)
             if not s.commit_oneway:  # a oneway request has no response

@@ -1,0 +1,343 @@
+"""Client-side frame log: the Locust users' requests as frame-log rows, ``source="client"``.
+
+A protocol-agnostic Locust plugin (docs/design.md, "Frame log" and "Command line"). The
+packaged locustfile calls :func:`install`, which adds three options to Locust's command
+line:
+
+``--frametap-framelog DIR``
+    write the frame log into ``DIR`` (created when missing); off when not given.
+``--frametap-run-id ID`` (or environment ``FRAMETAP_RUN_ID``)
+    the rows' ``run_id``; default one new id per Locust process (``frametap demo`` gives
+    the proxy and Locust the same one).
+``--frametap-framelog-format parquet|jsonl``
+    file format, default ``parquet`` (zstd).
+
+Every process that runs users writes its own files with the shared writer of
+:mod:`proxy.framelog` (``FrameLog(dir, source="client")``: file names carry host and pid,
+so the children of ``--processes N`` and the workers of a distributed run never collide).
+A master runs no users and writes nothing. A worker takes the options from its own
+command line, else from the master's (Locust hands the master's custom options to its
+workers with the first spawn message, which is why the log starts at ``test_start``).
+
+Rows: one per request event whose ``context`` carries a ``"frametap"`` entry (the
+convention is documented on :class:`loadgen.common.RequestReporter`; events without one,
+such as Deliver chunks or failed connects, are not logged):
+
+==================  ===================================================================
+column              value
+==================  ===================================================================
+ts_ns               wall-clock start of the request (the event's ``start_time``)
+source, run_id      ``"client"``, the run id
+route               null: the client does not know the proxy's route names (the join
+                    key is ``peer`` + ``correlation_id``)
+protocol            the event's ``request_type``
+conn_id             the client connection's per-process number
+peer                the client socket's local ``ip:port`` (``[v6]:port``): what the proxy
+                    logs as the connection's peer when the client connects to it directly
+direction           ``"c2s"``
+opcode              the request's opcode where the client knows it, else null
+opcode_name         the proxy's opcode name of the request (Locust's ``name`` in ``attrs``
+                    under ``locust_name`` when it differs)
+kind                ``"request"``, or ``"oneway"`` for a request that has no answer
+correlation_id      as the proxy's parser assigns it (null when the frame has none)
+status              the protocol's status name of the answer; ``"timeout"`` when the
+                    client gave up waiting, the exception's class name when the
+                    connection failed; null for a oneway request
+outcome             ``"ok"`` unless Locust counted the request as a failure
+latency_ns          the client-measured time, Locust's unrounded ``response_time`` in ns
+messages            messages the exchange carried (sent or received)
+resource            topic / stream when the users say
+frame_bytes etc.    null
+==================  ===================================================================
+
+Cost per request on the users' side: building the small context dict, and here one row
+dict appended to a :class:`~proxy.framelog.RowBuffer` (never blocks; overflow is dropped
+and counted). Encoding and writing happen off the users' event loop: Locust runs under
+gevent, whose monkey-patching turns the writer's thread into a greenlet, so the writer's
+flushes are handed to gevent's pool of native threads (:class:`GeventFrameLog`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import time
+
+from loadgen.common import RequestReporter
+from proxy.framelog import FORMATS, FrameLog, RowBuffer, new_run_id
+
+__all__ = ["install", "add_arguments", "ClientLog", "GeventFrameLog", "RUN_ID_ENV"]
+
+log = logging.getLogger("frametap.clientlog")
+
+#: Environment variable naming the run id (``frametap demo`` sets it).
+RUN_ID_ENV = "FRAMETAP_RUN_ID"
+
+
+# ---------------------------------------------------------------------- the writer
+
+def _gevent_pool():
+    """gevent's native thread pool when threading is monkey-patched (Locust), else None."""
+    gevent = sys.modules.get("gevent")
+    if gevent is None:
+        return None
+    from gevent import monkey
+    if not monkey.is_module_patched("threading"):
+        return None
+    return gevent.get_hub().threadpool
+
+
+class GeventFrameLog(FrameLog):
+    """:class:`~proxy.framelog.FrameLog` for a gevent-patched process.
+
+    Under gevent's monkey-patching the writer "thread" is a greenlet on the users' event
+    loop, and every flush (Arrow conversion, Parquet encoding, disk writes) would stall
+    all requests in flight while it lasts. Here the loop stays a greenlet, but each
+    flush runs in gevent's pool of native threads; the greenlet that asked waits without
+    blocking the loop. The flush lock is a native lock (flushes only run in the pool).
+    Without gevent it is a plain FrameLog.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pool = _gevent_pool()
+        if self._pool is not None:
+            from gevent import monkey
+            self._lock = monkey.get_original("_thread", "allocate_lock")()
+
+    def flush(self, finish=False):
+        if self._pool is None:
+            return FrameLog.flush(self, finish)
+        return self._pool.apply(FrameLog.flush, (self, finish))
+
+
+# ---------------------------------------------------------------------- rows
+
+def _failure_status(exception) -> str:
+    """The status of a request that got no answer: ``timeout`` or the exception's class."""
+    if isinstance(exception, TimeoutError):
+        return "timeout"
+    return type(exception).__name__
+
+
+class ClientLog:
+    """One process's client-side frame log: a RowBuffer fed by Locust's request event,
+    drained into files by a :class:`GeventFrameLog`."""
+
+    def __init__(self, directory: str, run_id: str | None = None, fmt: str = "parquet",
+                 flush_interval: float = 1.0, limit: int = 65536, **framelog_options):
+        self.directory = directory
+        self.run_id = run_id or new_run_id()
+        self.framelog = GeventFrameLog(directory, source="client", fmt=fmt,
+                                       flush_interval=flush_interval, **framelog_options)
+        self.buffer = self.framelog.add_source(RowBuffer(limit, defaults={
+            "source": "client", "run_id": self.run_id, "direction": "c2s"}))
+        self._started = False
+        self._closed = False
+
+    def start(self) -> "ClientLog":
+        self.framelog.start()
+        self._started = True
+        return self
+
+    def on_request(self, request_type, name, response_time, response_length=0,
+                   exception=None, context=None, start_time=None, **_kwargs) -> None:
+        """Locust ``request`` event listener: the event's row(s), if it has a frame-log
+        context (see :class:`loadgen.common.RequestReporter`)."""
+        if not context:
+            return
+        ft = context.get("frametap")
+        if ft is None or ft.__class__ is not dict:
+            return
+        opcode_name = ft.get("opcode_name") or name
+        ts_ns = ft.get("ts_ns")
+        if ts_ns is None:
+            ts_ns = (int(start_time * 1e9) if start_time
+                     else time.time_ns() - int(response_time * 1e6))
+        row = {"ts_ns": ts_ns, "protocol": request_type, "conn_id": ft.get("conn_id"),
+               "peer": ft.get("peer"), "opcode": ft.get("opcode"),
+               "opcode_name": opcode_name, "kind": ft.get("kind") or "request",
+               "resource": ft.get("resource"),
+               "attrs": None if opcode_name == name else {"locust_name": name}}
+        failed = None if exception is None else _failure_status(exception)
+        items = ft.get("items")
+        append = self.buffer.append
+        if items is None:
+            status = ft.get("status")
+            row["correlation_id"] = ft.get("correlation_id")
+            row["status"] = status if status is not None else failed
+            row["outcome"] = "ok" if exception is None else "error"
+            row["messages"] = ft.get("messages", 0)
+            row["latency_ns"] = int(response_time * 1e6)
+            append(row)
+            return
+        for correlation_id, ms, status, outcome in items:
+            item = dict(row)
+            item["correlation_id"] = correlation_id
+            item["status"] = status if status is not None else failed
+            item["outcome"] = outcome
+            item["messages"] = 1
+            item["latency_ns"] = int(ms * 1e6)
+            append(item)
+
+    def flush(self, finish: bool = False) -> None:
+        """Write what is buffered now (``finish``: and complete the open file)."""
+        if self._started and not self._closed:
+            self.framelog.flush(finish)
+
+    def close(self) -> None:
+        """Write the rest and complete the open file (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.framelog.close()
+        fl = self.framelog
+        records = sum(fl.records.values())
+        dropped = sum(fl.dropped().values())
+        log.info("frametap: client frame log: %d rows in %d file(s) in %s (run_id %s)",
+                 records, fl.files, self.directory, self.run_id)
+        if dropped or fl.write_errors:
+            log.warning("frametap: client frame log dropped %d rows (%d write errors)",
+                        dropped, fl.write_errors)
+
+
+# ---------------------------------------------------------------------- Locust wiring
+
+def add_arguments(parser) -> None:
+    """Locust ``init_command_line_parser`` listener: the plugin's options (in their own
+    help section; not offered in the web UI, which only lists the parser's own
+    arguments)."""
+    group = parser.add_argument_group(
+        "frametap client frame log",
+        "One row per request of the frametap users, the proxy's frame-log schema with "
+        "source=client (docs/design.md, \"Frame log\").")
+    group.add_argument(
+        "--frametap-framelog", metavar="DIR", default=None,
+        help="Write the client-side frame log into DIR (created when missing). Every "
+             "process that runs users writes its own files; a master writes none.")
+    group.add_argument(
+        "--frametap-run-id", metavar="ID", default=None, env_var=RUN_ID_ENV,
+        help=f"run_id of the rows (also ${RUN_ID_ENV}); default: a new one per Locust "
+             f"process.")
+    group.add_argument(
+        "--frametap-framelog-format", choices=FORMATS, default=None,
+        help="Frame-log file format (default parquet).")
+
+
+class _Plugin:
+    """The per-process state: the options this process was given itself, and the log."""
+
+    def __init__(self):
+        self.own = None          # (dir, run_id, format) from this process's command line
+        self.log: ClientLog | None = None
+        self.environment = None
+
+    @staticmethod
+    def _is_master(environment) -> bool:
+        from locust.runners import MasterRunner
+        return isinstance(environment.runner, MasterRunner)
+
+    @staticmethod
+    def _options(environment):
+        opts = environment.parsed_options
+        if opts is None:
+            return (None, None, None)
+        return (getattr(opts, "frametap_framelog", None),
+                getattr(opts, "frametap_run_id", None),
+                getattr(opts, "frametap_framelog_format", None))
+
+    def on_init(self, environment, **_kwargs) -> None:
+        self.own = self._options(environment)
+        directory = self.own[0]
+        if directory:
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:
+                sys.stderr.write(f"locust: --frametap-framelog {directory}: cannot create "
+                                 f"the directory: {exc.strerror or exc}\n")
+                sys.exit(2)
+
+    def on_test_start(self, environment, **_kwargs) -> None:
+        if self.log is not None or self._is_master(environment):
+            return
+        own = self.own or (None, None, None)
+        given = self._options(environment)      # a worker: the master's, once spawned
+        directory, run_id, fmt = (a or b for a, b in zip(own, given))
+        if not directory:
+            return
+        fmt = fmt or "parquet"
+        if fmt not in FORMATS:     # only a master's value can bypass argparse's choices
+            log.error("frametap: --frametap-framelog-format %r: expected one of %s; "
+                      "client frame log off", fmt, ", ".join(FORMATS))
+            return
+        self.environment = environment
+        self.log = ClientLog(directory, run_id, fmt).start()
+        environment.events.request.add_listener(self.log.on_request)
+        RequestReporter.frame_log = True
+        atexit.register(self.close, at_exit=True)
+        log.info("frametap: client frame log in %s (run_id %s, pid %d)", directory,
+                 self.log.run_id, os.getpid())
+
+    def on_test_stop(self, environment, **_kwargs) -> None:
+        # a finished test's rows in complete files now (the web UI may stay up for long)
+        if self.log is not None:
+            self.log.flush(finish=True)
+
+    def close(self, at_exit=False, **_kwargs) -> None:
+        """Locust ``quit`` listener (after the users' on_stop requests); also run at
+        interpreter exit in case ``quit`` never fired."""
+        log_, self.log = self.log, None
+        if log_ is None:
+            return
+        if at_exit:      # the gevent hub may be gone: flush in this thread
+            log_.framelog._pool = None
+        RequestReporter.frame_log = False
+        if self.environment is not None:
+            self.environment.events.request.remove_listener(log_.on_request)
+        log_.close()
+
+
+_plugin: _Plugin | None = None
+
+
+def install(events=None) -> None:
+    """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
+    process, so a locustfile may call it unconditionally."""
+    global _plugin
+    if _plugin is not None:
+        return
+    if events is None:
+        from locust import events
+    _plugin = _Plugin()
+    events.init_command_line_parser.add_listener(add_arguments)
+    events.init.add_listener(_plugin.on_init)
+    events.test_start.add_listener(_plugin.on_test_start)
+    events.test_stop.add_listener(_plugin.on_test_stop)
+    events.quit.add_listener(_plugin.close)
+
+
+# ---------------------------------------------------------------------- launcher
+
+def main(argv=None):
+    """``python -m loadgen.clientlog [locust options]``: Locust with this plugin loaded
+    before Locust parses its command line, so that ``--help`` lists the plugin's options
+    too (Locust prints ``--help`` before importing the locustfile, where the packaged
+    locustfile installs the plugin: locustio/locust#2917). Otherwise the same as
+    ``locust``; ``-f`` defaults to the packaged locustfile."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not any(a in ("-f", "--locustfile") or a.startswith("--locustfile=") for a in args):
+        args = ["-f", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "locustfile.py")] + args
+    install()
+    from locust.main import main as locust_main
+    sys.argv = ["locust"] + args
+    return locust_main()
+
+
+if __name__ == "__main__":
+    # run as a script the module is __main__: use the importable one, so the plugin is
+    # installed once (the locustfile installs it from there too)
+    from loadgen import clientlog
+    clientlog.main()
