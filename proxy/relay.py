@@ -29,6 +29,8 @@ def format_peer(addr):
     if not addr:
         return "?"
     host, port = addr[:2]
+    if host.startswith("::ffff:") and "." in host:   # IPv4 client of a dual-stack listener
+        host = host[7:]
     return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
 
 

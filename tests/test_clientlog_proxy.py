@@ -209,10 +209,6 @@ def _ipv6_loopback():
 
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy/relay.py formats an IPv6 peer as '::1:port' ('%s:%s'); the client writes "
-    "'[::1]:port' (the [v6]:port notation of docs/design.md). Bracketing IPv6 peers in "
-    "ClientSide.connection_made makes this pass: then drop this marker"))
 def test_ipv6_peers_join(tmp_path):
     run_id = f"e2e-{uuid.uuid4().hex[:8]}"
     with FlyMQServerThread() as srv, \
