@@ -289,14 +289,14 @@ def main(argv=None):
         loads = []
         for proto in chosen:
             classes = available[proto].user_classes
-            env = dict(os.environ, FRAMETAP_PROTOCOLS=proto)
+            env = dict(os.environ, FRAMETAP_PROTOCOLS=proto, FRAMETAP_RUN_ID=run_id)
             print(f"[demo] Locust: {args.users} users ({', '.join(classes)}) for "
                   f"{args.seconds}s through the proxy at {hosts[proto]}", flush=True)
             loads.append(procs.start(f"locust {proto}", [
                 sys.executable, "-m", "locust", "-f", locustfile_path(), "--headless",
                 "-u", str(args.users), "-r", str(args.users), "-t", f"{args.seconds}s",
                 "--host", hosts[proto], "--json", "--only-summary",
-                "--loglevel", "WARNING", *classes],
+                "--loglevel", "WARNING", "--frametap-framelog", logdir, *classes],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         started = time.time()
         while any(p.poll() is None for p in loads):

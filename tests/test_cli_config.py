@@ -190,6 +190,10 @@ def test_every_command_has_help(args):
     r = frametap(*args)
     assert r.returncode == 0, r.stderr
     assert "usage" in r.stdout.lower() or "Usage" in r.stdout
+    if args[0] == "load":                  # Locust's help, with frametap's options in it
+        assert "--frametap-framelog" in r.stdout and "--frametap-run-id" in r.stdout
+    if args[0] == "proxy":
+        assert "--framelog" in r.stdout and "--run-id" in r.stdout
 
 
 @pytest.mark.parametrize("name, needle", [

@@ -64,6 +64,12 @@ def assert_framelog_matches_metrics(out):
     routes = {r[0] for r in want}
     assert len(routes) >= 4, routes           # flymq, rabbitmq-stream, rocketmq x2
     assert all(r["peer"] and r["run_id"] == rows[0]["run_id"] for r in rows)
+    # the Locust users logged their side under the same run id, one file set per process
+    client = sorted((out / "framelogs").glob("client-*.parquet"))
+    assert len(client) >= 3, client                    # one Locust process per protocol
+    crows = pa.concat_tables([pq.read_table(f) for f in client]).to_pylist()
+    assert crows and {r["run_id"] for r in crows} == {rows[0]["run_id"]}
+    assert {r["protocol"] for r in crows} == {r["protocol"] for r in rows}
 
 
 def test_demo_cleans_up_on_ctrl_c(tmp_path):
