@@ -28,6 +28,7 @@ def test_demo_runs_and_reports(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()
             if line[:1].isupper() and len(line.split()) >= 9}
+    assert "PRODUCE" in rows and "FETCH" in rows, r.stdout + r.stderr
     assert int(rows["PRODUCE"][1]) > 0 and int(rows["FETCH"][1]) > 0
     # proxy's count and Locust's count differ at most by requests cut off at the stop
     assert abs(int(rows["PRODUCE"][1]) - int(rows["PRODUCE"][5])) <= 4
