@@ -142,13 +142,12 @@ cdef int key_slot(const uint8_t* k, Py_ssize_t n) noexcept:
         return 2                                       # flag
     return -1
 
-cdef int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out, Py_ssize_t* ext) noexcept:
-    """Top-level code/opaque/flag into out[0..2]; SCAN_OK, SCAN_FALLBACK or SCAN_ERROR.
-    With ext (recording only), also where the last top-level extFields value starts
-    (-1 none): what find_member(b, 0, n, "extFields") gives, without a second walk."""
+cdef inline int _scan(const uint8_t* b, Py_ssize_t n, int64_t* out, bint rec,
+                      Py_ssize_t* topic, Py_ssize_t* short_topic) noexcept:
+    """scan_json() (rec = 0) or scan_json_rec() (rec = 1): one body, specialized by the
+    C compiler, so the counting-only scan is the same code as before recording existed."""
     cdef Py_ssize_t i, end, j, k
     cdef int esc, slot
-    cdef bint is_ext
     cdef int64_t v
     cdef bint neg
     out[0] = out[1] = out[2] = 0
@@ -168,15 +167,23 @@ cdef int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out, Py_ssize_t* ext
         if esc:
             return SCAN_FALLBACK
         slot = key_slot(b + i + 1, end - i - 2)
-        is_ext = (ext is not NULL and slot < 0 and end - i - 2 == 9
-                  and memcmp(b + i + 1, b"extFields", 9) == 0)
+        if rec and slot < 0 and end - i - 2 == 9 and memcmp(b + i + 1, b"extFields", 9) == 0:
+            slot = 3
         i = skip_ws(b, end, n)
         if i >= n or b[i] != 0x3A:
             return SCAN_ERROR
         i = skip_ws(b, i + 1, n)
-        if slot < 0:
-            if is_ext:
-                ext[0] = i
+        if rec and slot == 3:
+            # extFields, walked member by member (the last one wins, as in json.loads);
+            # when it is not a well-formed object, skipped as any value, with no topic
+            j = walk_object(b, i, n, b"topic", 5, topic, b"b", 1, short_topic)
+            if j < 0:
+                topic[0] = short_topic[0] = -1
+                j = skip_value(b, i, n)
+            i = j
+            if i < 0:
+                return SCAN_ERROR
+        elif slot < 0:
             i = skip_value(b, i, n)
             if i < 0:
                 return SCAN_ERROR
@@ -206,34 +213,55 @@ cdef int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out, Py_ssize_t* ext
         return SCAN_ERROR
 
 
+cdef int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out) noexcept:
+    """Top-level code/opaque/flag into out[0..2]; SCAN_OK, SCAN_FALLBACK or SCAN_ERROR."""
+    return _scan(b, n, out, 0, NULL, NULL)
+
+
+cdef int scan_json_rec(const uint8_t* b, Py_ssize_t n, int64_t* out, Py_ssize_t* topic,
+                       Py_ssize_t* short_topic) noexcept:
+    """scan_json(), and (recording) where the values of extFields' last `topic` and `b`
+    members start, -1 none: what jsonscan.topic() finds, in the same single pass."""
+    topic[0] = short_topic[0] = -1
+    return _scan(b, n, out, 1, topic, short_topic)
+
+
 # ---- the frame log's resource (recording only; twin: jsonscan.topic / binary_topic) --
 
-cdef Py_ssize_t find_member(const uint8_t* b, Py_ssize_t i, Py_ssize_t n, const uint8_t* key,
-                            Py_ssize_t kn) noexcept:
-    """Index of the value of the last member named key (raw bytes) of the object at (or
-    after whitespace from) i, or -1: none, or not a well-formed object."""
-    cdef Py_ssize_t found = -1, end
+cdef Py_ssize_t walk_object(const uint8_t* b, Py_ssize_t i, Py_ssize_t n,
+                            const uint8_t* k1, Py_ssize_t n1, Py_ssize_t* f1,
+                            const uint8_t* k2, Py_ssize_t n2, Py_ssize_t* f2) noexcept:
+    """Walk the object at (or after whitespace from) i member by member (jsonscan's
+    find_member): the index after it, or -1 when it is not a well-formed object.  *f1 /
+    *f2: where the value of its last member named k1 / k2 (raw bytes) starts, -1 none
+    (k2 NULL: one key)."""
+    cdef Py_ssize_t end, kn, j
     cdef int esc = 0
-    cdef bint match
+    f1[0] = -1
+    if k2 is not NULL:
+        f2[0] = -1
     i = skip_ws(b, i, n)
     if i >= n or b[i] != 0x7B:
         return -1
     i = skip_ws(b, i + 1, n)
     if i < n and b[i] == 0x7D:
-        return -1
+        return i + 1
     while True:
         if i >= n or b[i] != 0x22:
             return -1
         end = string_end(b, i, n, &esc)
         if end < 0:
             return -1
-        match = end - i - 2 == kn and memcmp(b + i + 1, key, kn) == 0
+        kn = end - i - 2
+        j = i + 1
         i = skip_ws(b, end, n)
         if i >= n or b[i] != 0x3A:
             return -1
         i = skip_ws(b, i + 1, n)
-        if match:
-            found = i
+        if kn == n1 and memcmp(b + j, k1, n1) == 0:
+            f1[0] = i
+        elif k2 is not NULL and kn == n2 and memcmp(b + j, k2, n2) == 0:
+            f2[0] = i
         i = skip_value(b, i, n)
         if i < 0:
             return -1
@@ -241,7 +269,9 @@ cdef Py_ssize_t find_member(const uint8_t* b, Py_ssize_t i, Py_ssize_t n, const 
         if i < n and b[i] == 0x2C:
             i = skip_ws(b, i + 1, n)
             continue
-        return found if i < n and b[i] == 0x7D else -1
+        if i < n and b[i] == 0x7D:
+            return i + 1
+        return -1
 
 
 cdef inline int hex4(const uint8_t* s, Py_ssize_t i, Py_ssize_t n) noexcept:
@@ -491,7 +521,7 @@ cdef class RocketMQParser(FrameParser):
         cdef int64_t f[3]
         cdef int rc, slot, code, flag
         cdef uint64_t opaque                   # i32, sign-extended: the id clients log
-        cdef Py_ssize_t ext = -1               # extFields value (JSON, recording only)
+        cdef Py_ssize_t tv[2]                  # extFields topic / b values (recording)
         r.phase = P_SKIP
         if r.stype == ST_BINARY:
             if n < BIN_HEADER_MIN:
@@ -501,9 +531,12 @@ cdef class RocketMQParser(FrameParser):
             f[1] = <int32_t>be32(h + 5)
             f[2] = <int32_t>be32(h + 9)
         else:
-            rc = scan_json(h, n, f, &ext if self.recording else NULL)
+            if self.recording:
+                rc = scan_json_rec(h, n, f, &tv[0], &tv[1])
+            else:
+                rc = scan_json(h, n, f)
             if rc == SCAN_FALLBACK:
-                ext = -2                       # not known: _topic() walks the header
+                tv[0] = -2                     # not known: _topic() walks the header
                 try:
                     f[0], f[1], f[2] = jsonscan._fallback(h[:n])
                 except ValueError:
@@ -537,7 +570,7 @@ cdef class RocketMQParser(FrameParser):
         begin(self, d, st.slot_for(code), K_ONEWAY if flag & F_ONEWAY else K_REQUEST,
                    r.total, HDR + r.hlen)
         if self.recording:
-            self._topic(d, h, n, code, ext)
+            self._topic(d, h, n, code, tv)
         if code == SEND_MESSAGE or code == SEND_MESSAGE_V2:
             add_messages(self, d, 1)
         elif code == SEND_BATCH_MESSAGE:
@@ -554,28 +587,29 @@ cdef class RocketMQParser(FrameParser):
         return 0
 
     cdef void _topic(self, int d, const uint8_t* h, Py_ssize_t n, int code,
-                     Py_ssize_t ext) noexcept:
+                     Py_ssize_t* tv) noexcept:
         """The request's topic as its frame-log resource: extFields `topic`, or `b` in
         the short-key header of SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE /
-        SEND_REPLY_MESSAGE_V2 (SendMessageRequestHeaderV2).  Read in place; a topic
-        written with JSON escapes is decoded into a small buffer."""
-        cdef const uint8_t* key = b"topic"
-        cdef Py_ssize_t kn = 5, v, end, vlen = 0
+        SEND_REPLY_MESSAGE_V2 (SendMessageRequestHeaderV2).  tv: where scan_json_rec()
+        found their values (tv[0] == -2: the header took the json.loads fallback).  Read
+        in place; a topic written with JSON escapes is decoded into a small buffer."""
+        cdef bint short_key = (code == SEND_MESSAGE_V2 or code == SEND_BATCH_MESSAGE
+                               or code == SEND_REPLY_MESSAGE_V2)
+        cdef Py_ssize_t v, end, vlen = 0, ext
         cdef int esc = 0
         cdef uint8_t buf[RESOURCE_MAX]
-        if code == SEND_MESSAGE_V2 or code == SEND_BATCH_MESSAGE or code == SEND_REPLY_MESSAGE_V2:
-            key = b"b"
-            kn = 1
         if self.r[d].stype == ST_BINARY:
-            v = binary_topic(h, n, key, kn, &vlen)
+            v = binary_topic(h, n, b"b" if short_key else b"topic", 1 if short_key else 5,
+                             &vlen)
             if v >= 0:
                 set_resource(self, d, h + v, vlen)
             return
-        if ext == -2:
-            ext = find_member(h, 0, n, b"extFields", 9)
-        if ext < 0:
-            return
-        v = find_member(h, ext, n, key, kn)
+        if tv[0] == -2:                        # walk the header: top level, then extFields
+            if walk_object(h, 0, n, b"extFields", 9, &ext, NULL, 0, NULL) < 0 or ext < 0:
+                return
+            if walk_object(h, ext, n, b"topic", 5, &tv[0], b"b", 1, &tv[1]) < 0:
+                return
+        v = tv[1] if short_key else tv[0]
         if v < 0 or h[v] != 0x22:
             return
         end = string_end(h, v, n, &esc)
