@@ -92,11 +92,7 @@ cdef class FlyMQParser(FrameParser):
                 add_messages(self, d, 1)
             expect_fifo(self, d, op)
             if self.recording and TOPIC_AT[op] and not h[3] & COMPRESSION_MASK and length >= 2:
-                self.t.state = T_SKIP_LEN if TOPIC_AT[op] > 1 else T_LEN
-                self.t.strings = TOPIC_AT[op] - 1
-                self.t.pos = 0
-                self.t.length = length
-                stream_body(self, d, HEADER)    # the topic is read from the payload
+                self._topic(d, h, avail, op, length)
             return HEADER + length
         # server -> client: the response to the oldest request
         begin(self, d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
@@ -111,6 +107,28 @@ cdef class FlyMQParser(FrameParser):
         else:
             answer(self, d, ST_OK, OUTCOME_OK)
         return HEADER + length
+
+    cdef int _topic(self, int d, const uint8_t* h, Py_ssize_t avail, int op,
+                    int64_t length) except -1:
+        """Recording, a topic-naming request: its topic becomes the frame's resource,
+        read in place when this read holds it (the usual case), else from the payload as
+        it streams through on_body()."""
+        cdef Py_ssize_t tlen
+        if TOPIC_AT[op] == 1 and avail >= HEADER + 2:
+            tlen = be16(h + HEADER)
+            if 2 + tlen > length:
+                return 0                       # the topic runs past the payload: none
+            if tlen > RESOURCE_MAX:
+                tlen = RESOURCE_MAX
+            if avail >= HEADER + 2 + tlen:
+                set_resource(self, d, h + HEADER + 2, tlen)
+                return 0
+        self.t.state = T_SKIP_LEN if TOPIC_AT[op] > 1 else T_LEN
+        self.t.strings = TOPIC_AT[op] - 1
+        self.t.pos = 0
+        self.t.length = length
+        stream_body(self, d, HEADER)
+        return 0
 
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
         """A topic-naming request's payload while recording: the topic (u16 length +

@@ -61,8 +61,7 @@ class FlyMQParser(FrameParser):
             self.expect_fifo(d, op)
             if (self.recording and op in TOPIC_FIELD and not h[3] & COMPRESSION_MASK
                     and length >= 2):
-                self.t = _TopicRead(TOPIC_FIELD[op], length)
-                self.stream_body(d, HEADER_SIZE)     # the topic is read from the payload
+                self._topic(d, h, avail, op, length)
             return HEADER_SIZE + length
         self.begin(d, self.stats.slot_for(op), K_RESPONSE, HEADER_SIZE + length, HEADER_SIZE)
         if op == CONSUME and length > 0:
@@ -76,6 +75,21 @@ class FlyMQParser(FrameParser):
         else:
             self.answer(d, ST_OK, OUTCOME_OK)
         return HEADER_SIZE + length
+
+    def _topic(self, d, h, avail, op, length):
+        """Recording, a topic-naming request: its topic becomes the frame's resource,
+        read in place when this read holds it, else from the payload as it streams
+        through on_body()."""
+        if TOPIC_FIELD[op] == 0 and avail >= HEADER_SIZE + 2:
+            tlen = _from_bytes(h[HEADER_SIZE:HEADER_SIZE + 2], "big")
+            if 2 + tlen > length:
+                return
+            tlen = min(tlen, RESOURCE_MAX)
+            if avail >= HEADER_SIZE + 2 + tlen:
+                self.set_resource(d, h[HEADER_SIZE + 2:HEADER_SIZE + 2 + tlen])
+                return
+        self.t = _TopicRead(TOPIC_FIELD[op], length)
+        self.stream_body(d, HEADER_SIZE)
 
     def on_body(self, d, chunk):
         """A topic-naming request's payload while recording: the topic (u16 length +

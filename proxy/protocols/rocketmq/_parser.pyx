@@ -80,7 +80,7 @@ cdef inline Py_ssize_t skip_ws(const uint8_t* b, Py_ssize_t i, Py_ssize_t n) noe
         i += 1
     return i
 
-cdef Py_ssize_t string_end(const uint8_t* b, Py_ssize_t i, Py_ssize_t n, int* esc) noexcept:
+cdef inline Py_ssize_t string_end(const uint8_t* b, Py_ssize_t i, Py_ssize_t n, int* esc) noexcept:
     """i at the opening quote: index after the closing quote, or -1."""
     i += 1
     while i < n:
@@ -95,7 +95,7 @@ cdef Py_ssize_t string_end(const uint8_t* b, Py_ssize_t i, Py_ssize_t n, int* es
         i += 1
     return -1
 
-cdef Py_ssize_t skip_value(const uint8_t* b, Py_ssize_t i, Py_ssize_t n) noexcept:
+cdef inline Py_ssize_t skip_value(const uint8_t* b, Py_ssize_t i, Py_ssize_t n) noexcept:
     """Index after the value starting at (or after whitespace from) i, or -1."""
     cdef int depth = 0, esc = 0
     cdef Py_ssize_t j
@@ -132,7 +132,7 @@ cdef Py_ssize_t skip_value(const uint8_t* b, Py_ssize_t i, Py_ssize_t n) noexcep
         j += 1
     return j if j > i else -1
 
-cdef int key_slot(const uint8_t* k, Py_ssize_t n) noexcept:
+cdef inline int key_slot(const uint8_t* k, Py_ssize_t n) noexcept:
     if n == 4 and k[0] == 0x63 and k[1] == 0x6F and k[2] == 0x64 and k[3] == 0x65:
         return 0                                       # code
     if n == 6 and k[0] == 0x6F and k[1] == 0x70 and k[2] == 0x61 and k[3] == 0x71 \
@@ -142,10 +142,19 @@ cdef int key_slot(const uint8_t* k, Py_ssize_t n) noexcept:
         return 2                                       # flag
     return -1
 
-cdef inline int _scan(const uint8_t* b, Py_ssize_t n, int64_t* out, bint rec,
-                      Py_ssize_t* topic, Py_ssize_t* short_topic) noexcept:
-    """scan_json() (rec = 0) or scan_json_rec() (rec = 1): one body, specialized by the
-    C compiler, so the counting-only scan is the same code as before recording existed."""
+cdef struct NoTopic:
+    char unused
+cdef struct TopicAt:           # scan_json_rec(): where extFields' topic / b values start
+    Py_ssize_t topic
+    Py_ssize_t short_topic
+ctypedef fused TopicOut:
+    NoTopic
+    TopicAt
+
+
+cdef int _scan(const uint8_t* b, Py_ssize_t n, int64_t* out, TopicOut* t) noexcept:
+    """scan_json() (NoTopic) or scan_json_rec() (TopicAt): one body, two C functions
+    (a fused type), so the counting-only scan is the same code as before recording."""
     cdef Py_ssize_t i, end, j, k
     cdef int esc, slot
     cdef int64_t v
@@ -167,18 +176,19 @@ cdef inline int _scan(const uint8_t* b, Py_ssize_t n, int64_t* out, bint rec,
         if esc:
             return SCAN_FALLBACK
         slot = key_slot(b + i + 1, end - i - 2)
-        if rec and slot < 0 and end - i - 2 == 9 and memcmp(b + i + 1, b"extFields", 9) == 0:
-            slot = 3
+        if TopicOut is TopicAt:
+            if slot < 0 and end - i - 2 == 9 and memcmp(b + i + 1, b"extFields", 9) == 0:
+                slot = 3
         i = skip_ws(b, end, n)
         if i >= n or b[i] != 0x3A:
             return SCAN_ERROR
         i = skip_ws(b, i + 1, n)
-        if rec and slot == 3:
+        if TopicOut is TopicAt and slot == 3:
             # extFields, walked member by member (the last one wins, as in json.loads);
             # when it is not a well-formed object, skipped as any value, with no topic
-            j = walk_object(b, i, n, b"topic", 5, topic, b"b", 1, short_topic)
+            j = walk_object(b, i, n, b"topic", 5, &t.topic, b"b", 1, &t.short_topic)
             if j < 0:
-                topic[0] = short_topic[0] = -1
+                t.topic = t.short_topic = -1
                 j = skip_value(b, i, n)
             i = j
             if i < 0:
@@ -213,17 +223,17 @@ cdef inline int _scan(const uint8_t* b, Py_ssize_t n, int64_t* out, bint rec,
         return SCAN_ERROR
 
 
-cdef int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out) noexcept:
+cdef inline int scan_json(const uint8_t* b, Py_ssize_t n, int64_t* out) noexcept:
     """Top-level code/opaque/flag into out[0..2]; SCAN_OK, SCAN_FALLBACK or SCAN_ERROR."""
-    return _scan(b, n, out, 0, NULL, NULL)
+    return _scan(b, n, out, <NoTopic*>NULL)
 
 
-cdef int scan_json_rec(const uint8_t* b, Py_ssize_t n, int64_t* out, Py_ssize_t* topic,
-                       Py_ssize_t* short_topic) noexcept:
+cdef inline int scan_json_rec(const uint8_t* b, Py_ssize_t n, int64_t* out,
+                              TopicAt* t) noexcept:
     """scan_json(), and (recording) where the values of extFields' last `topic` and `b`
     members start, -1 none: what jsonscan.topic() finds, in the same single pass."""
-    topic[0] = short_topic[0] = -1
-    return _scan(b, n, out, 1, topic, short_topic)
+    t.topic = t.short_topic = -1
+    return _scan(b, n, out, t)
 
 
 # ---- the frame log's resource (recording only; twin: jsonscan.topic / binary_topic) --
@@ -521,7 +531,7 @@ cdef class RocketMQParser(FrameParser):
         cdef int64_t f[3]
         cdef int rc, slot, code, flag
         cdef uint64_t opaque                   # i32, sign-extended: the id clients log
-        cdef Py_ssize_t tv[2]                  # extFields topic / b values (recording)
+        cdef TopicAt tv                        # extFields topic / b values (recording)
         r.phase = P_SKIP
         if r.stype == ST_BINARY:
             if n < BIN_HEADER_MIN:
@@ -532,11 +542,11 @@ cdef class RocketMQParser(FrameParser):
             f[2] = <int32_t>be32(h + 9)
         else:
             if self.recording:
-                rc = scan_json_rec(h, n, f, &tv[0], &tv[1])
+                rc = scan_json_rec(h, n, f, &tv)
             else:
                 rc = scan_json(h, n, f)
             if rc == SCAN_FALLBACK:
-                tv[0] = -2                     # not known: _topic() walks the header
+                tv.topic = -2                  # not known: _topic() walks the header
                 try:
                     f[0], f[1], f[2] = jsonscan._fallback(h[:n])
                 except ValueError:
@@ -570,7 +580,7 @@ cdef class RocketMQParser(FrameParser):
         begin(self, d, st.slot_for(code), K_ONEWAY if flag & F_ONEWAY else K_REQUEST,
                    r.total, HDR + r.hlen)
         if self.recording:
-            self._topic(d, h, n, code, tv)
+            self._topic(d, h, n, code, &tv)
         if code == SEND_MESSAGE or code == SEND_MESSAGE_V2:
             add_messages(self, d, 1)
         elif code == SEND_BATCH_MESSAGE:
@@ -587,11 +597,11 @@ cdef class RocketMQParser(FrameParser):
         return 0
 
     cdef void _topic(self, int d, const uint8_t* h, Py_ssize_t n, int code,
-                     Py_ssize_t* tv) noexcept:
+                     TopicAt* tv) noexcept:
         """The request's topic as its frame-log resource: extFields `topic`, or `b` in
         the short-key header of SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE /
         SEND_REPLY_MESSAGE_V2 (SendMessageRequestHeaderV2).  tv: where scan_json_rec()
-        found their values (tv[0] == -2: the header took the json.loads fallback).  Read
+        found their values (tv.topic == -2: the header took the json.loads fallback).  Read
         in place; a topic written with JSON escapes is decoded into a small buffer."""
         cdef bint short_key = (code == SEND_MESSAGE_V2 or code == SEND_BATCH_MESSAGE
                                or code == SEND_REPLY_MESSAGE_V2)
@@ -604,12 +614,12 @@ cdef class RocketMQParser(FrameParser):
             if v >= 0:
                 set_resource(self, d, h + v, vlen)
             return
-        if tv[0] == -2:                        # walk the header: top level, then extFields
+        if tv.topic == -2:                     # walk the header: top level, then extFields
             if walk_object(h, 0, n, b"extFields", 9, &ext, NULL, 0, NULL) < 0 or ext < 0:
                 return
-            if walk_object(h, ext, n, b"topic", 5, &tv[0], b"b", 1, &tv[1]) < 0:
+            if walk_object(h, ext, n, b"topic", 5, &tv.topic, b"b", 1, &tv.short_topic) < 0:
                 return
-        v = tv[1] if short_key else tv[0]
+        v = tv.short_topic if short_key else tv.topic
         if v < 0 or h[v] != 0x22:
             return
         end = string_end(h, v, n, &esc)
