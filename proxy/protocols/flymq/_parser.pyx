@@ -87,12 +87,12 @@ cdef class FlyMQParser(FrameParser):
         if h[1] != VERSION:
             protocol_error(self, d, R_BAD_VERSION)       # spec: reject, optionally close; we count
         if d == C2S:
+            if self.recording:                 # apart, so counting alone keeps its code
+                return recorded_request(self, d, h, avail, op, length)
             begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
             if op == OP_PRODUCE:
                 add_messages(self, d, 1)
             expect_fifo(self, d, op)
-            if self.recording and TOPIC_AT[op] and not h[3] & COMPRESSION_MASK and length >= 2:
-                self._topic(d, h, avail, op, length)
             return HEADER + length
         # server -> client: the response to the oldest request
         begin(self, d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
@@ -107,28 +107,6 @@ cdef class FlyMQParser(FrameParser):
         else:
             answer(self, d, ST_OK, OUTCOME_OK)
         return HEADER + length
-
-    cdef int _topic(self, int d, const uint8_t* h, Py_ssize_t avail, int op,
-                    int64_t length) except -1:
-        """Recording, a topic-naming request: its topic becomes the frame's resource,
-        read in place when this read holds it (the usual case), else from the payload as
-        it streams through on_body()."""
-        cdef Py_ssize_t tlen
-        if TOPIC_AT[op] == 1 and avail >= HEADER + 2:
-            tlen = be16(h + HEADER)
-            if 2 + tlen > length:
-                return 0                       # the topic runs past the payload: none
-            if tlen > RESOURCE_MAX:
-                tlen = RESOURCE_MAX
-            if avail >= HEADER + 2 + tlen:
-                set_resource(self, d, h + HEADER + 2, tlen)
-                return 0
-        self.t.state = T_SKIP_LEN if TOPIC_AT[op] > 1 else T_LEN
-        self.t.strings = TOPIC_AT[op] - 1
-        self.t.pos = 0
-        self.t.length = length
-        stream_body(self, d, HEADER)
-        return 0
 
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
         """A topic-naming request's payload while recording: the topic (u16 length +
@@ -178,3 +156,33 @@ cdef class FlyMQParser(FrameParser):
     cdef int on_body_end(self, int d) except -1:
         self.t.state = T_DONE
         return 0
+
+
+cdef inline int64_t recorded_request(FlyMQParser self, int d, const uint8_t* h,
+                                     Py_ssize_t avail, int op, int64_t length) except -2:
+    """on_header() of a request while recording: the same reports, then the topic of a
+    topic-naming request becomes the frame's resource, read in place when this read
+    holds it (the usual case), else from the payload as it streams through
+    on_body()."""
+    cdef Py_ssize_t tlen
+    begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
+    if op == OP_PRODUCE:
+        add_messages(self, d, 1)
+    expect_fifo(self, d, op)
+    if not TOPIC_AT[op] or h[3] & COMPRESSION_MASK or length < 2:
+        return HEADER + length
+    if TOPIC_AT[op] == 1 and avail >= HEADER + 2:
+        tlen = be16(h + HEADER)
+        if 2 + tlen > length:
+            return HEADER + length         # the topic runs past the payload: none
+        if tlen > RESOURCE_MAX:
+            tlen = RESOURCE_MAX
+        if avail >= HEADER + 2 + tlen:
+            set_resource(self, d, h + HEADER + 2, tlen)
+            return HEADER + length
+    self.t.state = T_SKIP_LEN if TOPIC_AT[op] > 1 else T_LEN
+    self.t.strings = TOPIC_AT[op] - 1
+    self.t.pos = 0
+    self.t.length = length
+    stream_body(self, d, HEADER)
+    return HEADER + length

@@ -238,6 +238,14 @@ cdef inline int scan_json_rec(const uint8_t* b, Py_ssize_t n, int64_t* out,
 
 # ---- the frame log's resource (recording only; twin: jsonscan.topic / binary_topic) --
 
+cdef inline bint same(const uint8_t* a, const uint8_t* b, Py_ssize_t n) noexcept:
+    """a[:n] == b[:n] for the few bytes of a key (no call into libc's memcmp)."""
+    cdef Py_ssize_t i
+    for i in range(n):
+        if a[i] != b[i]:
+            return False
+    return True
+
 cdef Py_ssize_t walk_object(const uint8_t* b, Py_ssize_t i, Py_ssize_t n,
                             const uint8_t* k1, Py_ssize_t n1, Py_ssize_t* f1,
                             const uint8_t* k2, Py_ssize_t n2, Py_ssize_t* f2) noexcept:
@@ -268,9 +276,9 @@ cdef Py_ssize_t walk_object(const uint8_t* b, Py_ssize_t i, Py_ssize_t n,
         if i >= n or b[i] != 0x3A:
             return -1
         i = skip_ws(b, i + 1, n)
-        if kn == n1 and memcmp(b + j, k1, n1) == 0:
+        if kn == n1 and same(b + j, k1, n1):
             f1[0] = i
-        elif k2 is not NULL and kn == n2 and memcmp(b + j, k2, n2) == 0:
+        elif k2 is not NULL and kn == n2 and same(b + j, k2, n2):
             f2[0] = i
         i = skip_value(b, i, n)
         if i < 0:
