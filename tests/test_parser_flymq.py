@@ -162,3 +162,44 @@ def test_random_bytes_never_crash(data, cut):
                 assert p.feed(d, data[cut:]) <= len(data[cut:])
         p.close()
         assert stats.snapshot()["in_flight"] == 0
+
+
+# ---- the frame log's resource: the request's topic ----------------------------------
+
+def _records(impl, frames):
+    stats, p = make(impl)
+    recs = []
+    p.tracer = recs.append
+    for d, f in frames:
+        assert p.feed(d, f) == len(f)
+    p.close()
+    return recs
+
+
+def test_auth_password_never_reaches_a_record(flymq_impl):
+    from proxy.protocols.flymq import codec
+    from proxy.protocols.flymq.conformance import AUTH_PASSWORD
+    auth = codec.AuthRequest("alice", AUTH_PASSWORD.decode()).to_frame()
+    ok = codec.AuthResponse(True, "", "alice", ["admin"]).to_frame()
+    for cut in range(1, len(auth)):
+        recs = _records(flymq_impl, [(C2S, auth[:cut]), (C2S, auth[cut:]), (S2C, ok)])
+        assert [(r["kind"], r["resource"], r["attrs"]) for r in recs] == [
+            ("request", None, None), ("response", None, None)]
+        assert AUTH_PASSWORD.decode() not in repr(recs) and "alice" not in repr(recs)
+
+
+def test_topic_only_while_recording(flymq_impl):
+    stats, p = make(flymq_impl)
+    p.feed(C2S, produce(topic=b"quiet"))
+    recs = []
+    p.tracer = recs.append
+    p.feed(C2S, produce(topic=b"loud"))
+    assert [r["resource"] for r in recs] == ["loud"]
+    assert stats.snapshot()["frames"] == {("c2s", "PRODUCE"): 2}
+
+
+def test_topic_split_anywhere(flymq_impl):
+    f = produce(value=b"v" * 50, topic=b"split-topic")
+    for cut in range(1, len(f)):
+        recs = _records(flymq_impl, [(C2S, f[:cut]), (C2S, f[cut:])])
+        assert recs[0]["resource"] == "split-topic", cut

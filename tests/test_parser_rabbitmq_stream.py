@@ -196,3 +196,79 @@ def test_create_answered_stream_already_exists_is_normal_flow(impl):
                               ("Delete", "STREAM_ALREADY_EXISTS"): 1}
     assert {k: sum(v[0]) for k, v in s["hist"].items()} == {("Create", "ok"): 1,
                                                           ("Delete", "error"): 1}
+
+
+# ---- the frame log's resource: the stream ------------------------------------------
+
+def _records(impl, frames, p=None):
+    if p is None:
+        _, p = make(impl)
+    recs = []
+    p.tracer = recs.append
+    for d, f in frames:
+        assert p.feed(d, f) == len(f)
+    p.close()
+    return recs
+
+
+def test_sasl_secret_never_reaches_a_record(impl):
+    from proxy.protocols.rabbitmq_stream.conformance import SASL_SECRET
+    auth = req(K.SASL_AUTHENTICATE, correlation_id=2, mechanism="PLAIN", data=SASL_SECRET)
+    ok = resp(K.SASL_AUTHENTICATE, correlation_id=2, code=K.OK)
+    for cut in range(1, len(auth)):
+        recs = _records(impl, [(C2S, auth[:cut]), (C2S, auth[cut:]), (S2C, ok)])
+        assert [(r["resource"], r["attrs"]) for r in recs] == [(None, None), (None, None)]
+        text = repr(recs)
+        assert "s3cret" not in text and "app-user" not in text and "PLAIN" not in text
+
+
+def test_ids_rebind_and_forget(impl):
+    def declare(pid, stream):
+        return req(K.DECLARE_PUBLISHER, correlation_id=pid, publisher_id=pid, reference=None,
+                   stream=stream)
+    frames = [(C2S, declare(0, "a")), (C2S, declare(255, "z")), (C2S, publish(0, [1])),
+              (C2S, declare(0, "b")), (C2S, publish(0, [2])), (C2S, publish(255, [3])),
+              (C2S, req(K.DELETE_PUBLISHER, correlation_id=9, publisher_id=0)),
+              (C2S, publish(0, [4])), (C2S, declare(0, "c")), (C2S, publish(0, [5]))]
+    recs = [r for r in _records(impl, frames) if r["opcode_name"] == "Publish"
+            and r["kind"] == "request"]
+    assert [(r["correlation_id"], r["resource"]) for r in recs] == [
+        ("0:1", "a"), ("0:2", "b"), ("255:3", "z"), ("0:4", None), ("0:5", "c")]
+
+
+def test_publisher_and_subscription_ids_are_separate(impl):
+    frames = [(C2S, req(K.DECLARE_PUBLISHER, correlation_id=1, publisher_id=3,
+                        reference=None, stream="pubs")),
+              (C2S, req(K.SUBSCRIBE, correlation_id=2, subscription_id=3, stream="subs",
+                        offset_type=1, credit=1, properties={})),
+              (C2S, publish(3, [1])), (C2S, req(K.CREDIT, subscription_id=3, credit=1))]
+    recs = _records(impl, frames)
+    assert [r["resource"] for r in recs[:4]] == ["pubs", "subs", "pubs", "subs"]
+
+
+def test_streams_remembered_only_while_recording(impl):
+    stats, p = make(impl)
+    p.feed(C2S, req(K.DECLARE_PUBLISHER, correlation_id=1, publisher_id=1, reference=None,
+                    stream="quiet"))
+    recs = _records(impl, [(C2S, publish(1, [1]))], p=p)
+    assert recs[0]["resource"] is None          # declared while nothing was recording
+    assert stats.snapshot()["frames"][("c2s", "Publish")] == 1
+
+
+def test_every_id_declared_many_times(impl):
+    """All 512 slots filled, rebound and dropped (the compiled table's malloc/free)."""
+    frames = []
+    for rnd in range(3):
+        for i in range(256):
+            frames.append((C2S, req(K.DECLARE_PUBLISHER, correlation_id=i, publisher_id=i,
+                                    reference=None, stream="p%d-%d" % (rnd, i))))
+            frames.append((C2S, req(K.SUBSCRIBE, correlation_id=i, subscription_id=i,
+                                    stream="s" * (rnd * 200), offset_type=1, credit=1,
+                                    properties={})))
+    frames.append((C2S, publish(200, [1])))
+    frames.append((C2S, req(K.UNSUBSCRIBE, correlation_id=1, subscription_id=17)))
+    recs = _records(impl, frames)
+    pub = [r for r in recs if r["opcode_name"] == "Publish" and r["kind"] == "request"]
+    assert [(r["correlation_id"], r["resource"]) for r in pub] == [("200:1", "p2-200")]
+    unsub = [r for r in recs if r["opcode_name"] == "Unsubscribe" and r["kind"] == "request"]
+    assert unsub[0]["resource"] == "s" * 256

@@ -219,3 +219,76 @@ def test_route_rewrite_state_is_bounded_when_the_upstream_never_answers(impl):
     # the newest requests are still rewritten when answered
     out = p.feed(S2C, resp(0, n, b'{"brokerDatas":[{"brokerAddrs":{0:"10.0.0.7:10911"}}]}'))
     assert out > 0 and b"127.0.0.1:1" in b"".join(p.output)
+
+
+# ---- the frame log's resource: the request's topic ----------------------------------
+
+def _records(impl, frames, **kw):
+    stats, p = make(impl, **kw)
+    recs = []
+    p.tracer = recs.append
+    for d, f in frames:
+        assert p.feed(d, f) == len(f)
+    p.close()
+    return recs
+
+
+def test_acl_credentials_never_reach_a_record(impl):
+    """AccessKey / Signature / SecurityToken ride in extFields next to the topic: the
+    record carries the topic and nothing of them, in any field."""
+    from proxy.protocols.rocketmq.conformance import SECRET_VALUES, bframe
+    frames = [(C2S, req(10, 1, AccessKey=SECRET_VALUES[0].decode(),
+                        Signature=SECRET_VALUES[1].decode(),
+                        SecurityToken=SECRET_VALUES[2].decode(), topic="AclTopic")),
+              (C2S, bframe(310, 2, 0, {b"AccessKey": SECRET_VALUES[0],
+                                        b"Signature": SECRET_VALUES[1], b"b": b"BinV2"})),
+              (S2C, resp(0, 1)), (S2C, resp(0, 2))]
+    recs = _records(impl, frames)
+    assert [r["resource"] for r in recs] == ["AclTopic", "BinV2", None, None]
+    text = repr(recs)
+    for secret in SECRET_VALUES:
+        assert secret.decode() not in text
+
+
+def test_topic_only_while_recording(impl):
+    stats, p = make(impl)
+    p.feed(C2S, req(10, 1, topic="T"))
+    assert stats.snapshot()["frames"] == {("c2s", "SEND_MESSAGE"): 1}
+    recs = []
+    p.tracer = recs.append
+    p.feed(C2S, req(10, 2, topic="T2"))
+    assert [r["resource"] for r in recs] == ["T2"]
+
+
+def test_topic_survives_any_split_of_a_long_header(impl):
+    frame = req(310, 1, a="g" * 3000, b="SplitTopic", c="TBW102")
+    for cut in (1, 9, 100, len(frame) - 20, len(frame) - 1):
+        recs = _records(impl, [(C2S, frame[:cut]), (C2S, frame[cut:])])
+        assert recs[0]["resource"] == "SplitTopic", cut
+
+
+def test_long_topic_is_truncated_to_256_bytes(impl):
+    recs = _records(impl, [(C2S, req(10, 1, topic="x" * 1000))])
+    assert recs[0]["resource"] == "x" * 256
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=st.text(st.characters(exclude_categories=()), max_size=40),
+       ascii_only=st.booleans(), short=st.booleans(),
+       extra=st.dictionaries(st.text(max_size=6), json_values, max_size=3))
+def test_topic_matches_json_loads(topic, ascii_only, short, extra):
+    """Whatever escapes json.dumps writes, the topic is json.loads' value as UTF-8 (a
+    lone surrogate, which UTF-8 cannot carry, as U+FFFD) on both twins."""
+    if not ascii_only:             # raw surrogates are not UTF-8: only escaped ones
+        topic = "".join(c for c in topic if not 0xD800 <= ord(c) <= 0xDFFF)
+    key = "b" if short else "topic"
+    ext = dict(extra)
+    ext[key] = topic
+    raw = json.dumps({"code": 310 if short else 10, "opaque": 1, "flag": 0,
+                      "extFields": ext}, ensure_ascii=ascii_only).encode()
+    loaded = json.loads(raw)["extFields"][key]      # escaped surrogate pairs combine
+    want = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in loaded).encode()
+    assert jsonscan.topic(raw, key.encode()) == want
+    for impl in IMPLS.values():
+        recs = _records(impl, [(C2S, jframe(raw))])
+        assert recs[0]["resource"] == want[:256].decode("utf-8", "replace")

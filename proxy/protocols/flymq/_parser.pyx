@@ -5,19 +5,21 @@ Wire format (docs/design.md, "FlyMQ"): magic 0xAF, version, opcode, flags,
 u32 big-endian payload length, payload.  No correlation id: the reference SDK keeps
 one request in flight and the server answers in order, so requests and responses
 pair FIFO (docs/design.md, "FlyMQ").  The server echoes the request opcode, or answers
-ERROR (0xFF) with a text body.
+ERROR (0xFF) with a text body.  While recording, a request that names a topic
+(opcodes.TOPIC_FIELD) streams its payload through on_body() so the topic becomes the
+frame-log resource; AUTH and the user-management requests are never read.
 """
 
 from libc.stdint cimport uint8_t, uint32_t, int64_t
 
 from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
-                             R_TOO_LARGE, R_MISMATCH)
-from proxy._framing cimport (want_header, protocol_error, begin, add_messages, expect_fifo,
-                             take_fifo, answer)
-from proxy._wire cimport be32
+                             R_TOO_LARGE, R_MISMATCH, RESOURCE_MAX)
+from proxy._framing cimport (want_header, stream_body, gather, protocol_error, begin,
+                             add_messages, expect_fifo, take_fifo, answer, set_resource)
+from proxy._wire cimport be16, be32
 from proxy.protocols.flymq.opcodes import OPCODES as _KNOWN
-from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, opcode_name
+from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, TOPIC_FIELD, opcode_name
 from proxy.protocols.flymq.status import status_name
 
 cdef enum:
@@ -30,10 +32,33 @@ cdef enum:
     OP_ERROR = 0xFF
     ST_OK = 0
     ST_ERROR = 1
+    COMPRESSION_MASK = 0x0E    # flags bits 1-3: a compressed payload (its topic is unreadable)
+    T_DONE = 0                 # topic reader states (frame-log resource, recording only)
+    T_SKIP_LEN = 1             # length of a string before the topic
+    T_SKIP = 2                 # that string's bytes
+    T_LEN = 3                  # the topic's u16 length
+    T_NAME = 4                 # its bytes (at most RESOURCE_MAX kept)
+
+
+# opcode -> strings before the topic + 1 (0: the request names no topic); opcodes.py
+cdef uint8_t TOPIC_AT[256]
+for _op, _before in TOPIC_FIELD.items():
+    TOPIC_AT[_op] = _before + 1
+
+
+cdef struct TopicRead:
+    int state
+    int strings                # strings still to skip before the topic
+    int64_t pos                # payload bytes read so far
+    int64_t length             # payload length
+    int64_t skip
+    Py_ssize_t want            # bytes of the topic to keep
 
 
 cdef class FlyMQParser(FrameParser):
     """Counts, sizes and FIFO-correlates FlyMQ frames of one proxied connection."""
+
+    cdef TopicRead t
 
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
@@ -62,6 +87,8 @@ cdef class FlyMQParser(FrameParser):
         if h[1] != VERSION:
             protocol_error(self, d, R_BAD_VERSION)       # spec: reject, optionally close; we count
         if d == C2S:
+            if self.recording:                 # apart, so counting alone keeps its code
+                return recorded_request(self, d, h, avail, op, length)
             begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
             if op == OP_PRODUCE:
                 add_messages(self, d, 1)
@@ -80,3 +107,82 @@ cdef class FlyMQParser(FrameParser):
         else:
             answer(self, d, ST_OK, OUTCOME_OK)
         return HEADER + length
+
+    cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
+        """A topic-naming request's payload while recording: the topic (u16 length +
+        bytes, after `strings` other strings) becomes the frame's resource when it lies
+        whole inside the payload."""
+        cdef TopicRead* t = &self.t
+        cdef Py_ssize_t i = 0, used = 0, want
+        cdef int64_t take
+        cdef const uint8_t* f
+        while i < n and t.state != T_DONE:
+            if t.state == T_SKIP:
+                take = n - i
+                if take > t.skip:
+                    take = t.skip
+                t.skip -= take
+                t.pos += take
+                i += take
+                if t.skip == 0:
+                    t.state = T_SKIP_LEN if t.strings else T_LEN
+                continue
+            want = t.want if t.state == T_NAME else 2
+            if gather(self, d, p + i, n - i, want, &f, &used) <= 0:
+                return 0                       # the rest of the field is in the next piece
+            i += used
+            t.pos += want
+            if t.state == T_NAME:
+                set_resource(self, d, f, want)
+                t.state = T_DONE
+            elif t.state == T_SKIP_LEN:
+                t.skip = be16(f)
+                t.strings -= 1
+                t.state = T_SKIP if t.skip else (T_SKIP_LEN if t.strings else T_LEN)
+                if t.pos + t.skip + 2 > t.length:
+                    t.state = T_DONE           # no room left for the topic
+            else:
+                want = be16(f)
+                if t.pos + want > t.length:
+                    t.state = T_DONE           # the topic is cut short: none
+                elif want == 0:
+                    set_resource(self, d, f, 0)
+                    t.state = T_DONE
+                else:
+                    t.want = want if want < RESOURCE_MAX else RESOURCE_MAX
+                    t.state = T_NAME
+        return 0
+
+    cdef int on_body_end(self, int d) except -1:
+        self.t.state = T_DONE
+        return 0
+
+
+cdef inline int64_t recorded_request(FlyMQParser self, int d, const uint8_t* h,
+                                     Py_ssize_t avail, int op, int64_t length) except -2:
+    """on_header() of a request while recording: the same reports, then the topic of a
+    topic-naming request becomes the frame's resource, read in place when this read
+    holds it (the usual case), else from the payload as it streams through
+    on_body()."""
+    cdef Py_ssize_t tlen
+    begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
+    if op == OP_PRODUCE:
+        add_messages(self, d, 1)
+    expect_fifo(self, d, op)
+    if not TOPIC_AT[op] or h[3] & COMPRESSION_MASK or length < 2:
+        return HEADER + length
+    if TOPIC_AT[op] == 1 and avail >= HEADER + 2:
+        tlen = be16(h + HEADER)
+        if 2 + tlen > length:
+            return HEADER + length         # the topic runs past the payload: none
+        if tlen > RESOURCE_MAX:
+            tlen = RESOURCE_MAX
+        if avail >= HEADER + 2 + tlen:
+            set_resource(self, d, h + HEADER + 2, tlen)
+            return HEADER + length
+    self.t.state = T_SKIP_LEN if TOPIC_AT[op] > 1 else T_LEN
+    self.t.strings = TOPIC_AT[op] - 1
+    self.t.pos = 0
+    self.t.length = length
+    stream_body(self, d, HEADER)
+    return HEADER + length

@@ -5,6 +5,7 @@ import struct
 from hypothesis import strategies as st
 
 from proxy.conformance import C2S, S2C, Conversation, Garbage
+from proxy.protocols.flymq import codec
 
 
 def frame(op, payload=b"", version=1, flags=1, magic=0xAF):
@@ -76,7 +77,41 @@ def conversations():
                  {"kind": "request", "correlation_id": "3"},
                  {"kind": "event", "opcode_name": "LIST_TOPICS", "correlation_id": "3",
                   "request_opcode_name": "LIST_TOPICS"}])
-    return [pipelined, unanswered]
+    return [pipelined, unanswered, resources()]
+
+
+# Frame-log resources: the topic of every topic-naming request (first field, or after
+# TXN_PRODUCE's transaction id); none on responses, on AUTH (whose password is never
+# read), on a compressed payload, or when the topic runs past the payload.
+AUTH_PASSWORD = b"s3cr3t-Passw0rd"
+TOPIC_REQUESTS = [
+    (codec.ProduceRequest("orders", b"v1").to_frame(), "orders"),
+    (codec.FetchRequest("orders", 0, 0, 10).to_frame(), "orders"),
+    (codec.ConsumeRequest("audit.log", 1, 7).to_frame(), "audit.log"),
+    (codec.CreateTopicRequest("t\u00e9l\u00e9", 3).to_frame(), "t\u00e9l\u00e9"),
+    (codec.SubscribeRequest("orders", "grp").to_frame(), "orders"),
+    (codec.CommitRequest("orders", "grp", 0, 5).to_frame(), "orders"),
+    (codec.DeleteTopicRequest("old").to_frame(), "old"),
+    (codec.AuthRequest("alice", AUTH_PASSWORD.decode()).to_frame(), None),
+    (frame(0x43, b"\x00\x05txn-1\x00\x03txt" + b"\0\0\0\x01d"), "txt"),   # TXN_PRODUCE
+    (frame(0x01, produce(topic=b"zipped")[8:], flags=0x03), None),          # gzip flag
+    (frame(0x01, b"\x00\x09short"), None),                                  # topic cut short
+    (frame(0x04, b"\x00\x00"), ""),                                          # empty topic
+    (codec.MetadataRequest("L" * 300).to_frame(), "L" * 256),
+    (codec.ListTopicsRequest().to_frame(), None),
+]
+
+
+def resources():
+    n = len(TOPIC_REQUESTS)
+    return Conversation(
+        "resources",
+        [(C2S, f) for f, _ in TOPIC_REQUESTS] + [(S2C, frame(0xFF, b"\0\0\0"))] * n,
+        counters={"unmatched": 0, "in_flight": 0, "errors": {}},
+        records=[{"kind": "request", "correlation_id": str(i + 1), "resource": r,
+                  "attrs": None} for i, (_, r) in enumerate(TOPIC_REQUESTS)]
+        + [{"kind": "response", "correlation_id": str(i + 1), "resource": None}
+           for i in range(n)])
 
 
 def garbage():
@@ -93,7 +128,15 @@ def requests(n):
     return [frame(0x01, b"%08d" % i) for i in range(n)]
 
 
-_OPS = [0x01, 0x02, 0x03, 0x07, 0x08, 0x10, 0x30, 0x99]
+_OPS = [0x01, 0x02, 0x03, 0x04, 0x07, 0x08, 0x09, 0x10, 0x30, 0x43, 0x70, 0x99]
+
+
+@st.composite
+def _string(draw):
+    """A u16-length string, its length sometimes a lie."""
+    data = draw(st.sampled_from([b"", b"t", b"orders", b"\xc3\xa9t\xe9", b"N" * 300]))
+    n = draw(st.sampled_from([len(data), len(data), len(data) + 3, 0, 0xFFFF]))
+    return struct.pack(">H", n & 0xFFFF) + data
 
 
 @st.composite
@@ -102,7 +145,13 @@ def _frame(draw):
     op = draw(st.sampled_from(_OPS + ([0xFF] if d == S2C else [])))
     if d == S2C and op == 0x07 and draw(st.booleans()):
         return d, fetch_response(draw(st.integers(0, 4)))
-    return d, frame(op, draw(st.binary(max_size=40)), version=draw(st.sampled_from([1, 1, 2])))
+    flags = draw(st.sampled_from([1, 1, 0, 3, 9]))
+    if draw(st.booleans()):                          # strings first: a topic (or txn id)
+        payload = b"".join(draw(st.lists(_string(), min_size=1, max_size=2)))
+        payload += draw(st.binary(max_size=12))
+    else:
+        payload = draw(st.binary(max_size=40))
+    return d, frame(op, payload, version=draw(st.sampled_from([1, 1, 2])), flags=flags)
 
 
 def frames():

@@ -86,6 +86,23 @@ OPCODES = {
 }
 
 
+#: Requests that name a topic (the frame log's ``resource``), per the real server's
+#: request decoders (firefly-oss/flymq ``internal/protocol/binary.go``, audited at
+#: v1.26.11): opcode -> how many u16-length strings come before the topic (TXN_PRODUCE
+#: leads with its transaction id; every other one starts with the topic).  AUTH and the
+#: user-management requests (passwords) are deliberately absent: their fields are never
+#: read.
+TOPIC_FIELD = {op: 0 for op in (
+    PRODUCE, CONSUME, CREATE_TOPIC, METADATA, SUBSCRIBE, COMMIT, FETCH, DELETE_TOPIC,
+    CONSUME_ZERO_COPY, FETCH_BINARY,
+    0x11, 0x12, 0x14, 0x15,             # GET_SCHEMA, LIST_SCHEMAS, PRODUCE_WITH_SCHEMA, DELETE_SCHEMA
+    0x20, 0x21, 0x22,                   # FETCH_DLQ, REPLAY_DLQ, PURGE_DLQ
+    0x30, 0x35,                         # PRODUCE_DELAYED, PRODUCE_WITH_TTL
+    0x60, 0x61, 0x63, 0x64, 0x65,       # GET_OFFSET, RESET_OFFSET, DESCRIBE_GROUP, GET_LAG, DELETE_GROUP
+    0x78, 0x79, 0x7A)}                  # ACL_SET, ACL_GET, ACL_DELETE
+TOPIC_FIELD[0x43] = 1                   # TXN_PRODUCE: txn_id, then topic
+
+
 def opcode_name(code: int) -> str:
     """Spec name of ``code``, or ``unknown_<n>`` (docs/design.md, "Prometheus metrics")."""
     return OPCODES.get(code, f"unknown_{code}")

@@ -7,19 +7,28 @@ most responses, ResponseCode u16.  Publish, PublishConfirm and PublishError carr
 publishing id per message, so their bodies stream through on_body() and every message
 is paired with its confirm by (publisher id, publishing id).  A Metadata response can
 be captured whole and rewritten (address rewriting, see rewrite()).
+
+While recording, the frame log's resource is the stream: requests that name one stream
+their body through on_body() far enough to read it (constants.RESOURCE_PROGRAMS), and
+DeclarePublisher / Subscribe remember it per publisher / subscription id (a lazily
+allocated table of 512 names) so Publish, PublishConfirm, PublishError, Deliver and
+Credit carry it too.  SASL frames are never read.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, int16_t, int32_t, uint32_t, int64_t, uint64_t
+from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memcpy
 
 from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, K_ONEWAY, R_TOO_LARGE, R_TOO_SMALL,
-                             R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY)
-from proxy._framing cimport (want_header, stream_body, capture_frame, protocol_error, begin,
-                             add_messages, entry, set_corr, set_status, expect, take, answer)
+                             R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, RESOURCE_MAX)
+from proxy._framing cimport (want_header, stream_body, capture_frame, gather, protocol_error,
+                             begin, add_messages, entry, set_corr, set_status, expect, take,
+                             answer, set_resource)
 from proxy._wire cimport be16, be32, be64
 from proxy.protocols.rabbitmq_stream.constants import COMMANDS as _KNOWN
-from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, command_name,
+from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, RESOURCE_OPS,
+                                                       RESOURCE_PROGRAMS, command_name,
                                                        status_name)
 from proxy.protocols.rabbitmq_stream.rewrite import MetadataRewriter
 
@@ -51,6 +60,40 @@ cdef enum:
     B_MSG_LEN = 4
     B_CODE = 5
     B_DONE = 6
+    # resource reader (constants.RESOURCE_PROGRAMS; RESOURCE_OPS order)
+    OP_END = 0
+    OP_PUB = 1
+    OP_SUB = 2
+    OP_SKIP = 3
+    OP_SKIP2 = 4
+    OP_ONE = 5
+    OP_STREAM = 6
+    OP_RECALL = 7
+    OP_FORGET = 8
+    PROG_LEN = 4
+    PH_FIELD = 0               # reading the op's fixed field
+    PH_SKIP = 1                # passing over a string's bytes
+    PH_NAME = 2                # the stream name's bytes
+    SUB_SLOT = 256             # names[]: publisher ids 0..255, then subscription ids
+    NAME_SLOTS = 512
+
+
+# command -> its resource program (OP_END-terminated), from constants.RESOURCE_PROGRAMS
+cdef uint8_t PROG[K_LAST + 1][PROG_LEN]
+for _cmd, _ops in RESOURCE_PROGRAMS.items():
+    for _i, _op in enumerate(_ops):
+        PROG[_cmd][_i] = RESOURCE_OPS.index(_op)
+
+
+cdef struct RRead:
+    int cmd
+    int step                   # index into PROG[cmd]; -1 done
+    int phase
+    int slot                   # names[] slot of the id read, -1 none
+    int64_t pos                # body bytes read so far
+    int64_t len                # body bytes of the frame
+    int64_t skip
+    Py_ssize_t want
 
 
 cdef struct Body:
@@ -108,6 +151,9 @@ cdef class StreamParser(FrameParser):
     cdef public object local_address       # (host, port) the client connected to
     cdef public object upstream_address    # (host, port) of the route's upstream
     cdef object rewriter                   # MetadataRewriter, or None
+    cdef RRead rr[2]                       # resource reader per direction (recording only)
+    cdef bint reading[2]                   # this frame's body goes to the resource reader
+    cdef uint8_t** names                   # NAME_SLOTS of (u16 length + name) or NULL; lazy
 
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
@@ -118,6 +164,13 @@ cdef class StreamParser(FrameParser):
         self.rewriter = MetadataRewriter.from_options(self.options)
         if self.rewriter is not None:
             self.set_hold(S2C, True)
+
+    def __dealloc__(self):
+        cdef int i
+        if self.names is not NULL:
+            for i in range(NAME_SLOTS):
+                free(self.names[i])
+            free(self.names)
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         cdef RouteStats st = self.stats
@@ -163,10 +216,16 @@ cdef class StreamParser(FrameParser):
                 stream_body(self, d, HDR)       # the body starts after Key + Version
             elif cmd == K_DELIVER:             # chunk header's NumRecords ends at need
                 add_messages(self, d, be32(h + need - 4))
+                if self.recording:
+                    self._recall(d, SUB_SLOT + h[HDR])
             elif cmd == K_TUNE:
                 self._tune(d, h)
-            elif need == HDR + 4:              # a request with a correlation id
-                expect(self, d, d, be32(h + HDR), -1)
+            else:
+                if need == HDR + 4:            # a request with a correlation id
+                    expect(self, d, d, be32(h + HDR), -1)
+                if self.recording and PROG[cmd][0] != OP_END:
+                    self._start_read(d, cmd, total - need)
+                    stream_body(self, d, need)  # the stream name is in the body
             return total
         if cmd == K_CREDIT:                    # ResponseCode u16, SubscriptionId u8
             code = be16(h + HDR)
@@ -198,6 +257,134 @@ cdef class StreamParser(FrameParser):
                 answer(self, d, ST_OK, OUTCOME_OK)
         return 0
 
+    # ---- the frame log's resource: the stream (recording only) ----------------------
+
+    cdef void _start_read(self, int d, int cmd, int64_t body_len) noexcept:
+        cdef RRead* r = &self.rr[d]
+        r.cmd = cmd
+        r.step = 0
+        r.phase = PH_FIELD
+        r.slot = -1
+        r.pos = 0
+        r.len = body_len
+        r.skip = 0
+        self.reading[d] = 1
+
+    cdef void _remember(self, int slot, const uint8_t* p, Py_ssize_t n) noexcept:
+        """names[slot] = p[:n] (n <= RESOURCE_MAX); on no memory the slot is just empty."""
+        cdef uint8_t* e
+        if self.names is NULL:
+            self.names = <uint8_t**>calloc(NAME_SLOTS, sizeof(uint8_t*))
+            if self.names is NULL:
+                return
+        free(self.names[slot])
+        e = <uint8_t*>malloc(2 + n)
+        self.names[slot] = e
+        if e is NULL:
+            return
+        e[0] = <uint8_t>(n >> 8)
+        e[1] = <uint8_t>n
+        memcpy(e + 2, p, n)
+
+    cdef void _recall(self, int d, int slot) noexcept:
+        """The current frame's resource is the stream remembered for slot, if any."""
+        cdef uint8_t* e
+        if self.names is NULL:
+            return
+        e = self.names[slot]
+        if e is not NULL:
+            set_resource(self, d, e + 2, (e[0] << 8) | e[1])
+
+    cdef void _next_op(self, int d, RRead* r) noexcept:
+        """Step to the next op; the ones that read nothing run at once."""
+        cdef int op
+        r.step += 1
+        r.phase = PH_FIELD
+        op = PROG[r.cmd][r.step]
+        if op == OP_RECALL or op == OP_FORGET:
+            if r.slot >= 0:
+                self._recall(d, r.slot)
+                if op == OP_FORGET and self.names is not NULL:
+                    free(self.names[r.slot])
+                    self.names[r.slot] = NULL
+            r.step = -1
+        elif op == OP_END:
+            r.step = -1
+
+    cdef int _read(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
+        """A stream-naming request's body, in pieces: walk its program to the stream."""
+        cdef RRead* r = &self.rr[d]
+        cdef Py_ssize_t i = 0, used = 0, want
+        cdef int64_t take, v
+        cdef int op
+        cdef const uint8_t* f
+        while i < n and r.step >= 0:
+            if r.phase == PH_SKIP:
+                take = n - i
+                if take > r.skip:
+                    take = r.skip
+                r.skip -= take
+                r.pos += take
+                i += take
+                if r.skip == 0:
+                    self._next_op(d, r)
+                continue
+            op = PROG[r.cmd][r.step]
+            if r.phase == PH_NAME:
+                want = r.want
+            elif op == OP_PUB or op == OP_SUB:
+                want = 1
+            elif op == OP_ONE:
+                want = 4
+            else:
+                want = 2                       # a string's length, or skip2
+            if r.pos + want > r.len:
+                r.step = -1                    # the field runs past the frame: no resource
+                break
+            if gather(self, d, p + i, n - i, want, &f, &used) <= 0:
+                return 0                       # the rest of the field is in the next piece
+            i += used
+            r.pos += want
+            if r.phase == PH_NAME:
+                set_resource(self, d, f, want)
+                if r.slot >= 0:
+                    self._remember(r.slot, f, want)
+                r.step = -1
+            elif op == OP_PUB:
+                r.slot = f[0]
+                self._next_op(d, r)
+            elif op == OP_SUB:
+                r.slot = SUB_SLOT + f[0]
+                self._next_op(d, r)
+            elif op == OP_ONE:
+                if be32(f) == 1:
+                    self._next_op(d, r)
+                else:
+                    r.step = -1
+            elif op == OP_SKIP2:
+                self._next_op(d, r)
+            else:
+                v = <int16_t>be16(f)
+                if op == OP_SKIP and v == -1:
+                    v = 0                      # a null reference
+                if v < 0 or r.pos + v > r.len:
+                    r.step = -1                # null stream, or cut short: none
+                elif op == OP_SKIP:
+                    if v:
+                        r.skip = v
+                        r.phase = PH_SKIP
+                    else:
+                        self._next_op(d, r)
+                elif v == 0:
+                    set_resource(self, d, f, 0)
+                    if r.slot >= 0:
+                        self._remember(r.slot, f, 0)
+                    r.step = -1
+                else:
+                    r.want = v if v < RESOURCE_MAX else RESOURCE_MAX
+                    r.phase = PH_NAME
+        return 0
+
     cdef int _start_body(self, int d, int kind, int version) except -1:
         cdef Body* b = &self.b[d]
         b.kind = kind
@@ -213,6 +400,8 @@ cdef class StreamParser(FrameParser):
         cdef Body* b = &self.b[d]
         cdef Py_ssize_t i = 0, take
         cdef const uint8_t* f
+        if self.reading[d]:
+            return self._read(d, p, n)
         while i < n:
             if b.skip > 0:
                 take = n - i
@@ -312,6 +501,8 @@ cdef class StreamParser(FrameParser):
             b.pubid = f[0]
             b.state = B_COUNT
             b.need = 4
+            if self.recording:                 # every row carries the publisher's stream
+                self._recall(d, b.pubid)
         elif b.state == B_COUNT:
             b.left = be32(f)
             if b.kind == K_PUBLISH:
@@ -362,6 +553,9 @@ cdef class StreamParser(FrameParser):
 
     cdef int on_body_end(self, int d) except -1:
         cdef Body* b = &self.b[d]
+        if self.reading[d]:
+            self.reading[d] = 0                # a resource read never counts an error
+            return 0
         if b.state != B_DONE or b.skip > 0 or b.have:
             protocol_error(self, d, R_BAD_BODY)  # the frame ended before its entries did
         return 0

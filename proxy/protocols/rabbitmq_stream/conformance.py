@@ -104,7 +104,97 @@ def conversations():
                  {"opcode_name": "Deliver", "kind": "oneway", "messages": 3},
                  {"kind": "event", "opcode_name": "Publish", "correlation_id": "7:4"},
                  {"kind": "event", "opcode_name": "Publish", "correlation_id": "7:5"}])
-    return [full, rows]
+    return [full, rows, streams()]
+
+
+# Frame-log resources: the stream each request names; DeclarePublisher / Subscribe bind it
+# to their id so every Publish / PublishConfirm / PublishError row and every Deliver
+# carries it, until DeletePublisher / Unsubscribe forget the id.  SASL is never read.
+SASL_SECRET = b"\0app-user\0s3cret-Pa55word"
+LONG_STREAM = "S" * 300
+STREAM_STEPS = [
+    (C2S, req(K.SASL_HANDSHAKE, correlation_id=1)),
+    (S2C, resp(K.SASL_HANDSHAKE, correlation_id=1, code=K.OK, mechanisms=["PLAIN"])),
+    (C2S, req(K.SASL_AUTHENTICATE, correlation_id=2, mechanism="PLAIN", data=SASL_SECRET)),
+    (S2C, resp(K.SASL_AUTHENTICATE, correlation_id=2, code=K.OK)),
+    (C2S, req(K.CREATE, correlation_id=3, stream="orders", arguments={"max-age": "1h"})),
+    (S2C, resp(K.CREATE, correlation_id=3, code=K.OK)),
+    (C2S, req(K.DECLARE_PUBLISHER, correlation_id=4, publisher_id=7, reference="ref-" * 30,
+              stream="orders")),
+    (C2S, req(K.DECLARE_PUBLISHER, correlation_id=5, publisher_id=8, reference=None,
+              stream="audit")),
+    (S2C, resp(K.DECLARE_PUBLISHER, correlation_id=4, code=K.OK)),
+    (C2S, publish(7, [1, 2, 3])),
+    (C2S, publish(8, [1], version=2)),
+    (S2C, req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[1, 2])),
+    (S2C, req(K.PUBLISH_ERROR, publisher_id=7,
+              errors=[PublishingError(3, K.PUBLISHER_DOES_NOT_EXIST)])),
+    (C2S, req(K.QUERY_PUBLISHER_SEQUENCE, correlation_id=6, reference="ref1", stream="orders")),
+    (C2S, req(K.SUBSCRIBE, correlation_id=7, subscription_id=1, stream="events",
+              offset_type=1, credit=10, properties={})),
+    (S2C, deliver(2)),
+    (C2S, req(K.CREDIT, subscription_id=1, credit=5)),
+    (S2C, req(K.CONSUMER_UPDATE, correlation_id=100, subscription_id=1, active=1)),
+    (C2S, req(K.STORE_OFFSET, reference="app", stream="events", offset=2)),
+    (C2S, req(K.QUERY_OFFSET, correlation_id=8, reference="app", stream="events")),
+    (C2S, req(K.METADATA, correlation_id=9, streams=["orders"])),
+    (C2S, req(K.METADATA, correlation_id=10, streams=["orders", "events"])),
+    (C2S, req(K.ROUTE, correlation_id=11, routing_key="eu", super_stream="invoices")),
+    (C2S, req(K.PARTITIONS, correlation_id=12, super_stream="invoices")),
+    (C2S, req(K.STREAM_STATS, correlation_id=13, stream=LONG_STREAM)),
+    (S2C, req(K.METADATA_UPDATE, code=K.STREAM_NOT_AVAILABLE, stream="audit")),
+    (C2S, req(K.DELETE_PUBLISHER, correlation_id=14, publisher_id=7)),
+    (C2S, publish(7, [4])),                         # the id is forgotten: no stream
+    (C2S, req(K.UNSUBSCRIBE, correlation_id=15, subscription_id=1)),
+    (S2C, deliver(1)),
+    (C2S, req(K.DELETE, correlation_id=16, stream="orders")),
+    (C2S, req(K.PEER_PROPERTIES, correlation_id=17, properties={"product": "x"})),
+]
+
+
+def streams():
+    def r(**kw):
+        return kw
+    return Conversation(
+        "streams", STREAM_STEPS,
+        counters={"errors": {}, "unmatched": 0},
+        records=[
+            r(opcode_name="SaslHandshake", resource=None, attrs=None),
+            r(opcode_name="SaslHandshake", kind="response", resource=None),
+            r(opcode_name="SaslAuthenticate", resource=None, attrs=None),
+            r(opcode_name="SaslAuthenticate", kind="response", resource=None),
+            r(opcode_name="Create", resource="orders"),
+            r(opcode_name="Create", kind="response", resource=None),
+            r(opcode_name="DeclarePublisher", correlation_id="4", resource="orders"),
+            r(opcode_name="DeclarePublisher", correlation_id="5", resource="audit"),
+            r(opcode_name="DeclarePublisher", kind="response", resource=None),
+            r(opcode_name="Publish", correlation_id="7:1", resource="orders"),
+            r(opcode_name="Publish", correlation_id="7:2", resource="orders", frame_bytes=0),
+            r(opcode_name="Publish", correlation_id="7:3", resource="orders", frame_bytes=0),
+            r(opcode_name="Publish", correlation_id="8:1", resource="audit"),
+            r(opcode_name="PublishConfirm", correlation_id="7:1", resource="orders"),
+            r(opcode_name="PublishConfirm", correlation_id="7:2", resource="orders"),
+            r(opcode_name="PublishError", correlation_id="7:3", resource="orders"),
+            r(opcode_name="QueryPublisherSequence", resource="orders"),
+            r(opcode_name="Subscribe", resource="events"),
+            r(opcode_name="Deliver", resource="events", messages=2),
+            r(opcode_name="Credit", resource="events"),
+            r(opcode_name="ConsumerUpdate", direction="s2c", resource="events"),
+            r(opcode_name="StoreOffset", resource="events"),
+            r(opcode_name="QueryOffset", resource="events"),
+            r(opcode_name="Metadata", correlation_id="9", resource="orders"),
+            r(opcode_name="Metadata", correlation_id="10", resource=None),
+            r(opcode_name="Route", resource="invoices"),
+            r(opcode_name="Partitions", resource="invoices"),
+            r(opcode_name="StreamStats", resource=LONG_STREAM[:256]),
+            r(opcode_name="MetadataUpdate", resource="audit"),
+            r(opcode_name="DeletePublisher", resource="orders"),
+            r(opcode_name="Publish", correlation_id="7:4", resource=None),
+            r(opcode_name="Unsubscribe", resource="events"),
+            r(opcode_name="Deliver", resource=None, messages=1),
+            r(opcode_name="Delete", resource="orders"),
+            r(opcode_name="PeerProperties", resource=None),
+        ] + [r(kind="event")] * 16)
 
 
 def garbage():
@@ -122,13 +212,41 @@ def requests(n):
             for i in range(n)]
 
 
-_KEYS = [1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 15, 20, 23, 0x8001, 0x8007, 0x800F, 0x8009]
+_KEYS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 19, 20, 23, 24, 26, 0x8001,
+         0x8007, 0x800F, 0x8009]
+_NAMES = [None, "", "s", "orders", "x" * 300]
+
+
+@st.composite
+def _naming(draw):
+    """A request that names a stream or binds / unbinds an id (ids 0..3)."""
+    ident = draw(st.integers(0, 3))
+    name = draw(st.sampled_from(_NAMES))
+    which = draw(st.integers(0, 6))
+    if which == 0:
+        return req(K.DECLARE_PUBLISHER, correlation_id=ident, publisher_id=ident,
+                   reference=draw(st.sampled_from([None, "r", "q" * 40])), stream=name)
+    if which == 1:
+        return req(K.SUBSCRIBE, correlation_id=ident, subscription_id=ident, stream=name,
+                   offset_type=1, credit=1, properties={})
+    if which == 2:
+        return req(K.DELETE_PUBLISHER, correlation_id=ident, publisher_id=ident)
+    if which == 3:
+        return req(K.UNSUBSCRIBE, correlation_id=ident, subscription_id=ident)
+    if which == 4:
+        return req(K.METADATA, correlation_id=ident,
+                   streams=draw(st.lists(st.sampled_from(["a", "orders"]), max_size=2)))
+    if which == 5:
+        return req(K.QUERY_OFFSET, correlation_id=ident, reference="app", stream=name)
+    return req(K.CREDIT, subscription_id=ident, credit=1)
 
 
 @st.composite
 def _frame(draw):
     d = draw(st.sampled_from([C2S, S2C]))
-    kind = draw(st.integers(0, 5))
+    kind = draw(st.integers(0, 6))
+    if kind == 6:
+        return d, draw(_naming())
     if kind == 0:
         return d, publish(draw(st.integers(0, 3)), draw(st.lists(st.integers(0, 9), max_size=4)),
                           size=draw(st.integers(0, 20)), version=draw(st.sampled_from([1, 2])))

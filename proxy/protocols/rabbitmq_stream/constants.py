@@ -100,6 +100,33 @@ PRECONDITION_FAILED = 0x11
 PUBLISHER_DOES_NOT_EXIST = 0x12
 NO_OFFSET = 0x13
 
+#: Frame-log ``resource``: where a request's stream is, as the fields its body starts
+#: with (PROTOCOL.adoc): ``pub`` / ``sub`` a publisher / subscription id (u8), ``skip`` a
+#: string passed over (a reference, a routing key), ``skip2`` a u16 passed over, ``one``
+#: an array count that must be 1 (Metadata of a single stream), ``stream`` the stream
+#: name (remembered for the id read before it: Publish, PublishConfirm, PublishError and
+#: Deliver carry it), ``recall`` the stream of the id read before it, ``forget`` the same
+#: and the id is forgotten.  SASL, PeerProperties and Open are never read.
+RESOURCE_PROGRAMS = {
+    DECLARE_PUBLISHER: ("pub", "skip", "stream"),
+    QUERY_PUBLISHER_SEQUENCE: ("skip", "stream"),
+    DELETE_PUBLISHER: ("pub", "forget"),
+    SUBSCRIBE: ("sub", "stream"),
+    CREDIT: ("sub", "recall"),
+    STORE_OFFSET: ("skip", "stream"),
+    QUERY_OFFSET: ("skip", "stream"),
+    UNSUBSCRIBE: ("sub", "forget"),
+    CREATE: ("stream",),
+    DELETE: ("stream",),
+    METADATA: ("one", "stream"),
+    METADATA_UPDATE: ("skip2", "stream"),
+    ROUTE: ("skip", "stream"),                  # the super stream
+    PARTITIONS: ("stream",),                    # the super stream
+    CONSUMER_UPDATE: ("sub", "recall"),
+    STREAM_STATS: ("stream",),
+}
+RESOURCE_OPS = ("end", "pub", "sub", "skip", "skip2", "one", "stream", "recall", "forget")
+
 #: Subscribe offset types.
 OFFSET_FIRST, OFFSET_LAST, OFFSET_NEXT, OFFSET_OFFSET, OFFSET_TIMESTAMP = 1, 2, 3, 4, 5
 

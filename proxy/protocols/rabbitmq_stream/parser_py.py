@@ -2,13 +2,13 @@
 
 from proxy.framing_common import (C2S, S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
                                   R_UNKNOWN, R_BAD_BODY, K_REQUEST, K_RESPONSE, K_ONEWAY,
-                                  OUTCOME_OK, OUTCOME_ERROR)
+                                  OUTCOME_OK, OUTCOME_ERROR, RESOURCE_MAX)
 from proxy.framing_py import FrameParser
 from proxy.protocols.rabbitmq_stream.constants import COMMANDS as _KNOWN
 from proxy.protocols.rabbitmq_stream.constants import (
     MAX_FRAME_BYTES, PUBLISH, PUBLISH_CONFIRM, PUBLISH_ERROR, DELIVER, CREDIT, STORE_OFFSET,
     HEARTBEAT, METADATA_UPDATE, METADATA, TUNE, OK, SASL_CHALLENGE, CREATE, STREAM_ALREADY_EXISTS,
-    command_name, status_name)
+    RESOURCE_PROGRAMS, command_name, status_name)
 from proxy.protocols.rabbitmq_stream.rewrite import MetadataRewriter
 
 HDR = 8
@@ -18,6 +18,9 @@ ONE_WAY = (CREDIT, STORE_OFFSET, HEARTBEAT, METADATA_UPDATE)
 TAG_TUNE = 2
 TAG_PUBLISHER = 256
 B_PUBID, B_COUNT, B_PID, B_FILTER_LEN, B_MSG_LEN, B_CODE, B_DONE = range(7)
+PH_FIELD, PH_SKIP, PH_NAME = range(3)      # resource reader phases
+SUB_SLOT = 256                             # names: publisher ids 0..255, then subscriptions
+_FIELD_SIZE = {"pub": 1, "sub": 1, "one": 4, "skip": 2, "skip2": 2, "stream": 2}
 
 
 def normal_flow(cmd, code):
@@ -68,6 +71,21 @@ class _Body:
         self.pid = 0
 
 
+class _Read:
+    """The resource reader of one stream-naming request (constants.RESOURCE_PROGRAMS)."""
+    __slots__ = ("prog", "step", "phase", "slot", "pos", "len", "skip", "want")
+
+    def __init__(self, cmd, body_len):
+        self.prog = RESOURCE_PROGRAMS[cmd] + ("end",)
+        self.step = 0
+        self.phase = PH_FIELD
+        self.slot = -1
+        self.pos = 0
+        self.len = body_len
+        self.skip = 0
+        self.want = 0
+
+
 class StreamParser(FrameParser):
     """Counts, sizes and correlates the RabbitMQ Stream frames of one proxied connection."""
 
@@ -81,6 +99,8 @@ class StreamParser(FrameParser):
         self.local_address = None
         self.upstream_address = None
         self.b = [None, None]
+        self.rr = [None, None]          # resource reader per direction (recording only)
+        self.names = {}                 # slot -> stream name (bytes), recording only
         self.rewriter = MetadataRewriter.from_options(self.options)
         if self.rewriter is not None:
             self.set_hold(S2C, True)
@@ -124,10 +144,16 @@ class StreamParser(FrameParser):
                 self.stream_body(d, HDR)       # the body starts after Key + Version
             elif cmd == DELIVER:
                 self.add_messages(d, be(h, need - 4, 4))
+                if self.recording:
+                    self._recall(d, SUB_SLOT + h[HDR])
             elif cmd == TUNE:
                 self._tune(d, h)
-            elif need == HDR + 4:
-                self.expect(d, d, be(h, HDR, 4), -1)
+            else:
+                if need == HDR + 4:
+                    self.expect(d, d, be(h, HDR, 4), -1)
+                if self.recording and cmd in RESOURCE_PROGRAMS:
+                    self.rr[d] = _Read(cmd, total - need)
+                    self.stream_body(d, need)   # the stream name is in the body
             return total
         if cmd == CREDIT:
             code = be(h, HDR, 2)
@@ -156,7 +182,86 @@ class StreamParser(FrameParser):
             if self.take(d, TAG_TUNE, 0) >= 0:
                 self.answer(d, OK, OUTCOME_OK)
 
+    # ---- the frame log's resource: the stream (recording only) ----------------------
+
+    def _recall(self, d, slot):
+        name = self.names.get(slot)
+        if name is not None:
+            self.set_resource(d, name)
+
+    def _next_op(self, d, r):
+        r.step += 1
+        r.phase = PH_FIELD
+        op = r.prog[r.step]
+        if op in ("recall", "forget"):
+            if r.slot >= 0:
+                self._recall(d, r.slot)
+                if op == "forget":
+                    self.names.pop(r.slot, None)
+            r.step = -1
+        elif op == "end":
+            r.step = -1
+
+    def _read(self, d, r, chunk):
+        i, n = 0, len(chunk)
+        while i < n and r.step >= 0:
+            if r.phase == PH_SKIP:
+                take = min(n - i, r.skip)
+                r.skip -= take
+                r.pos += take
+                i += take
+                if r.skip == 0:
+                    self._next_op(d, r)
+                continue
+            op = r.prog[r.step]
+            want = r.want if r.phase == PH_NAME else _FIELD_SIZE[op]
+            if r.pos + want > r.len:
+                r.step = -1
+                break
+            f, used = self.gather(d, chunk[i:], want)
+            if f is None:
+                return
+            i += used
+            r.pos += want
+            if r.phase == PH_NAME:
+                f = bytes(f)
+                self.set_resource(d, f)
+                if r.slot >= 0:
+                    self.names[r.slot] = f
+                r.step = -1
+            elif op in ("pub", "sub"):
+                r.slot = f[0] + (SUB_SLOT if op == "sub" else 0)
+                self._next_op(d, r)
+            elif op == "one":
+                if be(f, 0, 4) == 1:
+                    self._next_op(d, r)
+                else:
+                    r.step = -1
+            elif op == "skip2":
+                self._next_op(d, r)
+            else:
+                v = int.from_bytes(f[:2], "big", signed=True)
+                if op == "skip" and v == -1:
+                    v = 0
+                if v < 0 or r.pos + v > r.len:
+                    r.step = -1
+                elif op == "skip":
+                    if v:
+                        r.skip, r.phase = v, PH_SKIP
+                    else:
+                        self._next_op(d, r)
+                elif v == 0:
+                    self.set_resource(d, b"")
+                    if r.slot >= 0:
+                        self.names[r.slot] = b""
+                    r.step = -1
+                else:
+                    r.want, r.phase = min(v, RESOURCE_MAX), PH_NAME
+
     def on_body(self, d, chunk):
+        if self.rr[d] is not None:
+            self._read(d, self.rr[d], chunk)
+            return
         b = self.b[d]
         i, n = 0, len(chunk)
         while i < n:
@@ -188,6 +293,8 @@ class StreamParser(FrameParser):
         if b.state == B_PUBID:
             b.pubid = f[0]
             b.state, b.need = B_COUNT, 4
+            if self.recording:                 # every row carries the publisher's stream
+                self._recall(d, b.pubid)
         elif b.state == B_COUNT:
             b.left = be(f, 0, 4)
             if b.kind == PUBLISH:
@@ -223,6 +330,9 @@ class StreamParser(FrameParser):
         b.state, b.need = (B_PID if b.left else B_DONE), 8
 
     def on_body_end(self, d):
+        if self.rr[d] is not None:
+            self.rr[d] = None                  # a resource read never counts an error
+            return
         b = self.b[d]
         if b.state != B_DONE or b.skip > 0 or b.buf:
             self.protocol_error(d, R_BAD_BODY)

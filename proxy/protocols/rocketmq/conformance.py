@@ -118,7 +118,67 @@ def conversations():
                  {"kind": "response", "correlation_id": "41", "latency_ns": None},
                  {"kind": "request", "correlation_id": "42"},
                  {"kind": "event", "correlation_id": "42", "opcode_name": "PULL_MESSAGE"}])
-    return [producer, go_oneway]
+    return [producer, go_oneway, resources()]
+
+
+# Frame-log resources: the topic of every request, from extFields (full names, the V2
+# short key "b", a binary header, JSON escapes, the json.loads fallback); responses and
+# undecodable frames carry none, and ACL credentials in extFields never leave the header.
+SECRET_VALUES = (b"AKIDsecretAccessKey42", b"c2VjcmV0U2lnbmF0dXJl", b"secTokenXYZ")
+ESCAPED_TOPIC = (rb'{"code":11,"opaque":13,"flag":0,"extFields":{"consumerGroup":"g",'
+                 rb'"topic":"T\u00e9st\/\"q\"\ud83d\ude00"}}')
+FALLBACK_HEADER = rb'{"co\u0064e":11,"opaque":14,"flag":0,"extFields":{"topic":"Fallback"}}'
+RESOURCE_C2S = [
+    req(10, 10, producerGroup="pg", topic="OrderTopic", defaultTopic="TBW102", queueId=1),
+    req(310, 11, a="pg", b="ShortKeyTopic", c="TBW102", d=4, e=1),
+    jframe({"code": 320, "opaque": 12, "flag": 0, "extFields": {"a": "pg", "b": "BatchTopic"}},
+           message(b"one") + message(b"two")),
+    req(11, 15, consumerGroup="cg", topic="PullTopic", queueId=0, queueOffset=0),
+    jframe(ESCAPED_TOPIC),
+    jframe(FALLBACK_HEADER),
+    req(10, 16, AccessKey=SECRET_VALUES[0].decode(), Signature=SECRET_VALUES[1].decode(),
+        SecurityToken=SECRET_VALUES[2].decode(), producerGroup="pg", topic="AclTopic"),
+    bframe(10, 17, 0, {b"producerGroup": b"pg", b"topic": b"BinaryTopic"}, b"payload"),
+    req(34, 18),                                                 # HEART_BEAT: no topic
+    jframe(b'{"code":11,"opaque":19,"flag":0,"extFields":{"topic":7}}'),  # not a string
+]
+RESOURCE_S2C = [resp(0, 10, topic="OrderTopic"), resp(0, 11), resp(0, 12), resp(19, 15)]
+
+
+def resources():
+    return Conversation(
+        "resources", [(C2S, f) for f in RESOURCE_C2S] + [(S2C, f) for f in RESOURCE_S2C],
+        counters={"messages": {("c2s", "SEND_MESSAGE"): 3, ("c2s", "SEND_MESSAGE_V2"): 1,
+                               ("c2s", "SEND_BATCH_MESSAGE"): 2},
+                  "errors": {}, "unmatched": 0},
+        records=[{"opcode_name": "SEND_MESSAGE", "correlation_id": "10",
+                  "resource": "OrderTopic", "attrs": None},
+                 {"opcode_name": "SEND_MESSAGE_V2", "correlation_id": "11",
+                  "resource": "ShortKeyTopic"},
+                 {"opcode_name": "SEND_BATCH_MESSAGE", "resource": "BatchTopic",
+                  "messages": 2},
+                 {"opcode_name": "PULL_MESSAGE", "correlation_id": "15",
+                  "resource": "PullTopic"},
+                 {"opcode_name": "PULL_MESSAGE", "correlation_id": "13",
+                  "resource": "T\u00e9st/\"q\"\U0001F600"},
+                 {"opcode_name": "PULL_MESSAGE", "correlation_id": "14", "resource": "Fallback"},
+                 {"opcode_name": "SEND_MESSAGE", "correlation_id": "16", "resource": "AclTopic",
+                  "attrs": None},
+                 {"opcode_name": "SEND_MESSAGE", "correlation_id": "17",
+                  "resource": "BinaryTopic"},
+                 {"opcode_name": "HEART_BEAT", "resource": None},
+                 {"opcode_name": "PULL_MESSAGE", "correlation_id": "19", "resource": None},
+                 {"kind": "response", "correlation_id": "10", "resource": None},
+                 {"kind": "response", "correlation_id": "11", "resource": None},
+                 {"kind": "response", "correlation_id": "12", "resource": None},
+                 {"kind": "response", "correlation_id": "15", "status": "PULL_NOT_FOUND",
+                  "resource": None},
+                 {"kind": "event", "correlation_id": "13"},
+                 {"kind": "event", "correlation_id": "14"},
+                 {"kind": "event", "correlation_id": "16"},
+                 {"kind": "event", "correlation_id": "17"},
+                 {"kind": "event", "correlation_id": "18"},
+                 {"kind": "event", "correlation_id": "19"}])
 
 
 def garbage():
@@ -141,17 +201,46 @@ def requests(n):
     return [req(11, i + 1) for i in range(n)]
 
 
+_TOPIC_VALUES = [b'"t"', b'"TopicTest"', b'""', rb'"a\u00e9\/b"', rb'"\ud83d\ude00x"',
+                 rb'"\ud800"', rb'"\udc00\u0041"', rb'"\ud800\u0041"', rb'"bad\x"', rb'"\u12"',
+                 rb'"\u12G4"', rb'"q\"\\"', b'7', b'null', b'{"topic":"nested"}',
+                 b'"' + b"L" * 300 + b'"', rb'"\u00e9' + b"M" * 260 + b'"']
+_EXT_KEYS = [b"topic", b"b", b"a", b"AccessKey", rb"top\u0069c"]
+
+
+@st.composite
+def _ext_fields(draw):
+    """A JSON extFields object: topic-ish members in any order, duplicates included."""
+    members = draw(st.lists(st.tuples(st.sampled_from(_EXT_KEYS),
+                                      st.sampled_from(_TOPIC_VALUES)), max_size=4))
+    return b"{" + b",".join(b'"%s":%s' % kv for kv in members) + b"}"
+
+
 @st.composite
 def _frame(draw):
     d = draw(st.sampled_from([C2S, S2C]))
-    code = draw(st.sampled_from([0, 10, 11, 15, 17, 40, 105, 310, 320]))
+    code = draw(st.sampled_from([0, 10, 11, 15, 17, 40, 105, 310, 320, 325]))
     opaque = draw(st.integers(0, 5))
     flag = draw(st.sampled_from([0, 1, 2, 3]))
     body = draw(st.sampled_from([b"", message(b"a"), message(b"b") + message(b"cc"),
                                  b"\0\0\0\x01"]))
+    shape = draw(st.integers(0, 3))
+    if shape == 0:
+        key = draw(st.sampled_from([b"topic", b"b", b"x"]))
+        value = draw(st.sampled_from([b"t", b"", b"T" * 300]))
+        return d, bframe(code, opaque, flag, {key: value}, body)
+    if shape == 1:
+        return d, jframe({"code": code, "opaque": opaque, "flag": flag}, body)
+    ext = draw(_ext_fields())
+    head = b'"code":%d,"opaque":%d,"flag":%d' % (code, opaque, flag)
+    if shape == 3:                                   # escaped key: the json.loads fallback
+        head = b'"co\\u0064e":%d,"opaque":%d,"flag":%d' % (code, opaque, flag)
+    parts = [head, b'"extFields":' + ext]
     if draw(st.booleans()):
-        return d, bframe(code, opaque, flag, {b"topic": b"t"}, body)
-    return d, jframe({"code": code, "opaque": opaque, "flag": flag}, body)
+        parts.reverse()
+    if draw(st.booleans()):                          # a second extFields: the last wins
+        parts.append(b'"extFields":' + draw(_ext_fields()))
+    return d, jframe(b"{" + b",".join(parts) + b"}", body)
 
 
 def frames():

@@ -15,7 +15,8 @@ from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
 HDR = 8
 F_RESPONSE, F_ONEWAY = 1, 2
 SEND_MESSAGE, PULL_MESSAGE, GET_ROUTEINFO_BY_TOPIC = 10, 11, 105
-SEND_MESSAGE_V2, SEND_BATCH_MESSAGE = 310, 320
+SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, SEND_REPLY_MESSAGE_V2 = 310, 320, 325
+SHORT_KEY_CODES = (SEND_MESSAGE_V2, SEND_BATCH_MESSAGE, SEND_REPLY_MESSAGE_V2)
 P_HEADER, P_SKIP, P_MESSAGES = 0, 1, 2
 # SUCCESS, and normal-flow answers: PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY, QUERY_NOT_FOUND
 OK_CODES = (0, 19, 20, 22)
@@ -171,6 +172,8 @@ class RocketMQParser(FrameParser):
             flag = F_ONEWAY                    # Go's oneway request
         self.begin(d, st.slot_for(code), K_ONEWAY if flag & F_ONEWAY else K_REQUEST,
                    r.total, hb)
+        if self.recording:
+            self._topic(d, h, code)
         if code in (SEND_MESSAGE, SEND_MESSAGE_V2):
             self.add_messages(d, 1)
         elif code == SEND_BATCH_MESSAGE:
@@ -184,6 +187,18 @@ class RocketMQParser(FrameParser):
                 if remember_route_request(self.route_opaques, opaque & 0xFFFFFFFF):
                     self.route_pending -= 1
                     self.protocol_error(d, R_OVERFLOW)
+
+    def _topic(self, d, h, code):
+        """The request's topic as its frame-log resource: extFields ``topic``, or ``b``
+        in the short-key header of SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE /
+        SEND_REPLY_MESSAGE_V2 (SendMessageRequestHeaderV2)."""
+        key = b"b" if code in SHORT_KEY_CODES else b"topic"
+        if self.r[d].stype == 1:
+            t = jsonscan.binary_topic(h, key)
+        else:
+            t = jsonscan.topic(h, key)
+        if t is not None:
+            self.set_resource(d, t)
 
     def _start_walk(self, d):
         r = self.r[d]
