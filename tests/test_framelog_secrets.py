@@ -103,6 +103,14 @@ def test_no_secret_in_any_frame_log(tmp_path, fmt):
     values = {v for row in rows for v in strings(row)}
     for secret in SECRETS:
         assert not [v for v in values if secret in v], secret
+    # the topics and streams the clients named are the rows' resources
+    resources = {(r["route"], r["opcode_name"]): r["resource"] for r in rows
+                 if r["resource"] is not None}
+    assert resources[("fly", "PRODUCE")] == "fly-topic"
+    assert resources[("stream", "Publish")] == "stream-one"
+    assert resources[("stream", "DeclarePublisher")] == "stream-one"
+    assert resources[("broker", "SEND_MESSAGE_V2")] == "rocket-topic"
+    assert resources[("broker", "PULL_MESSAGE")] == "rocket-topic"
     # the handshakes were logged (so the absence above means something)
     names = {r["opcode_name"] for r in rows}
     assert {"AUTH", "SaslHandshake", "SaslAuthenticate", "SEND_MESSAGE_V2",
