@@ -242,9 +242,12 @@ cdef class FrameLogBuffer:
     cdef int nroutes, routes_cap
     cdef readonly list routes           # RouteStats per route index
     cdef public object wake             # threading.Event set when a chunk fills
+    cdef int32_t last_res               # chunk arena offset of the last resource copied, -1
+    cdef int64_t last_conn              # ... and whose it was (connection, direction)
+    cdef int last_dir
     cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
                      const uint8_t* res, Py_ssize_t res_len,
-                     const uint8_t* attrs, Py_ssize_t alen) noexcept
+                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame) noexcept
     cdef int _next_chunk(self) noexcept
     cdef void _chunk_full(self) noexcept
 

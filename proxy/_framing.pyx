@@ -579,13 +579,16 @@ cdef class FrameParser:
         cdef const uint8_t* res = NULL
         cdef const uint8_t* attrs = NULL
         cdef Py_ssize_t res_len = -1, alen = 0
+        cdef bint same_frame = 0
         if rec is &s.rec:                  # a frame's row (timeout events have neither)
             res = &s.res[0]
             res_len = s.res_len
             attrs = s.attrs
             alen = s.alen
+            same_frame = s.rows > 1        # entry() rows after the first: same resource
         if self.log is not None:
-            self.log.append(rec, self.conn_id, self.log_route, res, res_len, attrs, alen)
+            self.log.append(rec, self.conn_id, self.log_route, res, res_len, attrs, alen,
+                            same_frame)
         if self._tracer is None:
             return
         try:
@@ -836,6 +839,7 @@ cdef class FrameLogBuffer:
             self.free_list[i] = chunks - 1 - i
         self.nfree = chunks
         self.cur = -1
+        self.last_res = -1
         self.routes = []
 
     def __dealloc__(self):
@@ -887,10 +891,11 @@ cdef class FrameLogBuffer:
 
     cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
                      const uint8_t* res, Py_ssize_t res_len,
-                     const uint8_t* attrs, Py_ssize_t alen) noexcept:
+                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame) noexcept:
         cdef LogChunk* c
         cdef LogRecord* out
         cdef Py_ssize_t extra = 0, need
+        cdef int32_t res_off = -1
         cdef uint8_t* na
         if route < 0 or route >= self.nroutes:
             return
@@ -898,6 +903,12 @@ cdef class FrameLogBuffer:
             self.dropped[route] += 1
             return
         c = &self.chunks[self.cur]
+        if (res_len >= 0 and same_frame and alen <= 0 and self.last_res >= 0
+                and self.last_conn == conn_id and self.last_dir == rec.direction):
+            # another row of the frame whose resource this chunk holds already (a
+            # Stream Publish: a row per publishing id): point at that copy
+            res_off = self.last_res
+            res_len = -1
         if res_len >= 0:
             extra += 2 + res_len
         if alen > 0:
@@ -934,10 +945,13 @@ cdef class FrameLogBuffer:
         out.r = rec[0]
         out.conn_id = conn_id
         out.route = route
-        out.r.resource = -1
+        out.r.resource = res_off
         out.r.attrs = -1
         if res_len >= 0:
             out.r.resource = <int32_t>c.alen
+            self.last_res = <int32_t>c.alen
+            self.last_conn = conn_id
+            self.last_dir = rec.direction
             c.arena[c.alen] = <uint8_t>(res_len >> 8)
             c.arena[c.alen + 1] = <uint8_t>res_len
             memcpy(c.arena + c.alen + 2, res, res_len)
@@ -957,6 +971,7 @@ cdef class FrameLogBuffer:
         self.full[(self.full_head + self.full_len) % self.nchunks] = self.cur
         self.full_len += 1
         self.cur = -1
+        self.last_res = -1
         if self.wake is not None:
             try:
                 self.wake.set()
@@ -977,6 +992,7 @@ cdef class FrameLogBuffer:
         if self.cur >= 0 and self.chunks[self.cur].n > 0:
             i = self.cur
             self.cur = -1
+            self.last_res = -1
             return i
         return -1
 
@@ -1005,8 +1021,13 @@ cdef class FrameLogBuffer:
         cdef LogRecord* r
         cdef FrameRecord* f
         cdef const uint8_t* a
-        # count attribute pairs first (sizes the key/value offset arrays)
+        cdef Py_ssize_t rbytes = 0
+        # count attribute pairs and resource bytes first (sizes the arrays; rows of one
+        # frame share one arena copy of their resource)
         for j in range(n):
+            if c.recs[j].r.resource >= 0:
+                a = c.arena + c.recs[j].r.resource
+                rbytes += (a[0] << 8) | a[1]
             if c.recs[j].r.attrs >= 0:
                 a = c.arena + c.recs[j].r.attrs
                 alen = (a[0] << 8) | a[1]
@@ -1026,7 +1047,7 @@ cdef class FrameLogBuffer:
         msgs = bytearray(n * 8); lat = bytearray(n * 8); lat_v = bytearray(nb)
         corr_off = bytearray((n + 1) * 4); corr_data = bytearray(n * 32 + 1)
         corr_v = bytearray(nb)
-        res_off = bytearray((n + 1) * 4); res_data = bytearray(c.alen + 1); res_v = bytearray(nb)
+        res_off = bytearray((n + 1) * 4); res_data = bytearray(rbytes + 1); res_v = bytearray(nb)
         map_off = bytearray((n + 1) * 4); map_v = bytearray(nb)
         key_off = bytearray((npairs + 1) * 4); key_data = bytearray(c.alen + 1)
         val_off = bytearray((npairs + 1) * 4); val_data = bytearray(c.alen + 1)

@@ -43,7 +43,7 @@ def logged_run(impl, pkg, conv, directory, fmt="parquet", chunk_records=64):
     parser.conn_id = 42
     traced = []
     parser.tracer = traced.append
-    buf = buffer_class(label)(4, chunk_records)
+    buf = buffer_class(label)(max(4, 512 // chunk_records), chunk_records)
     fl = FrameLog(directory, "proxy", fmt, flush_interval=0.05)
     src = fl.add_source(make_source(buf, "run-x"))
     buf.wake = fl.wake
@@ -96,13 +96,17 @@ def test_native_columns_match_the_twin_across_many_chunks(tmp_path):
     if not HAVE_C:
         pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
     pkg = "rabbitmq_stream"
-    conv = next(c for c in PROTOCOLS[pkg].conversations() if c.records)
-    results = {}
-    for impl in impls(pkg):
-        traced, rows, _ = logged_run(impl, pkg, conv, str(tmp_path / impl[0]), chunk_records=2)
-        results[impl[0]] = [dict(r, ts_ns=None, latency_ns=r["latency_ns"] is not None)
-                            for r in events_sorted(rows)]
-    assert results["c"] == results["py"]
+    convs = [c for c in PROTOCOLS[pkg].conversations() if c.records]
+    assert any(r.get("resource") for c in convs for r in c.records)
+    for conv in convs:
+        for chunk in (2, 3, 64):               # rows of one frame across chunk boundaries
+            results = {}
+            for impl in impls(pkg):
+                out = tmp_path / f"{conv.name}-{chunk}-{impl[0]}"
+                traced, rows, _ = logged_run(impl, pkg, conv, str(out), chunk_records=chunk)
+                results[impl[0]] = [dict(r, ts_ns=None, latency_ns=r["latency_ns"] is not None)
+                                    for r in events_sorted(rows)]
+            assert results["c"] == results["py"], (conv.name, chunk)
 
 
 def test_resource_and_attrs_round_trip_with_invalid_utf8(tmp_path):
