@@ -144,6 +144,20 @@ def cmd_load(args):
     os.execvp(sys.executable, [sys.executable, "-m"] + argv)
 
 
+def _add_analyze(sub):
+    from loadgen.analysis.job import DESCRIPTION, EPILOG, add_arguments
+    a = sub.add_parser("analyze", help="PySpark analysis of frame logs: tables + report.html",
+                       description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(a)
+    a.set_defaults(func=cmd_analyze)
+
+
+def cmd_analyze(args):
+    from loadgen.analysis.job import exit_code
+    return exit_code(args)
+
+
 def cmd_demo(args):
     from loadgen import demo
     return demo.main(args.args)
@@ -164,6 +178,7 @@ def make_parser():
     s.add_argument("protocol", help="protocol name: " + ", ".join(servers()))
     s.add_argument("args", nargs=argparse.REMAINDER, help="server options (see its --help)")
     s.set_defaults(func=cmd_serve)
+    _add_analyze(sub)
     ld = sub.add_parser("load", help="run Locust with the packaged locustfile",
                         description="Run Locust with frametap's locustfile; every option after "
                                     "'load' goes to Locust (e.g. --headless -u 10 -t 30s "

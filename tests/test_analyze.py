@@ -1,0 +1,724 @@
+"""frametap analyze: known frame logs in, exact tables out (docs/analysis.md).
+
+The frame logs are written here (pyarrow with proxy.framelog.SCHEMA; Parquet in several
+files and row groups, and JSON Lines), and every expected number is computed in Python
+from the same rows by ``Oracle``, which applies docs/design.md's counting rules on its
+own.  Counts must match exactly; percentiles must be a logged latency whose rank is
+within the stated accuracy (RANK_ERROR) of the exact percentile's rank.
+
+One local SparkSession (local[2]) serves the whole module.  Without Java the tests skip,
+or fail when FRAMETAP_CI is set.
+"""
+
+import csv
+import json
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loadgen.analysis import RANK_ERROR, AnalysisError
+from loadgen.analysis.session import java_problem
+from proxy.framelog import SCHEMA
+
+#: 2026-11-18T19:33:20.250Z: runs start a quarter second into a second, so per-second
+#: groups are cut mid-run
+T0 = 1_795_030_400_250_000_000
+ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+FRAMETAP = [sys.executable, "-m", "proxy"]
+
+
+def need(reason):
+    """A missing service: fail in CI (FRAMETAP_CI), skip on a laptop."""
+    if os.environ.get("FRAMETAP_CI"):
+        pytest.fail(reason + " (FRAMETAP_CI is set: CI must have it)")
+    pytest.skip(reason)
+
+
+def require_java():
+    problem = java_problem()
+    if problem:
+        need(f"no Java for Spark: {problem}")
+
+
+# ---- the frame logs ----------------------------------------------------------------
+
+def row(**kw):
+    out = {name: None for name in SCHEMA.names}
+    out.update(kw)
+    return out
+
+
+def proxy_pair(rows, ts, route, protocol, conn, peer, op, corr, latency, *, answer=None,
+               status="OK", outcome="ok", req_bytes=100, resp_bytes=40, messages=1,
+               run_id="run-a"):
+    """A request row and its matched response row (latency ns; answer: the response's
+    own opcode name, e.g. ERROR or PublishConfirm)."""
+    base = dict(source="proxy", run_id=run_id, route=route, protocol=protocol, conn_id=conn,
+                peer=peer, correlation_id=corr)
+    rows.append(row(ts_ns=ts, direction="c2s", opcode=1, opcode_name=op, kind="request",
+                    frame_bytes=req_bytes, header_bytes=8, payload_bytes=req_bytes - 8,
+                    messages=messages, **base))
+    rows.append(row(ts_ns=ts + latency, direction="s2c", opcode=1, opcode_name=answer or op,
+                    kind="response", status=status, outcome=outcome, frame_bytes=resp_bytes,
+                    header_bytes=8, payload_bytes=resp_bytes - 8, messages=messages,
+                    latency_ns=latency, request_opcode_name=op, **base))
+
+
+def known_rows():
+    """Proxy and client rows of one run over ~60 s, grouped by the file they go to."""
+    files = {"fly": [], "fly_more": [], "stream": [], "bulk": [], "client_pq": [],
+             "client_json": []}
+    fly, more = files["fly"], files["fly_more"]
+    produce = []        # (ts, conn, peer, corr, latency, error) of each fly PRODUCE
+    for i in range(1000):                       # PRODUCE: 1000 over 10 s on 4 connections
+        conn, seq = i % 4 + 1, i // 4 + 1
+        peer, ts = f"127.0.0.1:{50000 + conn}", T0 + i * 10_000_000
+        latency = ((i * 7919) % 1000 + 1) * 1000          # distinct, 1 us .. 1 ms
+        error = i % 20 == 7
+        target = fly if i < 600 else more
+        proxy_pair(target, ts, "fly", "flymq", conn, peer, "PRODUCE", str(seq), latency,
+                   answer="ERROR" if error else None, status="ERROR" if error else "OK",
+                   outcome="error" if error else "ok")
+        produce.append((ts, conn, peer, str(seq), latency, error))
+    for i in range(200):                        # FETCH: 190 answered, 10 time out
+        ts, peer = T0 + 2_000_000_000 + i * 20_000_000, "127.0.0.1:50005"
+        if i % 20 == 3:
+            fly.append(row(ts_ns=ts, source="proxy", run_id="run-a", route="fly",
+                           protocol="flymq", conn_id=5, peer=peer, direction="c2s", opcode=2,
+                           opcode_name="FETCH", kind="request", correlation_id=str(i + 1),
+                           frame_bytes=60, messages=1))
+            fly.append(row(ts_ns=ts + 30_000_000_000, source="proxy", run_id="run-a",
+                           route="fly", protocol="flymq", conn_id=5, peer=peer,
+                           direction="c2s", opcode=2, opcode_name="FETCH", kind="event",
+                           correlation_id=str(i + 1), status="timeout",
+                           request_opcode_name="FETCH", frame_bytes=0, messages=0))
+        else:
+            proxy_pair(fly, ts, "fly", "flymq", 5, peer, "FETCH", str(i + 1),
+                       5_000_000 + i * 10_000 + 1, req_bytes=60, resp_bytes=900, messages=3)
+    for i in range(3):                          # responses that answer nothing
+        fly.append(row(ts_ns=T0 + 4_000_000_000 + i, source="proxy", run_id="run-a",
+                       route="fly", protocol="flymq", conn_id=6, peer="127.0.0.1:50006",
+                       direction="s2c", opcode=1, opcode_name="PRODUCE", kind="response",
+                       status="OK", outcome="ok", frame_bytes=40, messages=1))
+    stream = files["stream"]
+    publish = []
+    for i in range(300):                        # Publish -> PublishConfirm, per publishing id
+        ts, peer = T0 + 500_000_000 + i * 15_000_000, "127.0.0.1:51001"
+        latency = 2_000_000 + ((i * 37) % 300) * 1000
+        proxy_pair(stream, ts, "stream", "rabbitmq-stream", 11, peer, "Publish",
+                   f"1:{i + 1}", latency, answer="PublishConfirm", req_bytes=0 if i % 2 else 300,
+                   resp_bytes=0 if i % 2 else 50)
+        publish.append((ts, peer, f"1:{i + 1}", latency))
+    for i in range(100):                        # Credit: oneway, never answered
+        stream.append(row(ts_ns=T0 + 700_000_000 + i * 30_000_000, source="proxy",
+                          run_id="run-a", route="stream", protocol="rabbitmq-stream",
+                          conn_id=11, peer="127.0.0.1:51001", direction="c2s", opcode=9,
+                          opcode_name="Credit", kind="oneway", frame_bytes=13, messages=0))
+    rng = random.Random(20261118)
+    bulk = files["bulk"]
+    for i in range(60_000):                     # enough answers for the sketch to compress
+        ts = T0 + 1_000_000_000 + i * 1_000_000
+        latency = int(rng.lognormvariate(math.log(3e6), 0.6))
+        proxy_pair(bulk, ts, "bulk", "rocketmq", 20 + i % 8, f"10.0.0.1:{40000 + i % 8}",
+                   "SEND_MESSAGE_V2", str(i + 1), latency, answer="SEND_MESSAGE_V2",
+                   status="SUCCESS", req_bytes=250, resp_bytes=120, run_id="run-b")
+    # client side: the first 500 PRODUCEs and 100 Publishes as Locust saw them; route is
+    # null on some rows and the protocol name on others (as the Locust users may write)
+    for n, (ts, conn, peer, corr, latency, error) in enumerate(produce[:500]):
+        target = files["client_pq"] if n % 2 else files["client_json"]
+        target.append(row(ts_ns=ts - 50_000, source="client", run_id="run-a",
+                          route=None if n % 2 else "flymq", protocol="flymq", conn_id=conn,
+                          peer=peer, direction="c2s", opcode=1, opcode_name="PRODUCE",
+                          kind="request", correlation_id=corr,
+                          status="ERROR" if error else "OK",
+                          outcome="error" if error else "ok", frame_bytes=100, messages=1,
+                          latency_ns=2 * latency + 200_001))
+    for ts, peer, corr, latency in publish[:100]:
+        files["client_pq"].append(row(
+            ts_ns=ts - 20_000, source="client", run_id="run-a", route="rabbitmq-stream",
+            protocol="rabbitmq-stream", conn_id=1, peer=peer, direction="c2s", opcode=2,
+            opcode_name="Publish", kind="request", correlation_id=corr, status="OK",
+            outcome="ok", frame_bytes=300, messages=1, latency_ns=latency + 700_003))
+    for i in range(5):                          # the client gave up on these
+        files["client_json"].append(row(
+            ts_ns=T0 + 9_000_000_000 + i, source="client", run_id="run-a", route=None,
+            protocol="flymq", conn_id=9, peer="127.0.0.1:50009", direction="c2s", opcode=1,
+            opcode_name="PRODUCE", kind="request", correlation_id=str(i + 1),
+            status="timeout", outcome="error", frame_bytes=100, messages=1))
+    return files
+
+
+def write_parquet(path, rows, row_group_size=None):
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    pq.write_table(table, path, compression="zstd", row_group_size=row_group_size,
+                   store_schema=False)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+
+
+def write_known(directory, files, fmt=None):
+    """The files under ``directory`` (nested, mixed formats), plus what must be skipped:
+    a writer's hidden temporary file, Spark markers, other files, a hidden directory."""
+    os.makedirs(os.path.join(directory, "host2", "deeper"), exist_ok=True)
+    plan = [("fly", "proxy-h1-100-20261118T193320Z-000001", "parquet", 128),
+            ("fly_more", "host2/deeper/proxy-h2-200-20261118T193320Z-000001", "parquet", None),
+            ("stream", "proxy-h1-100-20261118T193320Z-000002", "jsonl", None),
+            ("bulk", "host2/proxy-h2-200-20261118T193320Z-000002", "parquet", 8192),
+            ("client_pq", "client-h3-300-20261118T193320Z-000001", "parquet", None),
+            ("client_json", "client-h3-300-20261118T193320Z-000002", "jsonl", None)]
+    for key, stem, kind, groups in plan:
+        kind = fmt or kind
+        path = os.path.join(directory, f"{stem}.{kind}")
+        if kind == "parquet":
+            write_parquet(path, files[key], groups)
+        else:
+            write_jsonl(path, files[key])
+    junk = b"PAR1 half written"
+    with open(os.path.join(directory, ".proxy-h1-100-20261118T193320Z-000003.parquet.tmp"),
+              "wb") as f:
+        f.write(junk)
+    with open(os.path.join(directory, "._hidden.parquet"), "wb") as f:
+        f.write(junk)
+    os.makedirs(os.path.join(directory, ".trash"), exist_ok=True)
+    with open(os.path.join(directory, ".trash", "proxy-old.parquet"), "wb") as f:
+        f.write(junk)
+    for name in ("_SUCCESS", "README.txt"):
+        with open(os.path.join(directory, name), "w") as f:
+            f.write("not a frame log\n")
+
+
+# ---- the oracle: docs/design.md's rules, applied in Python -------------------------------
+
+class Oracle:
+    """Expected tables from the rows, by the rules of docs/design.md "Analysis"."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    @staticmethod
+    def classify(r):
+        kind, src = r["kind"], r["source"]
+        is_req = kind in ("request", "oneway")
+        client = src == "client" and kind == "request"
+        timeout = (kind == "event" and r["status"] == "timeout") or (
+            client and r["status"] == "timeout")
+        unmatched = (kind == "response" and r["latency_ns"] is None
+                     and r["request_opcode_name"] is None)
+        answered = (kind == "response" and not unmatched) or (
+            client and r["latency_ns"] is not None and not timeout)
+        op = r["opcode_name"] if is_req else (r["request_opcode_name"] or r["opcode_name"])
+        frame = kind != "event"
+        return dict(op=op, is_req=is_req, answered=answered, timeout=timeout,
+                    unmatched=unmatched, error=answered and r["outcome"] == "error",
+                    lat=r["latency_ns"] if answered else None,
+                    fb=(r["frame_bytes"] or 0) if frame else 0,
+                    msgs=(r["messages"] or 0) if frame else 0)
+
+    def summary(self):
+        groups = {}
+        for r in self.rows:
+            c = self.classify(r)
+            key = (r["source"], r["route"], r["protocol"], c["op"])
+            g = groups.setdefault(key, dict(requests=0, responses=0, errors=0, timeouts=0,
+                                            unmatched=0, ts=[], lats=[], frame_bytes=0,
+                                            messages=0))
+            g["requests"] += c["is_req"]
+            g["responses"] += c["answered"]
+            g["errors"] += c["error"]
+            g["timeouts"] += c["timeout"]
+            g["unmatched"] += c["unmatched"]
+            g["ts"].append(r["ts_ns"])
+            if c["lat"] is not None:
+                g["lats"].append(c["lat"])
+            g["frame_bytes"] += c["fb"]
+            g["messages"] += c["msgs"]
+        for g in groups.values():
+            g["lats"].sort()
+            span = max((max(g["ts"]) - min(g["ts"])) / 1e9, 1.0)
+            g["rate_per_s"] = round(g["requests"] / span, 3)
+            g["error_ratio"] = round(g["errors"] / g["responses"], 6) if g["responses"] else 0.0
+        return groups
+
+    def timeline(self):
+        groups = {}
+        for r in self.rows:
+            c = self.classify(r)
+            key = (r["ts_ns"] // 1_000_000_000, r["source"], r["route"], c["op"])
+            g = groups.setdefault(key, dict(requests=0, errors=0, lats=[]))
+            g["requests"] += c["is_req"]
+            g["errors"] += c["error"]
+            if c["lat"] is not None:
+                g["lats"].append(c["lat"])
+        for g in groups.values():
+            g["lats"].sort()
+        return groups
+
+    def answered(self):
+        out = []
+        for r in self.rows:
+            c = self.classify(r)
+            if c["lat"] is not None:
+                out.append(dict(r, op=c["op"], lat=c["lat"]))
+        return out
+
+    def slowest(self, n):
+        rows = sorted(self.answered(), key=lambda r: (-r["lat"], r["ts_ns"], r["source"],
+                                                      r["conn_id"], r["correlation_id"]))
+        return rows[:n]
+
+    def decomposition(self):
+        client = {}
+        for r in self.answered():
+            if r["source"] == "client" and r["kind"] == "request" and r["correlation_id"]:
+                client.setdefault((r["protocol"], r["peer"], r["correlation_id"]),
+                                  []).append(r["lat"])
+        groups = {}
+        for r in self.answered():
+            if r["source"] != "proxy" or r["kind"] != "response" or not r["correlation_id"]:
+                continue
+            for c in client.get((r["protocol"], r["peer"], r["correlation_id"]), []):
+                g = groups.setdefault((r["route"], r["protocol"], r["op"]),
+                                      dict(client=[], server=[], outside=[]))
+                g["client"].append(c)
+                g["server"].append(r["lat"])
+                g["outside"].append(c - r["lat"])
+        for g in groups.values():
+            for v in g.values():
+                v.sort()
+        return groups
+
+
+def assert_rank_close(sorted_values, q, got_ms, what):
+    """``got_ms`` is one of the values, and its rank is within RANK_ERROR * n of the
+    exact q-percentile's rank (ceil(q * n), Spark's definition); one rank of slack for
+    the rounding of q * n."""
+    n = len(sorted_values)
+    assert n, what
+    got = round(got_ms * 1e6)
+    assert got in set(sorted_values), f"{what}: {got} ns is not a logged latency"
+    import bisect
+    lo = bisect.bisect_left(sorted_values, got) + 1          # 1-based ranks of got
+    hi = bisect.bisect_right(sorted_values, got)
+    target = max(1, math.ceil(q * n))
+    distance = 0 if lo <= target <= hi else min(abs(lo - target), abs(hi - target))
+    assert distance <= RANK_ERROR * n + 1, (
+        f"{what}: rank {lo}..{hi} of {n}, exact percentile rank {target} "
+        f"(allowed {RANK_ERROR * n + 1:.1f})")
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def num(text, kind=int):
+    return None if text in ("", None) else kind(text)
+
+
+def opt(text):
+    return None if text == "" else text
+
+
+# ---- fixtures --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def spark():
+    """One local SparkSession for the module (started the way the command starts it)."""
+    require_java()
+    from loadgen.analysis.session import start_session, stop_session
+    session, owned = start_session("local[2]", [])
+    yield session
+    stop_session(session, owned)
+
+
+@pytest.fixture(scope="module")
+def known(tmp_path_factory):
+    """(logs dir, rows by file, all rows) of the known mixed-format run."""
+    directory = tmp_path_factory.mktemp("known-logs")
+    files = known_rows()
+    write_known(str(directory), files)
+    return str(directory), files, [r for rows in files.values() for r in rows]
+
+
+@pytest.fixture(scope="module")
+def analysed(spark, known, tmp_path_factory):
+    """The known run analysed once (in this process): (out dir, Result, Oracle)."""
+    from loadgen.analysis.job import analyze
+    out = str(tmp_path_factory.mktemp("known-out"))
+    result = analyze(spark, [known[0]], out, slowest=30)
+    return out, result, Oracle(known[2])
+
+
+# ---- the tables ------------------------------------------------------------------------
+
+def test_outputs_exist_with_the_contract_columns(analysed):
+    out, result, _ = analysed
+    from loadgen.analysis.tables import (DECOMPOSITION_COLUMNS, SLOWEST_COLUMNS,
+                                         SUMMARY_COLUMNS, TIMELINE_COLUMNS)
+    for name, cols in (("summary", SUMMARY_COLUMNS), ("timeline", TIMELINE_COLUMNS),
+                       ("slowest", SLOWEST_COLUMNS), ("decomposition", DECOMPOSITION_COLUMNS)):
+        with open(os.path.join(out, name + ".csv")) as f:
+            assert f.readline().rstrip("\n").split(",") == list(cols), name
+        if name != "slowest":
+            table = pq.read_table(os.path.join(out, name))
+            assert table.column_names == list(cols), name
+    assert not os.path.exists(os.path.join(out, "slowest"))      # CSV only, as designed
+    assert os.path.getsize(os.path.join(out, "report.html")) > 1_000_000
+    leftovers = [n for n in os.listdir(out) if n.startswith(".")]
+    assert leftovers == [], leftovers
+
+
+def test_summary_counts_exact_and_percentiles_within_accuracy(analysed):
+    out, result, oracle = analysed
+    expected = oracle.summary()
+    got = {(r["source"], opt(r["route"]), r["protocol"], r["opcode"]): r
+           for r in read_csv(os.path.join(out, "summary.csv"))}
+    assert set(got) == set(expected)
+    # anchors: the oracle agrees with how the rows were made
+    fly = expected[("proxy", "fly", "flymq", "PRODUCE")]
+    assert (fly["requests"], fly["responses"], fly["errors"], fly["unmatched"]) == (1000, 1000, 50, 3)
+    assert expected[("proxy", "fly", "flymq", "FETCH")]["timeouts"] == 10
+    assert expected[("client", None, "flymq", "PRODUCE")]["timeouts"] == 5
+    assert expected[("proxy", "stream", "rabbitmq-stream", "Credit")]["responses"] == 0
+    for key, e in expected.items():
+        g = got[key]
+        for col in ("requests", "responses", "errors", "timeouts", "unmatched", "frame_bytes",
+                    "messages"):
+            assert num(g[col]) == e[col], (key, col)
+        assert float(g["rate_per_s"]) == pytest.approx(e["rate_per_s"], abs=1e-3), key
+        assert float(g["error_ratio"]) == pytest.approx(e["error_ratio"], abs=1e-6), key
+        if not e["lats"]:
+            assert g["p50_ms"] == g["p99_ms"] == g["max_ms"] == "", key
+            continue
+        assert num(g["max_ms"], float) * 1e6 == pytest.approx(e["lats"][-1], abs=0.5), key
+        for col, q in (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99), ("p999_ms", 0.999)):
+            assert_rank_close(e["lats"], q, float(g[col]), f"{key} {col}")
+    # the Parquet table holds the same rows as the CSV
+    table = pq.read_table(os.path.join(out, "summary")).to_pylist()
+    assert len(table) == len(got)
+    for r in table:
+        g = got[(r["source"], r["route"], r["protocol"], r["opcode"])]
+        assert r["requests"] == int(g["requests"]) and r["p99_ms"] == num(g["p99_ms"], float)
+    # and the collected summary (what the terminal shows) is that table too
+    assert len(result.summary) == len(got)
+
+
+def test_bulk_percentiles_come_from_a_compressed_sketch(analysed):
+    """60 000 answers in one group: more than Spark's sketch keeps exactly (its head
+    buffer holds 50 000), so this checks the approximation, not an exact sort."""
+    out, _, oracle = analysed
+    e = oracle.summary()[("proxy", "bulk", "rocketmq", "SEND_MESSAGE_V2")]
+    assert len(e["lats"]) == 60_000
+    g = [r for r in read_csv(os.path.join(out, "summary.csv")) if r["route"] == "bulk"][0]
+    for col, q in (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99), ("p999_ms", 0.999)):
+        assert_rank_close(e["lats"], q, float(g[col]), f"bulk {col}")
+
+
+def test_timeline_exact_per_second(analysed):
+    out, _, oracle = analysed
+    expected = oracle.timeline()
+    rows = read_csv(os.path.join(out, "timeline.csv"))
+    assert len(rows) == len(expected)
+    seen = []
+    for r in rows:
+        assert ISO_MS.match(r["second"]), r["second"]
+        assert r["second"].endswith(".000Z")
+        import datetime
+        sec = int(datetime.datetime.strptime(r["second"], "%Y-%m-%dT%H:%M:%S.%fZ")
+                  .replace(tzinfo=datetime.timezone.utc).timestamp())
+        key = (sec, r["source"], opt(r["route"]), r["opcode"])
+        seen.append(key)
+        e = expected[key]
+        assert (int(r["requests"]), int(r["errors"])) == (e["requests"], e["errors"]), key
+        if e["lats"]:
+            assert_rank_close(e["lats"], 0.99, float(r["p99_ms"]), f"timeline {key}")
+        else:
+            assert r["p99_ms"] == "", key
+    assert len(set(seen)) == len(seen)
+    # sorted by second first
+    assert [k[0] for k in seen] == sorted(k[0] for k in seen)
+    assert pq.read_table(os.path.join(out, "timeline")).num_rows == len(rows)
+
+
+def test_slowest_exact(analysed):
+    out, result, oracle = analysed
+    rows = read_csv(os.path.join(out, "slowest.csv"))
+    expected = oracle.slowest(30)
+    assert len(rows) == 30
+    import datetime
+    for got, e in zip(rows, expected):
+        ts = datetime.datetime.fromtimestamp(e["ts_ns"] // 1_000_000 / 1000,
+                                             datetime.timezone.utc)
+        want = ts.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (ts.microsecond // 1000)
+        assert got["ts"] == want
+        assert (got["source"], opt(got["route"]), got["protocol"], got["opcode"]) == (
+            e["source"], e["route"], e["protocol"], e["op"])
+        assert (int(got["conn_id"]), got["peer"], got["correlation_id"], got["status"]) == (
+            e["conn_id"], e["peer"], e["correlation_id"], e["status"])
+        assert float(got["latency_ms"]) * 1e6 == pytest.approx(e["lat"], abs=0.5)
+
+
+def test_decomposition_pairs_and_percentiles(analysed):
+    out, _, oracle = analysed
+    expected = oracle.decomposition()
+    assert {k: len(g["client"]) for k, g in expected.items()} == {
+        ("fly", "flymq", "PRODUCE"): 500, ("stream", "rabbitmq-stream", "Publish"): 100}
+    rows = read_csv(os.path.join(out, "decomposition.csv"))
+    got = {(r["route"], r["protocol"], r["opcode"]): r for r in rows}
+    assert set(got) == set(expected)
+    for key, e in expected.items():
+        g = got[key]
+        assert int(g["pairs"]) == len(e["client"])
+        for part in ("client", "server", "outside"):
+            for q in (0.5, 0.99):
+                col = f"{part}_p{int(q * 100)}_ms"
+                assert_rank_close(e[part], q, float(g[col]), f"{key} {col}")
+    assert pq.read_table(os.path.join(out, "decomposition")).num_rows == 2
+
+
+def test_jsonl_and_parquet_give_the_same_tables(spark, known, tmp_path):
+    """The whole run once as JSON Lines only and once as Parquet only: identical CSVs."""
+    from loadgen.analysis.job import analyze
+    files = {k: v for k, v in known[1].items() if k != "bulk"}     # keep it quick
+    outputs = {}
+    for fmt in ("jsonl", "parquet"):
+        logs, out = tmp_path / f"logs-{fmt}", tmp_path / f"out-{fmt}"
+        write_known(str(logs), dict(files, bulk=[]), fmt=fmt)
+        analyze(spark, [str(logs)], str(out), slowest=10)
+        outputs[fmt] = {n: (out / n).read_text() for n in
+                        ("summary.csv", "timeline.csv", "slowest.csv", "decomposition.csv")}
+    assert outputs["jsonl"] == outputs["parquet"]
+
+
+def test_proxy_only_logs_give_empty_decomposition_with_header(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    from loadgen.analysis.tables import DECOMPOSITION_COLUMNS
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
+    out = tmp_path / "out"
+    result = analyze(spark, [str(logs)], str(out))
+    assert (out / "decomposition.csv").read_text() == ",".join(DECOMPOSITION_COLUMNS) + "\n"
+    table = pq.read_table(str(out / "decomposition"))
+    assert table.num_rows == 0 and table.column_names == list(DECOMPOSITION_COLUMNS)
+    assert result.meta["sources"] == ["proxy"]
+    page = (out / "report.html").read_text()
+    assert "there is no decomposition" in page
+    assert '"charts": ["latency", "throughput", "p99", "errors"]' in page
+
+
+def test_empty_files_write_every_output_with_header(spark, tmp_path):
+    """Frame-log files without rows: every table empty, with its header; the report
+    says so instead of drawing."""
+    from loadgen.analysis.job import analyze
+    from loadgen.analysis.tables import SLOWEST_COLUMNS, SUMMARY_COLUMNS, TIMELINE_COLUMNS
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), [])
+    (logs / "client-h-1-20261118T193320Z-000001.jsonl").write_text("")
+    out = tmp_path / "out"
+    result = analyze(spark, [str(logs)], str(out))
+    for name, cols in (("summary.csv", SUMMARY_COLUMNS), ("timeline.csv", TIMELINE_COLUMNS),
+                       ("slowest.csv", SLOWEST_COLUMNS)):
+        assert (out / name).read_text() == ",".join(cols) + "\n"
+    assert result.summary == [] and result.meta["records"] == 0
+    assert '"charts": []' in (out / "report.html").read_text()
+
+
+def test_out_dir_inside_logdir_is_not_read_back(spark, known, tmp_path):
+    """Analysing a directory twice, with --out inside it: the first run's Parquet
+    outputs are not frame logs and must not be read (or rejected) the second time."""
+    from loadgen.analysis.job import analyze
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
+    first = analyze(spark, [str(logs)], str(logs / "analysis"))
+    second = analyze(spark, [str(logs)], str(logs / "analysis"))
+    assert first.summary == second.summary and first.files == second.files == 1
+
+
+# ---- input errors (in-process: the message; the CLI tests check exit 2 and one line) ----
+
+def test_missing_path(spark, tmp_path):
+    from loadgen.analysis.job import analyze
+    with pytest.raises(AnalysisError, match=r"/nope: no such file or directory"):
+        analyze(spark, [str(tmp_path / "nope")], str(tmp_path / "out"))
+
+
+def test_dir_without_frame_logs(spark, tmp_path):
+    from loadgen.analysis.job import analyze
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "notes.txt").write_text("x")
+    (tmp_path / "logs" / ".proxy-h-1-x-000001.parquet.tmp").write_bytes(b"PAR1")
+    with pytest.raises(AnalysisError, match=r"logs: no frame logs there"):
+        analyze(spark, [str(tmp_path / "logs")], str(tmp_path / "out"))
+
+
+def test_one_of_several_paths_without_frame_logs(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AnalysisError, match=r"empty: no frame logs there"):
+        analyze(spark, [known[0], str(tmp_path / "empty")], str(tmp_path / "out"))
+
+
+def test_foreign_parquet_is_named(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
+    foreign = logs / "sales.parquet"
+    pq.write_table(pa.table({"region": ["north"], "amount": [3.5]}), str(foreign))
+    with pytest.raises(AnalysisError) as info:
+        analyze(spark, [str(logs)], str(tmp_path / "out"))
+    msg = str(info.value)
+    assert str(foreign) in msg and "not a frame log" in msg and "lacks columns ts_ns" in msg
+    assert "\n" not in msg
+
+
+def test_mistyped_column_is_named(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rows = known[1]["stream"][:10]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    table = table.set_column(SCHEMA.get_field_index("latency_ns"), "latency_ns",
+                             pa.array([str(r["latency_ns"]) for r in rows]))
+    bad = logs / "proxy-h-1-20261118T193320Z-000002.parquet"
+    pq.write_table(table, str(bad))
+    with pytest.raises(AnalysisError, match=r"latency_ns is BINARY, expected INT64") as info:
+        analyze(spark, [str(logs)], str(tmp_path / "out"))
+    assert str(bad) in str(info.value)
+
+
+def test_unreadable_parquet_is_named(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
+    good = logs / "proxy-h-1-20261118T193320Z-000001.parquet"
+    broken = logs / "proxy-h-1-20261118T193320Z-000002.parquet"
+    broken.write_bytes(good.read_bytes()[:-300])        # cut short: no footer
+    with pytest.raises(AnalysisError, match=r"unreadable") as info:
+        analyze(spark, [str(logs)], str(tmp_path / "out"))
+    assert str(broken) in str(info.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_permission_denied_is_named(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    locked = logs / "proxy-h-1-20261118T193320Z-000001.parquet"
+    write_parquet(str(locked), known[1]["stream"])
+    locked.chmod(0)
+    try:
+        with pytest.raises(AnalysisError, match=r"unreadable") as info:
+            analyze(spark, [str(logs)], str(tmp_path / "out"))
+        assert str(locked) in str(info.value)
+    finally:
+        locked.chmod(0o644)
+
+
+def test_malformed_json_lines_is_one_error(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    bad = logs / "client-h-1-20261118T193320Z-000001.jsonl"
+    write_jsonl(str(bad), known[1]["client_json"][:20])
+    with open(bad, "a") as f:
+        f.write('{"ts_ns": 12, "source": "client", "kind": \n')
+    with pytest.raises(AnalysisError) as info:
+        analyze(spark, [str(logs)], str(tmp_path / "out"))
+    assert "JSON" in str(info.value) and "\n" not in str(info.value)
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+def frametap(*args, env=None, timeout=240):
+    return subprocess.run(FRAMETAP + list(args), capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_help():
+    r = frametap("analyze", "--help")
+    assert r.returncode == 0
+    for text in ("--out DIR", "--master URL", "--slowest N", "report.html", "spark-submit"):
+        assert text in r.stdout
+
+
+def test_no_java_is_one_line_exit_2(tmp_path, known):
+    env = dict(os.environ, JAVA_HOME=str(tmp_path / "no-java"),
+               PATH=os.path.dirname(sys.executable))
+    r = frametap("analyze", known[0], "--out", str(tmp_path / "out"), env=env, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("frametap: error: JAVA_HOME=") and "Java 17" in lines[-1]
+    assert "Traceback" not in r.stderr and len([l for l in lines if "error" in l]) == 1
+    env.pop("JAVA_HOME")
+    r = frametap("analyze", known[0], "--out", str(tmp_path / "out"), env=env, timeout=60)
+    assert r.returncode == 2 and "no Java runtime" in r.stderr
+
+
+def _cli_error(args, tmp_path):
+    require_java()
+    r = frametap("analyze", *args, "--out", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("analyze: ")]
+    assert len(errors) == 1, r.stderr
+    assert errors[0].startswith("frametap: error: ")
+    assert "Traceback" not in r.stderr
+    return errors[0]
+
+
+def test_cli_empty_dir(tmp_path):
+    (tmp_path / "logs").mkdir()
+    line = _cli_error([str(tmp_path / "logs")], tmp_path)
+    assert "no frame logs there" in line
+
+
+def test_cli_unreadable_and_foreign_files(tmp_path, known):
+    """Both in one run of the command each (a JVM start per run is the cost)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "proxy-h-1-20261118T193320Z-000001.parquet").write_bytes(b"not parquet at all")
+    line = _cli_error([str(logs)], tmp_path)
+    assert "proxy-h-1-20261118T193320Z-000001.parquet: unreadable" in line
+    shutil.rmtree(logs)
+    logs.mkdir()
+    pq.write_table(pa.table({"a": [1]}), str(logs / "other.parquet"))
+    line = _cli_error([str(logs)], tmp_path)
+    assert "other.parquet: not a frame log" in line
+
+
+def test_cli_bad_arguments_exit_2():
+    r = frametap("analyze", "/tmp", "--out", "/tmp/x", "--slowest", "0")
+    assert r.returncode == 2 and "--slowest" in r.stderr
+    r = frametap("analyze", "/tmp", "--out", "/tmp/x", "--conf", "novalue")
+    assert r.returncode == 2 and "KEY=VALUE" in r.stderr and "Traceback" not in r.stderr
+    r = frametap("analyze", "/tmp")
+    assert r.returncode == 2 and "--out" in r.stderr
+
+
+# ---- the report in a browser --------------------------------------------------------------
+
+def test_report_renders_in_chromium(analysed, tmp_path):
+    """Every chart the page lists is drawn with data, nothing is fetched from the
+    network, and the console stays clean; the screenshot is kept as an artifact."""
+    from tests.test_analyze_report import check_report_in_chromium
+    out, result, _ = analysed
+    shot = check_report_in_chromium(os.path.join(out, "report.html"), tmp_path,
+                                    expect_charts=["latency", "throughput", "p99", "errors",
+                                                   "problems", "decomposition"])
+    assert os.path.getsize(shot) > 50_000
