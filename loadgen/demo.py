@@ -1,4 +1,5 @@
-"""``frametap demo``: reference server + proxy + headless Locust run + per-opcode report.
+"""``frametap demo``: reference server + proxy + headless Locust run + per-opcode report,
+then the Spark analysis of the run's frame logs (proxy and Locust sides) and report.html.
 
 Every process it starts is its own child and is stopped on exit, Ctrl-C included.
 """
@@ -122,6 +123,17 @@ def wait_ready(url, proc, timeout=30.0):
     raise RuntimeError(f"proxy not ready at {url} within {timeout:.0f}s")
 
 
+def analyse(logdir, out):
+    """``frametap analyze`` on the run's frame logs (proxy and Locust): its summary table,
+    then where report.html is.  Returns its exit status."""
+    print(f"\n[demo] analysing the frame logs with Spark: frametap analyze {logdir} "
+          f"--out {out}", flush=True)
+    r = subprocess.run([sys.executable, "-m", "proxy", "analyze", logdir, "--out", out])
+    if r.returncode != 0:
+        print(f"[demo] FAILED: frametap analyze exited with {r.returncode}", file=sys.stderr)
+    return r.returncode
+
+
 def stop_gracefully(proc, what, timeout=30.0):
     """SIGTERM and wait (the proxy drains, then flushes its frame log)."""
     if proc.poll() is None:
@@ -236,6 +248,8 @@ def build_parser():
                    help="reference server service time per request (1ms±0.5ms)")
     p.add_argument("--protocols", default=",".join(demo_protocols()),
                    help="comma list of protocols to include (default: all available)")
+    p.add_argument("--no-analysis", action="store_true",
+                   help="skip the Spark analysis of the run's frame logs at the end")
     p.add_argument("--out", default=None, help="directory for the proxy config and the final metrics "
                    "scrape (default: a temporary directory)")
     return p
@@ -339,6 +353,8 @@ def main(argv=None):
         if status:
             print("[demo] FAILED: the proxy saw no answered requests, or protocol errors",
                   file=sys.stderr)
+        elif not args.no_analysis:
+            status = analyse(logdir, os.path.join(out, "analysis"))
     except KeyboardInterrupt:
         print("\n[demo] interrupted; stopping everything", file=sys.stderr)
         status = 130

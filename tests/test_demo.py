@@ -24,7 +24,7 @@ def assert_all_closed(ports):
 
 def test_demo_runs_and_reports(tmp_path):
     r = subprocess.run([sys.executable, "-m", "proxy", "demo", "--seconds", "3", "--users", "2",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()
             if line[:1].isupper() and len(line.split()) >= 9}
@@ -36,6 +36,13 @@ def test_demo_runs_and_reports(tmp_path):
     assert (tmp_path / "metrics.txt").read_text().count("frametap_frames_total") > 2
     assert_all_closed(ports_in(r.stdout))
     assert_framelog_matches_metrics(tmp_path)
+    # the run ends with the Spark analysis of both sides' logs
+    assert "report: " in r.stdout and (tmp_path / "analysis" / "report.html").is_file()
+    summary = (tmp_path / "analysis" / "summary.csv").read_text().splitlines()
+    assert any(line.startswith("client,") for line in summary)
+    assert any(line.startswith("proxy,flymq,flymq,PRODUCE,") for line in summary), summary
+    decomposition = (tmp_path / "analysis" / "decomposition.csv").read_text().splitlines()
+    assert len(decomposition) > 3, decomposition      # client and proxy rows joined
 
 
 def assert_framelog_matches_metrics(out):
