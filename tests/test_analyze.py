@@ -722,3 +722,43 @@ def test_report_renders_in_chromium(analysed, tmp_path):
                                     expect_charts=["latency", "throughput", "p99", "errors",
                                                    "problems", "decomposition"])
     assert os.path.getsize(shot) > 50_000
+
+
+def test_string_keys_give_the_same_tables(spark, known, analysed, tmp_path, monkeypatch):
+    """Percentile groups are keyed by 64-bit hashes unless two keys of the data share
+    one; then by the strings.  Both ways must give the same tables."""
+    from loadgen.analysis import tables
+    from loadgen.analysis.job import analyze
+    monkeypatch.setattr(tables, "hashes_are_unique", lambda counted: False)
+    out = tmp_path / "out"
+    analyze(spark, [known[0]], str(out), slowest=30)
+    for name in ("summary.csv", "timeline.csv", "slowest.csv", "decomposition.csv"):
+        assert (out / name).read_text() == open(os.path.join(analysed[0], name)).read(), name
+
+
+def test_a_hash_collision_is_detected(spark, known):
+    from pyspark.sql import functions as F
+
+    from loadgen.analysis import inputs, tables
+    logs = inputs.FrameLogs()
+    logs.add("file://" + os.path.join(known[0], "proxy-h1-100-20261118T193320Z-000002.jsonl"))
+    counted = tables.counts(tables.classify(inputs.read_frames(spark, logs)))
+    assert tables.hashes_are_unique(counted)
+    real = tables._hash
+    try:
+        tables._hash = lambda cols: F.lit(7)            # every key the same hash
+        assert not tables.hashes_are_unique(counted)
+    finally:
+        tables._hash = real
+
+
+def test_slowest_threshold_keeps_the_top_n():
+    """The bound holds for any rank error within RANK_ERROR: at least n answers are at
+    or above it; too few answers give no threshold."""
+    from loadgen.analysis.tables import slowest_threshold
+    row = dict(responses=100_000, p50_ms=1.0, p90_ms=2.0, p99_ms=3.0, p999_ms=4.0)
+    assert slowest_threshold([row], 50) == 4_000_000 - 1       # 0.0009 * 1e5 = 90 >= 50
+    assert slowest_threshold([row], 100) == 3_000_000 - 1      # 0.0099 * 1e5 = 990 >= 100
+    assert slowest_threshold([dict(row, responses=150)], 100) is None
+    assert slowest_threshold([dict(row, p999_ms=None, p99_ms=None, p90_ms=None,
+                                   p50_ms=None)], 1) is None

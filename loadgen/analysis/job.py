@@ -26,8 +26,8 @@ class JobFailed(Exception):
     memory, a lost cluster): one line, exit status 1."""
 
 
-STEPS = ("finding frame logs", "checking Parquet schemas", "time span and runs",
-         "aggregating (summary, timeline, report series: one pass)", "writing timeline", "slowest requests", "client/proxy decomposition",
+STEPS = ("finding frame logs", "checking Parquet schemas", "counting (pass 1: every row)",
+         "percentiles (pass 2: answered requests), summary", "timeline", "slowest requests", "client/proxy decomposition",
          "report")
 
 
@@ -127,7 +127,7 @@ def analyze(spark, paths, out, slowest=100, progress=None):
         if progress is not None:
             progress.step(label, step_no, len(STEPS))
 
-    agg = None
+    cached = []            # small persisted results, released at the end
     try:
         step(STEPS[0])
         logs = inputs.find_frame_logs(spark, paths, exclude=out)
@@ -136,39 +136,42 @@ def analyze(spark, paths, out, slowest=100, progress=None):
         outdir = OutputDir(spark, out)
 
         step(STEPS[2])
-        frames = inputs.read_frames(spark, logs)
-        runs = _rows(tables.runs(frames))
+        rows = tables.classify(inputs.read_frames(spark, logs))
+        counted = tables.counts(rows).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(counted)
+        runs = _rows(tables.runs_of(counted))       # pass 1: every row, counts only
+        hashed = tables.hashes_are_unique(counted)
         first = min((r["first_ns"] for r in runs if r["first_ns"] is not None), default=None)
         last = max((r["last_ns"] for r in runs if r["last_ns"] is not None), default=None)
         span_s = (last - first) / 1e9 if first is not None else 0.0
         bucket_s = tables.bucket_seconds(span_s)
-        rows = tables.classify(frames)
 
         step(STEPS[3])
-        agg = tables.aggregates(rows, bucket_s).persist(StorageLevel.MEMORY_AND_DISK)
+        latency = tables.latencies(rows, bucket_s, hashed).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(latency)
         written = {}
-        summary_df = outdir.parquet(tables.summary_of(agg), "summary",
+        summary_df = outdir.parquet(tables.summary_of(counted, latency, hashed), "summary",
                                     sort=("source", "route", "protocol", "opcode"))
         written["summary"] = outdir.path("summary")
-        summary = _rows(summary_df)
+        summary = _rows(summary_df)               # (pass 2 ran for this: percentiles)
         written["summary.csv"] = outdir.csv(summary_df, "summary.csv")
 
         step(STEPS[4])
-        timeline_df = outdir.parquet(tables.timeline_of(agg), "timeline",
+        timeline_df = outdir.parquet(tables.timeline_of(counted, latency, hashed), "timeline",
                                      sort=("second", "source", "route", "opcode"))
         written["timeline"] = outdir.path("timeline")
         written["timeline.csv"] = outdir.csv(timeline_df, "timeline.csv")
-        series = _rows(tables.series_of(agg))
-        agg.unpersist()
+        series = _rows(tables.series_of(counted, latency, bucket_s, hashed))
 
         step(STEPS[5])
-        slow_df = tables.slowest(rows, slowest).persist(StorageLevel.MEMORY_AND_DISK)
+        threshold = tables.slowest_threshold(summary, slowest)
+        slow_df = tables.slowest(rows, slowest, threshold).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(slow_df)
         slow = _rows(slow_df)
         written["slowest.csv"] = outdir.csv(
             slow_df.select(iso_from_ns("ts_ns").alias("ts"),
                            *[c for c in tables.SLOWEST_COLUMNS if c != "ts"]),
             "slowest.csv")       # one partition, already in order (orderBy + limit)
-        slow_df.unpersist()
 
         step(STEPS[6])
         decomposition_df = tables.decomposition(rows)
@@ -199,9 +202,9 @@ def analyze(spark, paths, out, slowest=100, progress=None):
             raise
         raise _spark_failure(exc) from None
     finally:
-        if agg is not None:
+        for df in cached:
             try:
-                agg.unpersist()
+                df.unpersist()
             except Exception:
                 pass
 

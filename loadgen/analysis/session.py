@@ -229,6 +229,16 @@ def default_conf(master, cores=None):
     return conf
 
 
+def _quiet_pyspark_loggers():
+    """PySpark logs every failed query as a JSON line on stderr before raising; the
+    command reports the failure itself, in one line."""
+    import logging
+
+    from pyspark.logger import PySparkLogger
+    for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
 def start_session(master=None, conf=(), console=None):
     """``(spark, owned)``: a SparkSession and whether this process started it (and so
     must stop it).  ``conf`` is ``[(key, value)]`` from ``--conf``.
@@ -240,6 +250,7 @@ def start_session(master=None, conf=(), console=None):
     from pyspark.sql import SparkSession
 
     console = console or Console()
+    _quiet_pyspark_loggers()
     if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._active_spark_context:
         spark = SparkSession.builder.getOrCreate()
         spark.conf.set("spark.sql.session.timeZone", "UTC")

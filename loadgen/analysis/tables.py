@@ -20,7 +20,7 @@ import math
 
 from pyspark.sql import functions as F
 
-from loadgen.analysis import ACCURACY
+from loadgen.analysis import ACCURACY, RANK_ERROR
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 
@@ -75,64 +75,147 @@ def classify(frames):
     )
 
 
-def runs(frames):
-    """Per (run_id, source): records, first and last ts_ns.  A cheap first pass (three
-    columns): the report's metadata, and the time span that sizes the report's buckets."""
-    return (frames.groupBy("run_id", "source")
-            .agg(F.count(F.lit(1)).alias("records"), F.min("ts_ns").alias("first_ns"),
-                 F.max("ts_ns").alias("last_ns"))
+def _grouping_sets(df, sets, columns, *aggs):
+    """``df.groupingSets`` over ``sets`` ({name: key columns}), with a ``set`` column
+    naming each result row's set (from grouping_id(): one bit per column of
+    ``columns``, the first the highest, 1 when the column is not in the row's set)."""
+    label = None
+    for name, keys in sets.items():
+        gid = sum(1 << (len(columns) - 1 - i) for i, col in enumerate(columns)
+                  if col not in keys)
+        cond = F.col("gid") == gid
+        label = F.when(cond, F.lit(name)) if label is None else label.when(cond, F.lit(name))
+    g = df.groupingSets([[F.col(c) for c in keys] for keys in sets.values()],
+                        *[F.col(c) for c in columns]).agg(F.grouping_id().alias("gid"), *aggs)
+    return g.select(label.alias("set"), *[c for c in g.columns if c != "gid"])
+
+
+def _second(col="ts_ns"):
+    return F.expr(f"{col} div {NS_PER_S}")
+
+
+def _bucket(bucket_s, col="sec"):
+    return F.expr(f"({col} div {bucket_s}) * {bucket_s}")
+
+
+# ---- pass 1: counts ------------------------------------------------------------------------
+
+def counts(rows):
+    """Pass 1, every row: counts and sums per (second, source, route, protocol, opcode,
+    run): the finest grain any table needs, in one code-generated hash aggregation
+    over the frames (no percentile: that would make Spark interpret the whole
+    aggregation).  Summary, timeline, series and runs add these up (``*_counts``), so
+    their extra groupings cost nothing like another pass."""
+    return (rows.select("*", _second().alias("sec"))
+            .groupBy("sec", "source", "route", "protocol", "op", "run_id")
+            .agg(F.count(F.lit(1)).alias("records"),
+                 _count("is_req").alias("requests"),
+                 _count("is_resp").alias("responses"),
+                 _count("is_err").alias("errors"),
+                 _count("is_to").alias("timeouts"),
+                 _count("is_un").alias("unmatched"),
+                 F.min("ts_ns").alias("first_ns"),
+                 F.max("ts_ns").alias("last_ns"),
+                 F.max("lat").alias("max_ns"),
+                 F.sum("fb").alias("frame_bytes"),
+                 F.sum("msgs").alias("messages")))
+
+
+_SUMS = ("requests", "responses", "errors", "timeouts", "unmatched", "frame_bytes", "messages")
+
+
+def runs_of(counted):
+    """Per (run_id, source): records, first and last ts_ns (the report's metadata, and
+    the time span that sizes the report's buckets)."""
+    return (counted.groupBy("run_id", "source")
+            .agg(F.sum("records").alias("records"), F.min("first_ns").alias("first_ns"),
+                 F.max("last_ns").alias("last_ns"))
             .orderBy("first_ns", "run_id", "source"))
 
 
-#: The grouping sets of ``aggregates``: summary, timeline and the report's route series
-#: come out of one scan of the frames (Spark expands each row once per set).
-SETS = {
-    "summary": ("source", "route", "protocol", "op"),
-    "timeline": ("sec", "source", "route", "op"),
-    "series": ("bucket_s", "source", "route"),
-}
-_SET_COLUMNS = ("source", "route", "protocol", "op", "sec", "bucket_s")
+# ---- pass 2: latency sketches --------------------------------------------------------------
+
+#: The groups that get percentiles, by the columns that name them.
+SUMMARY_KEY = ("source", "route", "protocol", "op")
+TIMELINE_KEY = ("source", "route", "op")             # per second
+SERIES_KEY = ("source", "route")                     # per report bucket
+_NULL = "\u0000null"                                 # what a null key hashes as
 
 
-def aggregates(rows, bucket_s):
-    """Summary, timeline and route-series groups in one pass; ``set`` names the table a
-    row belongs to (select them with ``summary_of``, ``timeline_of``, ``series_of``).
-
-    ``sec`` is the UTC second; ``bucket_s`` the start of the report's ``bucket_s``-wide
-    bucket.  Requests count in the second they were sent, answers (errors, latency) in
-    the second they came back."""
-    keyed = rows.select(
-        "*", F.expr(f"ts_ns div {NS_PER_S}").alias("sec"),
-        F.expr(f"(ts_ns div {bucket_s * NS_PER_S}) * {bucket_s}").alias("bucket_s"))
-    # grouping_id(): one bit per column of _SET_COLUMNS, first column highest, set = 1
-    # when the column is not part of the row's grouping set
-    set_of = None
-    for name, keys in SETS.items():
-        gid = sum(1 << (len(_SET_COLUMNS) - 1 - i)
-                  for i, col in enumerate(_SET_COLUMNS) if col not in keys)
-        cond = F.col("gid") == gid
-        set_of = F.when(cond, F.lit(name)) if set_of is None else set_of.when(cond, F.lit(name))
-    g = keyed.groupingSets([[F.col(c) for c in keys] for keys in SETS.values()],
-                           *[F.col(c) for c in _SET_COLUMNS]).agg(
-        F.grouping_id().alias("gid"),
-        _count("is_req").alias("requests"),
-        _count("is_resp").alias("responses"),
-        _count("is_err").alias("errors"),
-        _count("is_to").alias("timeouts"),
-        _count("is_un").alias("unmatched"),
-        F.min("ts_ns").alias("first_ns"),
-        F.max("ts_ns").alias("last_ns"),
-        F.percentile_approx("lat", list(QUANTILES), ACCURACY).alias("q"),
-        F.max("lat").alias("max_ns"),
-        F.sum("fb").alias("frame_bytes"),
-        F.sum("msgs").alias("messages"),
-    )
-    return g.select(set_of.alias("set"), *[c for c in g.columns if c != "gid"])
+def _hash(cols):
+    return F.xxhash64(*[F.coalesce(F.col(c), F.lit(_NULL)) for c in cols])
 
 
-def summary_of(agg):
+_HASHES = {"summary": ("ks", SUMMARY_KEY), "timeline": ("kt", TIMELINE_KEY),
+           "series": ("kr", SERIES_KEY)}
+
+
+def _with_keys(df, hashed, sets=tuple(_HASHES)):
+    """``df`` with the hash key columns of ``sets`` (``ks`` summary, ``kt`` timeline,
+    ``kr`` series: 64-bit hashes of their string keys) when ``hashed``."""
+    if not hashed:
+        return df
+    return df.select("*", *[_hash(_HASHES[s][1]).alias(_HASHES[s][0]) for s in sets])
+
+
+def _keys(hashed):
+    """{set: its key columns} as ``latencies`` and the joins name them."""
+    if hashed:
+        return {"summary": ("ks",), "timeline": ("sec", "kt"), "series": ("bucket_s", "kr")}
+    return {"summary": SUMMARY_KEY, "timeline": ("sec",) + TIMELINE_KEY,
+            "series": ("bucket_s",) + SERIES_KEY}
+
+
+def hashes_are_unique(counted):
+    """Whether the 64-bit key hashes name each summary, timeline and series group of
+    this data alone.  Pass 2 groups by hashes (a long per row is much cheaper to
+    group by than four strings); this check on the few distinct keys makes that
+    exact: on a collision the job groups by the strings instead."""
+    keys = _with_keys(counted.select(*SUMMARY_KEY).distinct(), True).collect()
+    for cols, key in ((SUMMARY_KEY, "ks"), (TIMELINE_KEY, "kt"), (SERIES_KEY, "kr")):
+        named = {}
+        for r in keys:
+            named.setdefault(r[key], set()).add(tuple(r[c] for c in cols))
+        if any(len(groups) > 1 for groups in named.values()):
+            return False
+    return True
+
+
+def latencies(rows, bucket_s, hashed=True):
+    """Pass 2, answered rows only: one percentile sketch (``q``: the QUANTILES, each a
+    logged latency in ns) per summary group, timeline second and report bucket, from
+    one scan (Spark's grouping sets).  Keyed as ``_keys(hashed)`` says."""
+    answered = rows.where(F.col("lat").isNotNull()).select(
+        *SUMMARY_KEY, "lat", _second().alias("sec"), _bucket(bucket_s).alias("bucket_s"))
+    keyed = _with_keys(answered, hashed)
+    sets = _keys(hashed)
+    columns = []
+    for keys in sets.values():
+        columns += [c for c in keys if c not in columns]
+    return _grouping_sets(keyed, sets, tuple(columns),
+                          F.percentile_approx("lat", list(QUANTILES), ACCURACY).alias("q"))
+
+
+def _attach(counted_groups, latency, set_name, hashed):
+    """``counted_groups`` (one table's counts) with its percentiles ``q`` from pass 2
+    (null where a group has no answered request)."""
+    keys = _keys(hashed)[set_name]
+    c = _with_keys(counted_groups, hashed, (set_name,)).alias("c")
+    lat = latency.where(F.col("set") == set_name).select(*keys, "q").alias("l")
+    cond = None
+    for k in keys:                                   # null-safe: a route may be null
+        eq = F.col(f"c.{k}").eqNullSafe(F.col(f"l.{k}"))
+        cond = eq if cond is None else cond & eq
+    return c.join(F.broadcast(lat) if set_name == "summary" else lat, cond, "left") \
+            .select("c.*", "l.q")
+
+
+def summary_of(counted, latency, hashed=True):
     """One row per (source, route, protocol, opcode): SUMMARY_COLUMNS."""
-    g = agg.where(F.col("set") == "summary")
+    groups = counted.groupBy(*SUMMARY_KEY).agg(
+        *[F.sum(c).alias(c) for c in _SUMS], F.min("first_ns").alias("first_ns"),
+        F.max("last_ns").alias("last_ns"), F.max("max_ns").alias("max_ns"))
+    g = _attach(groups, latency, "summary", hashed)
     span_s = F.greatest((F.col("last_ns") - F.col("first_ns")) / 1e9, F.lit(1.0))
     return g.select(
         "source", "route", "protocol", F.col("op").alias("opcode"),
@@ -148,22 +231,46 @@ def summary_of(agg):
     )
 
 
-def timeline_of(agg):
+def timeline_of(counted, latency, hashed=True):
     """One row per (second, source, route, opcode): TIMELINE_COLUMNS (``second`` is a
-    UTC timestamp)."""
-    return (agg.where(F.col("set") == "timeline")
-            .select(F.timestamp_seconds("sec").alias("second"), "source", "route",
+    UTC timestamp).  Requests count in the second they were sent, answers (errors,
+    latency) in the second they came back."""
+    groups = counted.groupBy("sec", *TIMELINE_KEY).agg(
+        F.sum("requests").alias("requests"), F.sum("errors").alias("errors"))
+    g = _attach(groups, latency, "timeline", hashed)
+    return g.select(F.timestamp_seconds("sec").alias("second"), "source", "route",
                     F.col("op").alias("opcode"), "requests", "errors",
-                    ms(F.col("q")[2]).alias("p99_ms")))
+                    ms(F.col("q")[2]).alias("p99_ms"))
 
 
-def series_of(agg):
+def series_of(counted, latency, bucket_s, hashed=True):
     """Per (bucket, source, route): requests, responses, errors, p99 - the report's
     throughput, p99 and error-ratio charts (``bucket_seconds`` keeps them small)."""
-    return (agg.where(F.col("set") == "series")
-            .select("bucket_s", "source", "route", "requests", "responses", "errors",
-                    ms(F.col("q")[2]).alias("p99_ms"))
+    groups = counted.groupBy(_bucket(bucket_s).alias("bucket_s"), *SERIES_KEY).agg(
+        F.sum("requests").alias("requests"), F.sum("responses").alias("responses"),
+        F.sum("errors").alias("errors"))
+    g = _attach(groups, latency, "series", hashed)
+    return (g.select("bucket_s", "source", "route", "requests", "responses", "errors",
+                     ms(F.col("q")[2]).alias("p99_ms"))
             .orderBy("source", "route", "bucket_s"))
+
+
+def slowest_threshold(summary, n):
+    """A latency (ns) that at least ``n`` answered requests reach, from the summary's
+    percentiles, or None.  ``percentile_approx`` guarantees that its q-percentile of a
+    group of c answers has at least (1 - q - RANK_ERROR) * c answers at or above it;
+    so ``slowest`` may drop everything below the largest such bound and still hold the
+    true top ``n`` (its top-N then sorts thousands of rows, not millions)."""
+    best = None
+    for r in summary:
+        answers = r.get("responses") or 0
+        for q, col in zip(QUANTILES, ("p50_ms", "p90_ms", "p99_ms", "p999_ms")):
+            value = r.get(col)
+            if value is None or (1 - q - RANK_ERROR) * answers < n:
+                continue
+            ns = int(math.floor(value * 1e6)) - 1          # ms were rounded: stay below
+            best = ns if best is None else max(best, ns)
+    return best
 
 
 def bucket_seconds(span_s, points=1200):
@@ -176,10 +283,14 @@ def bucket_seconds(span_s, points=1200):
     return int(math.ceil(need / 86400)) * 86400
 
 
-def slowest(rows, n):
+def slowest(rows, n, threshold=None):
     """The ``n`` slowest answered requests (orderBy + limit: a top-N per partition, never
-    a full sort on the driver).  ``ts_ns`` is the answer row's own timestamp."""
-    return (rows.where(F.col("lat").isNotNull())
+    a full sort on the driver).  ``ts_ns`` is the answer row's own timestamp.
+    ``threshold`` (from ``slowest_threshold``) drops rows that cannot be among them."""
+    answered = rows.where(F.col("lat").isNotNull())
+    if threshold is not None:
+        answered = answered.where(F.col("lat") >= F.lit(threshold))
+    return (answered
             .orderBy(F.col("lat").desc(), "ts_ns", "source", "conn_id", "correlation_id")
             .limit(n)
             .select("ts_ns", "source", "route", "protocol", F.col("op").alias("opcode"),

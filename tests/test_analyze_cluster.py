@@ -1,0 +1,190 @@
+"""frametap analyze on a real Spark cluster, and as a spark-submit application.
+
+A standalone master and one worker (1 core, 1 GiB) run on 127.0.0.1 from pyspark's
+own distribution (``bin/spark-class``), each in its own process group that is killed
+afterwards (executors are the worker's children, in its group).  The command run with
+``--master spark://127.0.0.1:P`` - and ``spark-submit loadgen/analysis/job.py`` - must
+write the same tables as local mode.  The driver and the executor share this machine,
+so both see the log files and the output directory under local paths.
+
+Without Java these tests skip, or fail when FRAMETAP_CI is set.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import free_port
+from tests.test_analyze import known_rows, need, require_java, write_known
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLES = ("summary.csv", "timeline.csv", "slowest.csv", "decomposition.csv")
+
+
+def pyspark_home():
+    import pyspark
+    return os.path.dirname(os.path.abspath(pyspark.__file__))
+
+
+def spark_env():
+    env = dict(os.environ, SPARK_HOME=pyspark_home(), SPARK_LOCAL_IP="127.0.0.1",
+               PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    return env
+
+
+class Daemon:
+    """A Spark master or worker in the foreground of its own process group."""
+
+    def __init__(self, args, log_path, env):
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [os.path.join(pyspark_home(), "bin", "spark-class"), *args], env=env,
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def stop(self):
+        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # the group is empty afterwards: no executor or launcher left behind
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                break
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"process group {self.proc.pid} outlived SIGKILL")
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    """The known run without its bulk route: small, so every percentile is exact and
+    local and cluster results must agree to the character."""
+    directory = tmp_path_factory.mktemp("cluster-logs")
+    files = known_rows()
+    files["bulk"] = []
+    write_known(str(directory), files)
+    return str(directory)
+
+
+def run_analyze(args, env, timeout=300):
+    return subprocess.run([sys.executable, "-m", "proxy", "analyze", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+#: small tables: a handful of shuffle partitions, not 200 tasks on the worker's one core
+QUICK = ["--conf", "spark.sql.shuffle.partitions=4"]
+
+
+@pytest.fixture(scope="module")
+def local_tables(logs, cluster_starting, tmp_path_factory):
+    """The tables of a local-mode run, made by spark-submit running the job module."""
+    require_java()
+    out = tmp_path_factory.mktemp("local-out")
+    submit = os.path.join(pyspark_home(), "bin", "spark-submit")
+    r = subprocess.run([submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+                        *QUICK, os.path.join(ROOT, "loadgen", "analysis", "job.py"), logs,
+                        "--out", str(out)],
+                       env=spark_env(), capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "report:" in r.stdout and "PRODUCE" in r.stdout
+    return {name: (out / name).read_text() for name in TABLES}
+
+
+class Cluster:
+    """A standalone master and one worker, started; ``wait()`` returns the master URL
+    once the worker has registered (they boot while the local run works)."""
+
+    def __init__(self, work):
+        env = spark_env()
+        self.work = work
+        port, self.ui = free_port(), free_port()
+        self.url = f"spark://127.0.0.1:{port}"
+        self.master = Daemon(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                              "--port", str(port), "--webui-port", str(self.ui)],
+                             work / "master.log", env)
+        self.worker = None
+        try:
+            self.worker = Daemon(["org.apache.spark.deploy.worker.Worker", self.url,
+                                  "--host", "127.0.0.1", "-c", "1", "-m", "1g",
+                                  "--webui-port", str(free_port()),
+                                  "--work-dir", str(work / "work")], work / "worker.log", env)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait(self, timeout=90):
+        deadline, alive = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            for d in (self.master, self.worker):
+                if d.proc.poll() is not None:
+                    need(f"spark daemon exited ({d.proc.returncode}): see {d.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui}/json/",
+                                            timeout=2) as r:
+                    state = json.load(r)
+                alive = sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+            except OSError:
+                alive = 0
+            if alive:
+                return self.url
+            time.sleep(0.5)
+        raise AssertionError(f"no worker registered with {self.url} in {timeout} s "
+                             f"(see {self.work})")
+
+    def stop(self):
+        if self.worker is not None:
+            self.worker.stop()
+        self.master.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_starting(tmp_path_factory):
+    require_java()
+    cluster = Cluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_starting):
+    """``spark://127.0.0.1:P`` of a running master with one registered worker."""
+    return cluster_starting.wait()
+
+
+def test_cluster_gives_the_same_tables_as_local(logs, local_tables, cluster, tmp_path):
+    """``frametap analyze --master spark://...``: the same tables as local mode (made by
+    ``spark-submit loadgen/analysis/job.py``, which so is tested too)."""
+    out = tmp_path / "out"
+    r = run_analyze([logs, "--out", str(out), "--master", cluster, *QUICK], spark_env())
+    assert r.returncode == 0, r.stderr
+    assert {name: (out / name).read_text() for name in TABLES} == local_tables
+    assert (out / "report.html").stat().st_size > 1_000_000
+    # the command's own output: the table on stdout, progress and nothing else on stderr
+    assert "PRODUCE" in r.stdout and f"report: {out}/report.html" in r.stdout
+    assert "rank error <= 0.01 %" in r.stdout
+    noise = [line for line in r.stderr.splitlines() if not line.startswith("analyze: ")]
+    assert noise == [], r.stderr
+    assert "analyze: [8/8] report" in r.stderr
