@@ -26,7 +26,7 @@ class JobFailed(Exception):
     memory, a lost cluster): one line, exit status 1."""
 
 
-STEPS = ("finding frame logs", "checking Parquet schemas", "counting (pass 1: every row)",
+STEPS = ("finding frame logs", "checking Parquet footers", "counting (pass 1: every row)",
          "percentiles (pass 2: answered requests), summary", "timeline", "slowest requests", "client/proxy decomposition",
          "report")
 
@@ -102,16 +102,18 @@ def _spark_failure(exc):
             reason = ": " + cause.group(1).strip()[:200]
         if "Malformed" in text or "JSON" in text or "malformed" in text:
             reason = ": a line is not a JSON object of the frame-log schema"
-        return AnalysisError(f"cannot read {m.group(1)}{reason}")
+        from loadgen.analysis.inputs import local_name
+        return AnalysisError(f"cannot read {local_name(m.group(1))}{reason}")
     if "Malformed records are detected" in text:
         return AnalysisError("a JSON Lines frame log has a line that is not a JSON object of "
                              "the frame-log schema")
     return JobFailed(f"Spark job failed: {first_line(exc)}")
 
 
-def analyze(spark, paths, out, slowest=100, progress=None):
+def analyze(spark, paths, out, slowest=100, progress=None, logs=None):
     """Run the analysis with ``spark`` and write every output into ``out``; returns a
-    Result.  AnalysisError for bad input, JobFailed when Spark gives up."""
+    Result.  AnalysisError for bad input, JobFailed when Spark gives up.  ``logs``: the
+    files, when ``inputs.prepare_local`` found and checked them already."""
     from pyspark import StorageLevel
     from pyspark.errors import PySparkException
     from py4j.protocol import Py4JError
@@ -130,9 +132,12 @@ def analyze(spark, paths, out, slowest=100, progress=None):
     cached = []            # small persisted results, released at the end
     try:
         step(STEPS[0])
-        logs = inputs.find_frame_logs(spark, paths, exclude=out)
+        if logs is None:
+            logs = inputs.prepare_local(paths, out)
         step(STEPS[1])
-        inputs.check_parquet(spark, logs.parquet)
+        if logs is None:                             # hdfs://, s3a://, globs: Hadoop's way
+            logs = inputs.find_frame_logs(spark, paths, exclude=out)
+            inputs.check_parquet(spark, logs.parquet)
         outdir = OutputDir(spark, out)
 
         step(STEPS[2])
@@ -209,16 +214,6 @@ def analyze(spark, paths, out, slowest=100, progress=None):
                 pass
 
 
-def local_name(path):
-    """``file:/x/y`` -> ``/x/y`` for messages; other URIs unchanged."""
-    if path.startswith("file:"):
-        rest = path[5:]
-        while rest.startswith("//"):
-            rest = rest[1:]
-        return rest
-    return path
-
-
 def _fmt(value, places=3):
     if value is None:
         return "-"
@@ -251,6 +246,7 @@ def summary_table(rows):
 def run(args, stdout=None):
     """The command: a session, the job, the table and where the report is; returns 0.
     Raises AnalysisError (exit 2) or JobFailed (exit 1)."""
+    from loadgen.analysis.inputs import local_name, prepare_local
     from loadgen.analysis.session import Console, Progress, start_session, stop_session
 
     stdout = stdout or sys.stdout
@@ -259,11 +255,12 @@ def run(args, stdout=None):
     started = time.monotonic()
     if "PYSPARK_GATEWAY_PORT" in os.environ and args.master:
         console.say("analyze: --master is ignored under spark-submit (give it to spark-submit)")
+    logs = prepare_local(args.paths, args.out)       # local paths: checked before the JVM
     console.step("analyze: starting Spark (%s)" % (args.master or "local[*]"))
     spark, owned = start_session(args.master, conf, console)
     try:
         with Progress(spark, console) as progress:
-            result = analyze(spark, args.paths, args.out, args.slowest, progress)
+            result = analyze(spark, args.paths, args.out, args.slowest, progress, logs)
     except KeyboardInterrupt:
         try:
             spark.sparkContext.cancelAllJobs()
