@@ -501,9 +501,10 @@ def test_string_keys_give_the_same_tables(spark, known):
         got[hashed] = (
             sorted(map(tuple, tables.summary_of(counted, latency, hashed).collect()), key=str),
             sorted(map(tuple, tables.timeline_of(counted, latency, hashed).collect()), key=str),
-            tables.series_of(counted, latency, 5, hashed).collect())
+            tables.series_of(counted, latency, 5, hashed).collect(),
+            sorted(map(tuple, tables.decomposition(rows, counted, hashed).collect()), key=str))
     assert got[True] == got[False]
-    assert len(got[True][0]) == 8 and len(got[True][2]) > 10
+    assert len(got[True][0]) == 8 and len(got[True][2]) > 10 and len(got[True][3]) == 2
 
 
 def test_a_hash_collision_is_detected(spark, known):

@@ -179,7 +179,7 @@ def analyze(spark, paths, out, slowest=100, progress=None, logs=None):
             "slowest.csv")       # one partition, already in order (orderBy + limit)
 
         step(STEPS[6])
-        decomposition_df = tables.decomposition(rows)
+        decomposition_df = tables.decomposition(rows, counted, hashed)
         if not any(r["source"] == "client" for r in runs):
             decomposition_df = decomposition_df.limit(0)      # nothing to pair: no scan
         decomposition_df = outdir.parquet(decomposition_df, "decomposition",

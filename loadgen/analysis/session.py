@@ -182,8 +182,10 @@ class Progress:
                 done.add(stage_id)
             elif info.numActiveTasks or info.numCompletedTasks:
                 tasks = f", tasks {info.numCompletedTasks}/{info.numTasks}"
-        return (f"analyze: [{self.step_no}/{self.steps}] {self.label}: stages "
-                f"{len(done)}/{len(stages)}{tasks}, {self.elapsed():.1f} s")
+        head = f"analyze: [{self.step_no}/{self.steps}] {self.label}"
+        if not stages:                       # planning, or the JVM warming up
+            return f"{head} ({self.elapsed():.1f} s)"
+        return f"{head}: stages {len(done)}/{len(stages)}{tasks}, {self.elapsed():.1f} s"
 
 
 def _pump_stderr(fd, console):

@@ -298,7 +298,7 @@ def slowest(rows, n, threshold=None):
                     "status"))
 
 
-def decomposition(rows):
+def decomposition(rows, counted=None, hashed=False):
     """One row per (route, protocol, opcode) with both sides logged: DECOMPOSITION_COLUMNS.
 
     A pair is a client row (``source=client``, ``kind=request``, with a latency) and a
@@ -307,22 +307,32 @@ def decomposition(rows):
     route is not a join key: it, protocol and opcode come from the proxy's row.  Ids
     that repeat on one (peer, protocol) - a FIFO connection's 1, 2, 3... on a reused
     client port, a wrapped 32-bit opaque - pair with each other's repeats too
-    (docs/analysis.md)."""
+    (docs/analysis.md).
+
+    Only the join keys and latencies are shuffled, in a hash join built on the client
+    side (no sort of millions of proxy rows).  With ``hashed`` (keys checked by
+    ``hashes_are_unique``) the proxy row's (route, protocol, opcode) travels as its
+    summary hash ``ks`` and is named again from ``counted`` after the aggregation."""
     client = (rows.where(F.col("source").eqNullSafe("client") & F.col("kind").eqNullSafe("request")
                          & F.col("lat").isNotNull() & F.col("correlation_id").isNotNull())
               .select("protocol", "peer", "correlation_id", F.col("lat").alias("client_ns")))
-    server = (rows.where(F.col("source").eqNullSafe("proxy") & F.col("kind").eqNullSafe("response")
-                         & F.col("lat").isNotNull() & F.col("correlation_id").isNotNull())
-              .select("route", "protocol", "peer", "correlation_id", "op",
-                      F.col("lat").alias("server_ns")))
-    pairs = server.join(client, ["protocol", "peer", "correlation_id"])
+    server = rows.where(F.col("source").eqNullSafe("proxy") & F.col("kind").eqNullSafe("response")
+                        & F.col("lat").isNotNull() & F.col("correlation_id").isNotNull())
+    group = ["ks"] if hashed else ["route", "protocol", "op"]
+    server = _with_keys(server, hashed, ("summary",)).select(
+        "protocol", "peer", "correlation_id", *group, F.col("lat").alias("server_ns"))
+    pairs = server.join(client.hint("shuffle_hash"), ["protocol", "peer", "correlation_id"])
     two = [0.5, 0.99]
-    g = pairs.groupBy("route", "protocol", "op").agg(
+    g = pairs.groupBy(*group).agg(
         F.count(F.lit(1)).alias("pairs"),
         F.percentile_approx("client_ns", two, ACCURACY).alias("c"),
         F.percentile_approx("server_ns", two, ACCURACY).alias("s"),
         F.percentile_approx(F.col("client_ns") - F.col("server_ns"), two, ACCURACY).alias("o"),
     )
+    if hashed:
+        names = _with_keys(counted.where(F.col("source").eqNullSafe("proxy"))
+                           .select(*SUMMARY_KEY).distinct(), True, ("summary",))
+        g = g.join(F.broadcast(names), "ks")
     return g.select("route", "protocol", F.col("op").alias("opcode"), "pairs",
                     ms(F.col("c")[0]).alias("client_p50_ms"), ms(F.col("c")[1]).alias("client_p99_ms"),
                     ms(F.col("s")[0]).alias("server_p50_ms"), ms(F.col("s")[1]).alias("server_p99_ms"),
