@@ -215,7 +215,8 @@ def generate(directory, records=10_000_000, seconds=600.0, file_records=2_000_00
         first += n
         if writer is None:
             files += 1
-            final = os.path.join(directory, f"proxy-{host}-{os.getpid()}-{stamp}-{files:06d}.parquet")
+            final = os.path.join(directory,
+                                 f"proxy-{host}-{os.getpid()}-{stamp}-{files:06d}.parquet")
             tmp = os.path.join(directory, "." + os.path.basename(final) + ".tmp")
             writer = pq.ParquetWriter(tmp, SCHEMA, compression="zstd", store_schema=False)
         writer.write_table(chunk, row_group_size=ROW_GROUP)

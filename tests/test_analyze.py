@@ -388,7 +388,8 @@ def test_summary_counts_exact_and_percentiles_within_accuracy(analysed):
     assert set(got) == set(expected)
     # anchors: the oracle agrees with how the rows were made
     fly = expected[("proxy", "fly", "flymq", "PRODUCE")]
-    assert (fly["requests"], fly["responses"], fly["errors"], fly["unmatched"]) == (1000, 1000, 50, 3)
+    assert (fly["requests"], fly["responses"], fly["errors"], fly["unmatched"]) == (
+        1000, 1000, 50, 3)
     assert expected[("proxy", "fly", "flymq", "FETCH")]["timeouts"] == 10
     assert expected[("client", None, "flymq", "PRODUCE")]["timeouts"] == 5
     assert expected[("proxy", "stream", "rabbitmq-stream", "Credit")]["responses"] == 0
@@ -646,7 +647,8 @@ def test_out_dir_is_skipped_or_refused(find, known, tmp_path):
     logs = tmp_path / "logs"
     (logs / "analysis" / "summary").mkdir(parents=True)
     write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
-    pq.write_table(pa.table({"requests": [1]}), str(logs / "analysis" / "summary" / "part-0.parquet"))
+    pq.write_table(pa.table({"requests": [1]}),
+                   str(logs / "analysis" / "summary" / "part-0.parquet"))
     assert [os.path.basename(f) for f in find([logs], logs / "analysis")] == [
         "proxy-h-1-20261118T193320Z-000001.parquet"]
     with pytest.raises(AnalysisError, match=r"is also --out"):

@@ -215,8 +215,9 @@ def check_report_in_chromium(page, workdir, expect_charts):
         if listed:
             browser.evaluate(
                 f"Plotly.Fx.hover('{listed[0]}', [{{curveNumber: 0, pointNumber: 0}}])")
-            assert browser.evaluate(
-                f"document.getElementById('{listed[0]}').querySelectorAll('.hovertext').length") >= 1
+            hovers = (f"document.getElementById('{listed[0]}')"
+                      ".querySelectorAll('.hovertext').length")
+            assert browser.evaluate(hovers) >= 1
             browser.evaluate(f"Plotly.Fx.unhover('{listed[0]}')")
         requests = [e["params"]["request"]["url"] for e in browser.events
                     if e["method"] == "Network.requestWillBeSent"]

@@ -11,7 +11,9 @@ and their columns: docs/analysis.md.
 import argparse
 import datetime
 import os
+import re
 import sys
+import textwrap
 import time
 
 if __package__ in (None, ""):          # run as a script (spark-submit): find our packages
@@ -27,8 +29,8 @@ class JobFailed(Exception):
 
 
 STEPS = ("finding frame logs", "checking Parquet footers", "counting (pass 1: every row)",
-         "percentiles (pass 2: answered requests), summary", "timeline", "slowest requests", "client/proxy decomposition",
-         "report")
+         "percentiles (pass 2: answered requests), summary", "timeline", "slowest requests",
+         "client/proxy decomposition", "report")
 
 
 def add_arguments(parser):
@@ -90,8 +92,7 @@ def _rows(df):
 
 def _spark_failure(exc):
     """Turn a failed Spark action into AnalysisError (the input's fault) or JobFailed."""
-    import re
-
+    from loadgen.analysis.inputs import local_name
     from loadgen.analysis.session import first_line
     text = str(exc)
     m = re.search(r"(?:reading file|Could not read footer for file:?)\s+(\S+?)\.?(?:\s|$)", text)
@@ -102,7 +103,6 @@ def _spark_failure(exc):
             reason = ": " + cause.group(1).strip()[:200]
         if "Malformed" in text or "JSON" in text or "malformed" in text:
             reason = ": a line is not a JSON object of the frame-log schema"
-        from loadgen.analysis.inputs import local_name
         return AnalysisError(f"cannot read {local_name(m.group(1))}{reason}")
     if "Malformed records are detected" in text:
         return AnalysisError("a JSON Lines frame log has a line that is not a JSON object of "
@@ -288,9 +288,10 @@ def make_parser(prog="frametap analyze"):
         formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
-DESCRIPTION = ("Analyse frame logs with PySpark: per-opcode summary, per-second timeline, "
-               "slowest requests, client/proxy latency decomposition, and a self-contained "
-               "report.html. Needs Java 17+.")
+DESCRIPTION = textwrap.fill(
+    "Analyse frame logs with PySpark: per-opcode summary, per-second timeline, slowest "
+    "requests, client/proxy latency decomposition, and a self-contained report.html. "
+    "Needs Java 17+.", 79)
 EPILOG = """\
 outputs in DIR: summary.csv + summary/, timeline.csv + timeline/, slowest.csv,
 decomposition.csv + decomposition/ (Parquet directories), report.html

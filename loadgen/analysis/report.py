@@ -150,7 +150,8 @@ def decomposition_figure(decomposition):
     fig = go.Figure()
     colours = {"client": "#636efa", "server": "#00cc96", "outside": "#ef553b"}
     for q in ("p50", "p99"):
-        for part, title in (("client", "client-observed"), ("server", "server (proxy ↔ upstream)"),
+        for part, title in (("client", "client-observed"),
+                            ("server", "server (proxy ↔ upstream)"),
                             ("outside", "outside the server")):
             key = f"{part}_{q}_ms"
             fig.add_trace(go.Bar(

@@ -1,7 +1,10 @@
 """The analysis tables (docs/design.md, "Analysis outputs"), as Spark DataFrames.
 
 Everything is DataFrame API (no Python UDFs: executors need no Python) and every result
-is an aggregate or a top-N, so only small tables ever reach the driver.
+is an aggregate or a top-N, so only small tables ever reach the driver.  The frames are
+scanned twice for all the tables (``counts``: every row, counts only; ``latencies``:
+answered rows, percentile sketches), then once for ``slowest`` and, with client logs,
+once for ``decomposition`` (docs/analysis.md, "How the job works").
 
 How rows count (``classify``), by the request's opcode:
 
@@ -186,7 +189,8 @@ def latencies(rows, bucket_s, hashed=True):
     logged latency in ns) per summary group, timeline second and report bucket, from
     one scan (Spark's grouping sets).  Keyed as ``_keys(hashed)`` says."""
     answered = rows.where(F.col("lat").isNotNull()).select(
-        *SUMMARY_KEY, "lat", _second().alias("sec"), _bucket(bucket_s).alias("bucket_s"))
+        *SUMMARY_KEY, "lat", _second().alias("sec"),
+        _bucket(bucket_s, f"(ts_ns div {NS_PER_S})").alias("bucket_s"))
     keyed = _with_keys(answered, hashed)
     sets = _keys(hashed)
     columns = []
@@ -334,7 +338,9 @@ def decomposition(rows, counted=None, hashed=False):
                            .select(*SUMMARY_KEY).distinct(), True, ("summary",))
         g = g.join(F.broadcast(names), "ks")
     return g.select("route", "protocol", F.col("op").alias("opcode"), "pairs",
-                    ms(F.col("c")[0]).alias("client_p50_ms"), ms(F.col("c")[1]).alias("client_p99_ms"),
-                    ms(F.col("s")[0]).alias("server_p50_ms"), ms(F.col("s")[1]).alias("server_p99_ms"),
+                    ms(F.col("c")[0]).alias("client_p50_ms"),
+                    ms(F.col("c")[1]).alias("client_p99_ms"),
+                    ms(F.col("s")[0]).alias("server_p50_ms"),
+                    ms(F.col("s")[1]).alias("server_p99_ms"),
                     ms(F.col("o")[0]).alias("outside_p50_ms"),
                     ms(F.col("o")[1]).alias("outside_p99_ms"))
