@@ -239,14 +239,15 @@ class Oracle:
             g["errors"] += c["error"]
             g["timeouts"] += c["timeout"]
             g["unmatched"] += c["unmatched"]
-            g["ts"].append(r["ts_ns"])
+            if c["is_req"]:
+                g["ts"].append(r["ts_ns"])
             if c["lat"] is not None:
                 g["lats"].append(c["lat"])
             g["frame_bytes"] += c["fb"]
             g["messages"] += c["msgs"]
         for g in groups.values():
             g["lats"].sort()
-            span = max((max(g["ts"]) - min(g["ts"])) / 1e9, 1.0)
+            span = max((max(g["ts"]) - min(g["ts"])) / 1e9 if g["ts"] else 0.0, 1.0)
             g["rate_per_s"] = round(g["requests"] / span, 3)
             g["error_ratio"] = round(g["errors"] / g["responses"], 6) if g["responses"] else 0.0
         return groups
@@ -391,6 +392,8 @@ def test_summary_counts_exact_and_percentiles_within_accuracy(analysed):
     assert (fly["requests"], fly["responses"], fly["errors"], fly["unmatched"]) == (
         1000, 1000, 50, 3)
     assert expected[("proxy", "fly", "flymq", "FETCH")]["timeouts"] == 10
+    # 200 FETCHes sent over 3.98 s: their timeouts, 30 s later, do not dilute the rate
+    assert expected[("proxy", "fly", "flymq", "FETCH")]["rate_per_s"] == round(200 / 3.98, 3)
     assert expected[("client", None, "flymq", "PRODUCE")]["timeouts"] == 5
     assert expected[("proxy", "stream", "rabbitmq-stream", "Credit")]["responses"] == 0
     for key, e in expected.items():

@@ -119,6 +119,8 @@ def counts(rows):
                  _count("is_un").alias("unmatched"),
                  F.min("ts_ns").alias("first_ns"),
                  F.max("ts_ns").alias("last_ns"),
+                 F.min(F.when(F.col("is_req"), F.col("ts_ns"))).alias("first_req_ns"),
+                 F.max(F.when(F.col("is_req"), F.col("ts_ns"))).alias("last_req_ns"),
                  F.max("lat").alias("max_ns"),
                  F.sum("fb").alias("frame_bytes"),
                  F.sum("msgs").alias("messages")))
@@ -217,10 +219,13 @@ def _attach(counted_groups, latency, set_name, hashed):
 def summary_of(counted, latency, hashed=True):
     """One row per (source, route, protocol, opcode): SUMMARY_COLUMNS."""
     groups = counted.groupBy(*SUMMARY_KEY).agg(
-        *[F.sum(c).alias(c) for c in _SUMS], F.min("first_ns").alias("first_ns"),
-        F.max("last_ns").alias("last_ns"), F.max("max_ns").alias("max_ns"))
+        *[F.sum(c).alias(c) for c in _SUMS], F.min("first_req_ns").alias("first_req_ns"),
+        F.max("last_req_ns").alias("last_req_ns"), F.max("max_ns").alias("max_ns"))
     g = _attach(groups, latency, "summary", hashed)
-    span_s = F.greatest((F.col("last_ns") - F.col("first_ns")) / 1e9, F.lit(1.0))
+    # the rate over the time requests were sent: answers and timeouts (request_timeout
+    # later) would stretch the span and understate it
+    span_s = F.greatest(F.coalesce((F.col("last_req_ns") - F.col("first_req_ns")) / 1e9,
+                                   F.lit(0.0)), F.lit(1.0))
     return g.select(
         "source", "route", "protocol", F.col("op").alias("opcode"),
         "requests", "responses", "errors",
