@@ -3,7 +3,8 @@
 Vectorised with pyarrow.compute (no numpy needed): per chunk of request/response pairs
 it draws routes and opcodes with weights, lognormal latencies per opcode with a heavy
 tail, 2 % error answers, 0.3 % timeouts (an ``event`` row instead of a response), 0.1 %
-unmatched responses, oneway requests without an answer, and writes Parquet files (zstd,
+unmatched responses, oneway requests without an answer, optionally the client side's rows
+for a share of the requests (``--client-share``), and writes Parquet files (zstd,
 one row group per 64 Ki rows, as the proxy's writer flushes) named like the proxy's
 (``proxy-<host>-<pid>-<start>-<seq>.parquet``) with proxy/framelog.py's SCHEMA.
 
@@ -77,9 +78,11 @@ def _int(values):
     return pc.cast(pc.floor(values), pa.int64())
 
 
-def build_chunk(pairs, first_pair, start_ns, ns_per_pair, run_id, host):
+def build_chunk(pairs, first_pair, start_ns, ns_per_pair, run_id, host, client_share=0.0):
     """One chunk: a request row per pair, its answer (or timeout event), unmatched
-    responses; returns a Table with SCHEMA."""
+    responses, and for ``client_share`` of the answered pairs the client's own row (the
+    same peer and correlation id; its latency adds ~150 us outside the server); returns
+    (proxy Table, client Table) with SCHEMA."""
     # flatten the opcode table: global opcode index -> route, names, latency, oneway
     op_route, op_name, op_median, op_oneway, op_weight = [], [], [], [], []
     for r, (_, _, ops) in enumerate(ROUTES):
@@ -161,13 +164,29 @@ def build_chunk(pairs, first_pair, start_ns, ns_per_pair, run_id, host):
         payload_bytes=pc.subtract(resp_bytes, 24), messages=pa.array([1] * pairs, pa.int64()),
         latency_ns=pa.nulls(pairs, pa.int64()), request_opcode_name=nulls,
         correlation_id=pc.binary_join_element_wise("u", corr, ""))).filter(stray)
-    return pa.concat_tables([requests, responses, unmatched])
+    proxy = pa.concat_tables([requests, responses, unmatched])
+
+    # the client's view of a share of the answered requests (Locust rows)
+    outside = _int(pc.multiply(150_000.0, pc.exp(pc.multiply(0.5, _normal(pairs)))))
+    mine = pc.and_(pc.and_(answered, pc.invert(timeout)),
+                   pc.less(pc.random(pairs), client_share))
+    client = table(dict(
+        common, source=pa.array(["client"] * pairs), route=protocol,
+        ts_ns=pc.subtract(ts_req, pc.divide(outside, 2)), direction=pa.array(["c2s"] * pairs),
+        opcode_name=name, kind=pa.array(["request"] * pairs),
+        status=pc.if_else(error, "ERROR", "OK"), outcome=pc.if_else(error, "error", "ok"),
+        frame_bytes=req_bytes, header_bytes=pa.array([24] * pairs, pa.int64()),
+        payload_bytes=pc.subtract(req_bytes, 24), messages=pa.array([1] * pairs, pa.int64()),
+        latency_ns=pc.add(latency, outside), request_opcode_name=nulls)).filter(mine)
+    return proxy, client
 
 
 def generate(directory, records=10_000_000, seconds=600.0, file_records=2_000_000,
              chunk_pairs=500_000, start_ns=None, run_id="bench-run", host="benchhost",
-             quiet=False):
-    """Write about ``records`` rows into ``directory``; returns (rows, files)."""
+             quiet=False, client_share=0.0):
+    """Write about ``records`` proxy rows into ``directory`` (plus client rows for
+    ``client_share`` of the answered requests, in ``client-*`` files); returns
+    (proxy rows, files)."""
     os.makedirs(directory, exist_ok=True)
     start_ns = start_ns or (time.time_ns() // 1_000_000_000 - int(seconds)) * 1_000_000_000
     # rows per pair: 1 request + (1 - oneway share) answers + unmatched
@@ -175,18 +194,29 @@ def generate(directory, records=10_000_000, seconds=600.0, file_records=2_000_00
     ns_per_pair = max(1, int(seconds * 1e9 / pairs_total))
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(start_ns / 1e9))
     rows = files = 0
-    writer = None
+    writer = client_writer = None
     in_file = 0
     first = 0
     while first < pairs_total and rows < records:
         n = min(chunk_pairs, pairs_total - first)
-        chunk = build_chunk(n, first, start_ns, ns_per_pair, run_id, host)
+        chunk, client = build_chunk(n, first, start_ns, ns_per_pair, run_id, host,
+                                    client_share)
+        if client.num_rows:
+            if client_writer is None:
+                client_final = os.path.join(directory, f"client-{host}-{os.getpid()}-{stamp}-"
+                                                       "000001.parquet")
+                client_tmp = os.path.join(directory, "." + os.path.basename(client_final)
+                                          + ".tmp")
+                client_writer = pq.ParquetWriter(client_tmp, SCHEMA, compression="zstd",
+                                                 store_schema=False)
+            client_writer.write_table(client, row_group_size=ROW_GROUP)
         if rows + chunk.num_rows > records:
             chunk = chunk.slice(0, records - rows)
         first += n
         if writer is None:
             files += 1
-            final = os.path.join(directory, f"proxy-{host}-{os.getpid()}-{stamp}-{files:06d}.parquet")
+            final = os.path.join(directory,
+                                 f"proxy-{host}-{os.getpid()}-{stamp}-{files:06d}.parquet")
             tmp = os.path.join(directory, "." + os.path.basename(final) + ".tmp")
             writer = pq.ParquetWriter(tmp, SCHEMA, compression="zstd", store_schema=False)
         writer.write_table(chunk, row_group_size=ROW_GROUP)
@@ -201,6 +231,9 @@ def generate(directory, records=10_000_000, seconds=600.0, file_records=2_000_00
     if writer is not None:
         writer.close()
         os.replace(tmp, final)
+    if client_writer is not None:
+        client_writer.close()
+        os.replace(client_tmp, client_final)
     if not quiet:
         print(file=sys.stderr)
     return rows, files
@@ -213,14 +246,17 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=600.0, help="time span of the run (600)")
     p.add_argument("--file-records", type=int, default=2_000_000,
                    help="rows per file before rotating (2 M)")
+    p.add_argument("--client-share", type=float, default=0.0,
+                   help="fraction of answered requests the client side logs too (0)")
     args = p.parse_args(argv)
     t = time.monotonic()
-    rows, files = generate(args.dir, args.records, args.seconds, args.file_records)
+    rows, files = generate(args.dir, args.records, args.seconds, args.file_records,
+                           client_share=args.client_share)
     dt = time.monotonic() - t
     size = sum(os.path.getsize(os.path.join(args.dir, f)) for f in os.listdir(args.dir)
                if f.endswith(".parquet"))
-    print(f"{rows:,} records in {files} files ({size / 2**20:,.0f} MiB) written to {args.dir} "
-          f"in {dt:.1f} s")
+    print(f"{rows:,} proxy records in {files} files ({size / 2**20:,.0f} MiB with any client "
+          f"files) written to {args.dir} in {dt:.1f} s")
     return 0
 
 

@@ -239,14 +239,15 @@ class Oracle:
             g["errors"] += c["error"]
             g["timeouts"] += c["timeout"]
             g["unmatched"] += c["unmatched"]
-            g["ts"].append(r["ts_ns"])
+            if c["is_req"]:
+                g["ts"].append(r["ts_ns"])
             if c["lat"] is not None:
                 g["lats"].append(c["lat"])
             g["frame_bytes"] += c["fb"]
             g["messages"] += c["msgs"]
         for g in groups.values():
             g["lats"].sort()
-            span = max((max(g["ts"]) - min(g["ts"])) / 1e9, 1.0)
+            span = max((max(g["ts"]) - min(g["ts"])) / 1e9 if g["ts"] else 0.0, 1.0)
             g["rate_per_s"] = round(g["requests"] / span, 3)
             g["error_ratio"] = round(g["errors"] / g["responses"], 6) if g["responses"] else 0.0
         return groups
@@ -388,8 +389,11 @@ def test_summary_counts_exact_and_percentiles_within_accuracy(analysed):
     assert set(got) == set(expected)
     # anchors: the oracle agrees with how the rows were made
     fly = expected[("proxy", "fly", "flymq", "PRODUCE")]
-    assert (fly["requests"], fly["responses"], fly["errors"], fly["unmatched"]) == (1000, 1000, 50, 3)
+    assert (fly["requests"], fly["responses"], fly["errors"], fly["unmatched"]) == (
+        1000, 1000, 50, 3)
     assert expected[("proxy", "fly", "flymq", "FETCH")]["timeouts"] == 10
+    # 200 FETCHes sent over 3.98 s: their timeouts, 30 s later, do not dilute the rate
+    assert expected[("proxy", "fly", "flymq", "FETCH")]["rate_per_s"] == round(200 / 3.98, 3)
     assert expected[("client", None, "flymq", "PRODUCE")]["timeouts"] == 5
     assert expected[("proxy", "stream", "rabbitmq-stream", "Credit")]["responses"] == 0
     for key, e in expected.items():
@@ -488,18 +492,68 @@ def test_decomposition_pairs_and_percentiles(analysed):
     assert pq.read_table(os.path.join(out, "decomposition")).num_rows == 2
 
 
-def test_jsonl_and_parquet_give_the_same_tables(spark, known, tmp_path):
-    """The whole run once as JSON Lines only and once as Parquet only: identical CSVs."""
-    from loadgen.analysis.job import analyze
-    files = {k: v for k, v in known[1].items() if k != "bulk"}     # keep it quick
-    outputs = {}
+def test_string_keys_give_the_same_tables(spark, known):
+    """Percentile groups are keyed by 64-bit hashes unless two keys of the data share
+    one; then by the strings.  Both ways must give the same tables."""
+    from loadgen.analysis import inputs, tables
+    rows = tables.classify(inputs.read_frames(spark, inputs.find_local([known[0]])))
+    counted = tables.counts(rows)
+    assert tables.hashes_are_unique(counted)
+    got = {}
+    for hashed in (True, False):
+        latency = tables.latencies(rows, 5, hashed)
+        got[hashed] = (
+            sorted(map(tuple, tables.summary_of(counted, latency, hashed).collect()), key=str),
+            sorted(map(tuple, tables.timeline_of(counted, latency, hashed).collect()), key=str),
+            tables.series_of(counted, latency, 5, hashed).collect(),
+            sorted(map(tuple, tables.decomposition(rows, counted, hashed).collect()), key=str))
+    assert got[True] == got[False]
+    assert len(got[True][0]) == 8 and len(got[True][2]) > 10 and len(got[True][3]) == 2
+
+
+def test_a_hash_collision_is_detected(spark, known):
+    from pyspark.sql import functions as F
+
+    from loadgen.analysis import inputs, tables
+    logs = inputs.FrameLogs()
+    logs.add("file://" + os.path.join(known[0], "proxy-h1-100-20261118T193320Z-000002.jsonl"))
+    counted = tables.counts(tables.classify(inputs.read_frames(spark, logs)))
+    assert tables.hashes_are_unique(counted)
+    real = tables._hash
+    try:
+        tables._hash = lambda cols: F.lit(7)            # every key the same hash
+        assert not tables.hashes_are_unique(counted)
+    finally:
+        tables._hash = real
+
+
+def test_slowest_threshold_keeps_the_top_n():
+    """The bound holds for any rank error within RANK_ERROR: at least n answers are at
+    or above it; too few answers give no threshold."""
+    from loadgen.analysis.tables import slowest_threshold
+    row = dict(responses=100_000, p50_ms=1.0, p90_ms=2.0, p99_ms=3.0, p999_ms=4.0)
+    assert slowest_threshold([row], 50) == 4_000_000 - 1       # 0.0009 * 1e5 = 90 >= 50
+    assert slowest_threshold([row], 100) == 3_000_000 - 1      # 0.0099 * 1e5 = 990 >= 100
+    assert slowest_threshold([dict(row, responses=150)], 100) is None
+    assert slowest_threshold([dict(row, p999_ms=None, p99_ms=None, p90_ms=None,
+                                   p50_ms=None)], 1) is None
+
+
+def test_jsonl_and_parquet_read_the_same(spark, known, tmp_path):
+    """The same rows as JSON Lines only and as Parquet only: the same frames reach the
+    aggregations (the rest of the job does not know the format)."""
+    from loadgen.analysis import inputs, tables
+    files = {k: v for k, v in known[1].items() if k != "bulk"}      # keep it quick
+    seen = {}
     for fmt in ("jsonl", "parquet"):
-        logs, out = tmp_path / f"logs-{fmt}", tmp_path / f"out-{fmt}"
+        logs = tmp_path / f"logs-{fmt}"
         write_known(str(logs), dict(files, bulk=[]), fmt=fmt)
-        analyze(spark, [str(logs)], str(out), slowest=10)
-        outputs[fmt] = {n: (out / n).read_text() for n in
-                        ("summary.csv", "timeline.csv", "slowest.csv", "decomposition.csv")}
-    assert outputs["jsonl"] == outputs["parquet"]
+        found = inputs.find_local([str(logs)])
+        assert len(getattr(found, fmt)) == 6
+        frames = tables.classify(inputs.read_frames(spark, found))
+        seen[fmt] = sorted(map(tuple, frames.collect()), key=str)
+    assert seen["jsonl"] == seen["parquet"]
+    assert len(seen["jsonl"]) == sum(len(v) for v in files.values())
 
 
 def test_proxy_only_logs_give_empty_decomposition_with_header(spark, known, tmp_path):
@@ -537,58 +591,87 @@ def test_empty_files_write_every_output_with_header(spark, tmp_path):
     assert '"charts": []' in (out / "report.html").read_text()
 
 
-def test_out_dir_inside_logdir_is_not_read_back(spark, known, tmp_path):
-    """Analysing a directory twice, with --out inside it: the first run's Parquet
-    outputs are not frame logs and must not be read (or rejected) the second time."""
-    from loadgen.analysis.job import analyze
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
-    first = analyze(spark, [str(logs)], str(logs / "analysis"))
-    second = analyze(spark, [str(logs)], str(logs / "analysis"))
-    assert first.summary == second.summary and first.files == second.files == 1
+# ---- input errors: both ways of finding and checking files ---------------------------------
+
+@pytest.fixture(params=["python", "hadoop"])
+def find(request, spark):
+    """Find and check frame logs the way ``prepare_local`` does (local paths, before
+    Spark starts) or through Hadoop's FileSystem API (any URI): same rules, same
+    messages.  Returns the files' local paths, sorted."""
+    from loadgen.analysis import inputs
+
+    def run(paths, out=None):
+        if request.param == "python":
+            logs = inputs.prepare_local([str(p) for p in paths], out and str(out))
+            assert logs is not None
+        else:
+            logs = inputs.find_frame_logs(spark, ["file://" + str(p) for p in paths],
+                                          exclude=out and "file://" + str(out))
+            inputs.check_parquet(spark, logs.parquet)
+        return sorted(inputs.local_name(f) for f in logs.parquet + logs.jsonl)
+    return run
 
 
-# ---- input errors (in-process: the message; the CLI tests check exit 2 and one line) ----
+def test_both_ways_find_the_same_files(find, known):
+    found = find([known[0]])
+    names = [os.path.relpath(f, known[0]) for f in found]
+    assert names == sorted([
+        "client-h3-300-20261118T193320Z-000001.parquet",
+        "client-h3-300-20261118T193320Z-000002.jsonl",
+        "host2/deeper/proxy-h2-200-20261118T193320Z-000001.parquet",
+        "host2/proxy-h2-200-20261118T193320Z-000002.parquet",
+        "proxy-h1-100-20261118T193320Z-000001.parquet",
+        "proxy-h1-100-20261118T193320Z-000002.jsonl"])
+    # a file given directly, twice, and a directory holding it: each file once
+    one = os.path.join(known[0], "proxy-h1-100-20261118T193320Z-000001.parquet")
+    assert len(find([one, one, known[0]])) == 6
 
-def test_missing_path(spark, tmp_path):
-    from loadgen.analysis.job import analyze
+
+def test_missing_path(find, tmp_path):
     with pytest.raises(AnalysisError, match=r"/nope: no such file or directory"):
-        analyze(spark, [str(tmp_path / "nope")], str(tmp_path / "out"))
+        find([tmp_path / "nope"])
 
 
-def test_dir_without_frame_logs(spark, tmp_path):
-    from loadgen.analysis.job import analyze
+def test_dir_without_frame_logs(find, tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "notes.txt").write_text("x")
     (tmp_path / "logs" / ".proxy-h-1-x-000001.parquet.tmp").write_bytes(b"PAR1")
     with pytest.raises(AnalysisError, match=r"logs: no frame logs there"):
-        analyze(spark, [str(tmp_path / "logs")], str(tmp_path / "out"))
+        find([tmp_path / "logs"])
 
 
-def test_one_of_several_paths_without_frame_logs(spark, known, tmp_path):
-    from loadgen.analysis.job import analyze
+def test_one_of_several_paths_without_frame_logs(find, known, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(AnalysisError, match=r"empty: no frame logs there"):
-        analyze(spark, [known[0], str(tmp_path / "empty")], str(tmp_path / "out"))
+        find([known[0], tmp_path / "empty"])
 
 
-def test_foreign_parquet_is_named(spark, known, tmp_path):
-    from loadgen.analysis.job import analyze
+def test_out_dir_is_skipped_or_refused(find, known, tmp_path):
+    logs = tmp_path / "logs"
+    (logs / "analysis" / "summary").mkdir(parents=True)
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
+    pq.write_table(pa.table({"requests": [1]}),
+                   str(logs / "analysis" / "summary" / "part-0.parquet"))
+    assert [os.path.basename(f) for f in find([logs], logs / "analysis")] == [
+        "proxy-h-1-20261118T193320Z-000001.parquet"]
+    with pytest.raises(AnalysisError, match=r"is also --out"):
+        find([logs], logs)
+
+
+def test_foreign_parquet_is_named(find, known, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
     foreign = logs / "sales.parquet"
     pq.write_table(pa.table({"region": ["north"], "amount": [3.5]}), str(foreign))
     with pytest.raises(AnalysisError) as info:
-        analyze(spark, [str(logs)], str(tmp_path / "out"))
-    msg = str(info.value)
-    assert str(foreign) in msg and "not a frame log" in msg and "lacks columns ts_ns" in msg
-    assert "\n" not in msg
+        find([logs])
+    assert str(info.value) == (
+        f"{foreign}: not a frame log (foreign Parquet schema: lacks columns ts_ns, source, "
+        "run_id, route, protocol, ...)")
 
 
-def test_mistyped_column_is_named(spark, known, tmp_path):
-    from loadgen.analysis.job import analyze
+def test_mistyped_column_is_named(find, known, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     rows = known[1]["stream"][:10]
@@ -597,27 +680,27 @@ def test_mistyped_column_is_named(spark, known, tmp_path):
                              pa.array([str(r["latency_ns"]) for r in rows]))
     bad = logs / "proxy-h-1-20261118T193320Z-000002.parquet"
     pq.write_table(table, str(bad))
-    with pytest.raises(AnalysisError, match=r"latency_ns is BINARY, expected INT64") as info:
-        analyze(spark, [str(logs)], str(tmp_path / "out"))
-    assert str(bad) in str(info.value)
+    with pytest.raises(AnalysisError) as info:
+        find([logs])
+    assert str(info.value) == (f"{bad}: not a frame log (foreign Parquet schema: latency_ns "
+                               "is BINARY, expected INT64)")
 
 
-def test_unreadable_parquet_is_named(spark, known, tmp_path):
-    from loadgen.analysis.job import analyze
+def test_unreadable_parquet_is_named(find, known, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
     good = logs / "proxy-h-1-20261118T193320Z-000001.parquet"
+    write_parquet(str(good), known[1]["stream"])
     broken = logs / "proxy-h-1-20261118T193320Z-000002.parquet"
     broken.write_bytes(good.read_bytes()[:-300])        # cut short: no footer
     with pytest.raises(AnalysisError, match=r"unreadable") as info:
-        analyze(spark, [str(logs)], str(tmp_path / "out"))
-    assert str(broken) in str(info.value)
+        find([logs])
+    assert str(info.value).startswith(f"{broken}: unreadable: ")
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_permission_denied_is_named(spark, known, tmp_path):
-    from loadgen.analysis.job import analyze
+def test_permission_denied_is_named(find, known, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     locked = logs / "proxy-h-1-20261118T193320Z-000001.parquet"
@@ -625,10 +708,20 @@ def test_permission_denied_is_named(spark, known, tmp_path):
     locked.chmod(0)
     try:
         with pytest.raises(AnalysisError, match=r"unreadable") as info:
-            analyze(spark, [str(logs)], str(tmp_path / "out"))
+            find([logs])
         assert str(locked) in str(info.value)
     finally:
         locked.chmod(0o644)
+
+
+def test_out_must_be_a_directory(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    from loadgen.analysis.outputs import OutputDir
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(AnalysisError, match=r"--out .*/file: exists and is not a directory"):
+        analyze(spark, [known[0]], str(tmp_path / "file"))
+    with pytest.raises(AnalysisError, match=r"--out .*/file: exists and is not a directory"):
+        OutputDir(spark, "file://" + str(tmp_path / "file"))        # the Hadoop side
 
 
 def test_malformed_json_lines_is_one_error(spark, known, tmp_path):
@@ -689,7 +782,7 @@ def test_cli_empty_dir(tmp_path):
 
 
 def test_cli_unreadable_and_foreign_files(tmp_path, known):
-    """Both in one run of the command each (a JVM start per run is the cost)."""
+    """Local paths are checked before Spark starts: these fail in a moment."""
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "proxy-h-1-20261118T193320Z-000001.parquet").write_bytes(b"not parquet at all")
@@ -700,6 +793,15 @@ def test_cli_unreadable_and_foreign_files(tmp_path, known):
     pq.write_table(pa.table({"a": [1]}), str(logs / "other.parquet"))
     line = _cli_error([str(logs)], tmp_path)
     assert "other.parquet: not a frame log" in line
+
+
+def test_cli_error_found_through_hadoop(tmp_path):
+    """A glob goes through Hadoop's file system API with Spark running: still one line."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "notes.txt").write_text("x")
+    line = _cli_error([f"file://{tmp_path}/lo*s"], tmp_path)
+    assert line.endswith("/lo*s: no frame logs there (files named *.parquet or *.jsonl; "
+                         "names starting with '.' are unfinished and skipped)")
 
 
 def test_cli_bad_arguments_exit_2():
@@ -722,43 +824,3 @@ def test_report_renders_in_chromium(analysed, tmp_path):
                                     expect_charts=["latency", "throughput", "p99", "errors",
                                                    "problems", "decomposition"])
     assert os.path.getsize(shot) > 50_000
-
-
-def test_string_keys_give_the_same_tables(spark, known, analysed, tmp_path, monkeypatch):
-    """Percentile groups are keyed by 64-bit hashes unless two keys of the data share
-    one; then by the strings.  Both ways must give the same tables."""
-    from loadgen.analysis import tables
-    from loadgen.analysis.job import analyze
-    monkeypatch.setattr(tables, "hashes_are_unique", lambda counted: False)
-    out = tmp_path / "out"
-    analyze(spark, [known[0]], str(out), slowest=30)
-    for name in ("summary.csv", "timeline.csv", "slowest.csv", "decomposition.csv"):
-        assert (out / name).read_text() == open(os.path.join(analysed[0], name)).read(), name
-
-
-def test_a_hash_collision_is_detected(spark, known):
-    from pyspark.sql import functions as F
-
-    from loadgen.analysis import inputs, tables
-    logs = inputs.FrameLogs()
-    logs.add("file://" + os.path.join(known[0], "proxy-h1-100-20261118T193320Z-000002.jsonl"))
-    counted = tables.counts(tables.classify(inputs.read_frames(spark, logs)))
-    assert tables.hashes_are_unique(counted)
-    real = tables._hash
-    try:
-        tables._hash = lambda cols: F.lit(7)            # every key the same hash
-        assert not tables.hashes_are_unique(counted)
-    finally:
-        tables._hash = real
-
-
-def test_slowest_threshold_keeps_the_top_n():
-    """The bound holds for any rank error within RANK_ERROR: at least n answers are at
-    or above it; too few answers give no threshold."""
-    from loadgen.analysis.tables import slowest_threshold
-    row = dict(responses=100_000, p50_ms=1.0, p90_ms=2.0, p99_ms=3.0, p999_ms=4.0)
-    assert slowest_threshold([row], 50) == 4_000_000 - 1       # 0.0009 * 1e5 = 90 >= 50
-    assert slowest_threshold([row], 100) == 3_000_000 - 1      # 0.0099 * 1e5 = 990 >= 100
-    assert slowest_threshold([dict(row, responses=150)], 100) is None
-    assert slowest_threshold([dict(row, p999_ms=None, p99_ms=None, p90_ms=None,
-                                   p50_ms=None)], 1) is None

@@ -72,6 +72,10 @@ class Chromium:
         import websocket
         self.profile = os.path.join(workdir, "chromium-profile")
         os.makedirs(self.profile, exist_ok=True)
+        try:                          # a stale one from an earlier browser names a dead port
+            os.unlink(os.path.join(self.profile, "DevToolsActivePort"))
+        except FileNotFoundError:
+            pass
         self.log = open(os.path.join(workdir, "chromium.log"), "wb")
         self.proc = subprocess.Popen(
             [need_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
@@ -82,9 +86,14 @@ class Chromium:
             port = self._port()
             pages = []
             deadline = time.monotonic() + 30
-            while not pages and time.monotonic() < deadline:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
-                    pages = [t for t in json.load(r) if t.get("type") == "page"]
+            while not pages:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list",
+                                                timeout=5) as r:
+                        pages = [t for t in json.load(r) if t.get("type") == "page"]
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
                 if not pages:
                     time.sleep(0.1)
             self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60,
@@ -206,8 +215,9 @@ def check_report_in_chromium(page, workdir, expect_charts):
         if listed:
             browser.evaluate(
                 f"Plotly.Fx.hover('{listed[0]}', [{{curveNumber: 0, pointNumber: 0}}])")
-            assert browser.evaluate(
-                f"document.getElementById('{listed[0]}').querySelectorAll('.hovertext').length") >= 1
+            hovers = (f"document.getElementById('{listed[0]}')"
+                      ".querySelectorAll('.hovertext').length")
+            assert browser.evaluate(hovers) >= 1
             browser.evaluate(f"Plotly.Fx.unhover('{listed[0]}')")
         requests = [e["params"]["request"]["url"] for e in browser.events
                     if e["method"] == "Network.requestWillBeSent"]

@@ -1,12 +1,19 @@
 """Finding, checking and reading frame-log files (docs/design.md, "Frame log").
 
-Paths are Hadoop paths (``/local/dir``, ``file://``, ``hdfs://``, ``s3a://``, globs), listed
-through Hadoop's FileSystem API on the driver, so whatever Spark can read works here.  A
+Paths are Hadoop paths (``/local/dir``, ``file://``, ``hdfs://``, ``s3a://``, globs).  A
 directory is searched recursively for ``*.parquet`` and ``*.jsonl``; names starting with
 ``.`` (unfinished files: the writers' temporary names) or ``_`` (Spark's markers) are
-skipped, as is everything under the job's own output directory.
+skipped, as is everything under the job's own output directory.  Every Parquet file's
+footer is checked against SCHEMA, so a foreign or broken file is named before any work.
+
+Two implementations of the same rules and messages: ``prepare_local`` for local paths,
+in Python before Spark starts (a wrong path fails in a blink, not after the JVM's
+start-up), and ``find_frame_logs`` + ``check_parquet`` through Hadoop's FileSystem API on
+the driver for everything else, so whatever Spark can read works here.
 """
 
+import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 from proxy.framelog import SCHEMA
@@ -59,8 +66,134 @@ def spark_schema(columns=None):
     return T.StructType(fields)
 
 
+def local_name(path):
+    """``file:/x/y`` (how Hadoop names local files) as ``/x/y`` in messages; other URIs
+    unchanged."""
+    if path.startswith("file:"):
+        rest = path[5:]
+        while rest.startswith("//"):
+            rest = rest[1:]
+        return rest
+    return path
+
+
 def _hidden(rel):
     return any(part.startswith((".", "_")) for part in rel.split("/") if part)
+
+
+NO_LOGS = ("no frame logs there (files named *.parquet or *.jsonl; names starting with "
+           "'.' are unfinished and skipped)")
+SAME_AS_OUT = "is also --out: give the outputs a directory of their own (inside this one is fine)"
+GLOB = re.compile(r"[*?\[{]")
+
+
+def local_path(given):
+    """The local file-system path of ``given`` (a plain path or ``file:`` URI without a
+    glob), or None for anything Hadoop must resolve (hdfs://, s3a://, globs)."""
+    if GLOB.search(given):
+        return None
+    if given.startswith("file:"):
+        return local_name(given)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", given):
+        return None
+    return os.path.abspath(given)
+
+
+def find_local(paths, exclude=None):
+    """``find_frame_logs`` for local paths, in Python (no JVM: errors come before Spark
+    starts); None when some path is not local.  Same rules and messages."""
+    local = [local_path(p) for p in paths]
+    if any(p is None for p in local):
+        return None
+    skip = None
+    if exclude and local_path(exclude):
+        out = local_path(exclude)
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise AnalysisError(f"--out {exclude}: exists and is not a directory")
+        skip = out.rstrip("/") + "/"
+    logs = FrameLogs()
+    for given, path in zip(paths, local):
+        if not os.path.exists(path):
+            raise AnalysisError(f"{given}: no such file or directory")
+        if skip and path.rstrip("/") + "/" == skip:
+            raise AnalysisError(f"{given} {SAME_AS_OUT}")
+        found = 0
+        if os.path.isdir(path):
+            def failed(exc, given=given):
+                raise AnalysisError(f"{given}: cannot list: {exc}")
+            for top, dirs, files in os.walk(path, onerror=failed):
+                dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+                for name in sorted(files):
+                    full = os.path.join(top, name)
+                    if (name.endswith(SUFFIXES) and not name.startswith((".", "_"))
+                            and not (skip and full.startswith(skip))):
+                        logs.add("file://" + full)
+                        found += 1
+        elif path.endswith(SUFFIXES) and not os.path.basename(path).startswith((".", "_")):
+            logs.add("file://" + path)
+            found += 1
+        if not found:
+            raise AnalysisError(f"{given}: {NO_LOGS}")
+    return logs
+
+
+def prepare_local(paths, exclude=None):
+    """The frame logs under ``paths``, found and checked without Spark, or None when a
+    path needs Hadoop (then ``find_frame_logs`` and ``check_parquet`` do it)."""
+    logs = find_local(paths, exclude)
+    if logs is not None:
+        check_local_parquet(logs.parquet)
+    return logs
+
+
+def check_local_parquet(files):
+    """``check_parquet`` for local files, with pyarrow (footers only, no JVM)."""
+    for f in files:
+        problem = local_parquet_problem(local_name(f))
+        if problem:
+            raise AnalysisError(problem)
+
+
+def local_parquet_problem(path):
+    """``parquet_problem`` for a local file, read with pyarrow."""
+    import pyarrow.parquet as pq
+    try:
+        meta = pq.ParquetFile(path).schema
+    except Exception as exc:
+        text = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+        return f"{path}: unreadable: {text}"
+    top = {}
+    arrow = meta.to_arrow_schema()
+    for i in range(len(meta)):
+        column = meta.column(i)
+        name = column.path.split(".")[0]
+        if column.path == name:                          # a top-level primitive column
+            top[name] = {"BYTE_ARRAY": "BINARY"}.get(column.physical_type,
+                                                      column.physical_type)
+    return _schema_problem(path, set(arrow.names),
+                           lambda name: top.get(name, "a group"))
+
+
+def _schema_problem(path, names, type_of):
+    """The foreign-schema message for a file with columns ``names`` whose Parquet
+    physical types ``type_of(name)`` gives ("a group" for nested), or None."""
+    missing, wrong = [], []
+    for field in SCHEMA:
+        if field.name not in names:
+            missing.append(field.name)
+            continue
+        want = _PARQUET_TYPES.get(str(field.type), "a group")
+        have = type_of(field.name)
+        if have != want:
+            wrong.append(f"{field.name} is {have}, expected {want}")
+    if not (missing or wrong):
+        return None
+    what = []
+    if missing:
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        what.append(f"lacks column{'s' if len(missing) > 1 else ''} {shown}")
+    what.extend(wrong[:3])
+    return f"{path}: not a frame log (foreign Parquet schema: {'; '.join(what)})"
 
 
 def find_frame_logs(spark, paths, exclude=None):
@@ -72,7 +205,10 @@ def find_frame_logs(spark, paths, exclude=None):
     skip = None
     if exclude:
         out = Path(exclude)
-        skip = out.getFileSystem(hconf).makeQualified(out).toString().rstrip("/") + "/"
+        try:
+            skip = out.getFileSystem(hconf).makeQualified(out).toString().rstrip("/") + "/"
+        except Exception:
+            skip = None                     # reported when the output is created
     logs = FrameLogs()
     for given in paths:
         path = Path(given)
@@ -87,6 +223,9 @@ def find_frame_logs(spark, paths, exclude=None):
             raise AnalysisError(f"{given}: {first_line(exc)}{hint}") from None
         if not matches:
             raise AnalysisError(f"{given}: no such file or directory")
+        if skip and any(fs.makeQualified(m.getPath()).toString().rstrip("/") + "/" == skip
+                        for m in matches):
+            raise AnalysisError(f"{given} {SAME_AS_OUT}")
         found = 0
         for status in matches:
             root = status.getPath()
@@ -110,9 +249,7 @@ def find_frame_logs(spark, paths, exclude=None):
                     logs.add(name)
                     found += 1
         if not found:
-            raise AnalysisError(
-                f"{given}: no frame logs there (files named *.parquet or *.jsonl; names "
-                "starting with '.' are unfinished and skipped)")
+            raise AnalysisError(f"{given}: {NO_LOGS}")
     return logs
 
 
@@ -136,27 +273,14 @@ def parquet_problem(spark, path):
         finally:
             reader.close()
     except Exception as exc:
-        return f"{path}: unreadable: {_java_message(exc)}"
-    missing, wrong = [], []
-    for field in SCHEMA:
-        if not schema.containsField(field.name):
-            missing.append(field.name)
-            continue
-        actual = schema.getType(field.name)
-        want = _PARQUET_TYPES.get(str(field.type), "a group")
-        if _type_name(actual) != want:
-            wrong.append(f"{field.name} is {_type_name(actual)}, expected {want}")
-    if missing or wrong:
-        what = []
-        if missing:
-            shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
-            what.append(f"lacks column{'s' if len(missing) > 1 else ''} {shown}")
-        what.extend(wrong[:3])
-        return (f"{path}: not a frame log (foreign Parquet schema: {'; '.join(what)})")
-    return None
+        return f"{local_name(path)}: unreadable: {java_message(exc)}"
+    names = {schema.getType(i).getName() for i in range(schema.getFieldCount())}
+    return _schema_problem(local_name(path), names,
+                           lambda name: _type_name(schema.getType(name)))
 
 
-def _java_message(exc):
+def java_message(exc):
+    """The first line of a JVM exception's message (what a user can act on)."""
     java = getattr(exc, "java_exception", None)
     if java is not None:
         try:

@@ -11,7 +11,9 @@ and their columns: docs/analysis.md.
 import argparse
 import datetime
 import os
+import re
 import sys
+import textwrap
 import time
 
 if __package__ in (None, ""):          # run as a script (spark-submit): find our packages
@@ -26,9 +28,9 @@ class JobFailed(Exception):
     memory, a lost cluster): one line, exit status 1."""
 
 
-STEPS = ("finding frame logs", "checking Parquet schemas", "counting (pass 1: every row)",
-         "percentiles (pass 2: answered requests), summary", "timeline", "slowest requests", "client/proxy decomposition",
-         "report")
+STEPS = ("finding frame logs", "checking Parquet footers", "counting (pass 1: every row)",
+         "percentiles (pass 2: answered requests), summary", "timeline", "slowest requests",
+         "client/proxy decomposition", "report")
 
 
 def add_arguments(parser):
@@ -90,8 +92,7 @@ def _rows(df):
 
 def _spark_failure(exc):
     """Turn a failed Spark action into AnalysisError (the input's fault) or JobFailed."""
-    import re
-
+    from loadgen.analysis.inputs import local_name
     from loadgen.analysis.session import first_line
     text = str(exc)
     m = re.search(r"(?:reading file|Could not read footer for file:?)\s+(\S+?)\.?(?:\s|$)", text)
@@ -102,16 +103,17 @@ def _spark_failure(exc):
             reason = ": " + cause.group(1).strip()[:200]
         if "Malformed" in text or "JSON" in text or "malformed" in text:
             reason = ": a line is not a JSON object of the frame-log schema"
-        return AnalysisError(f"cannot read {m.group(1)}{reason}")
+        return AnalysisError(f"cannot read {local_name(m.group(1))}{reason}")
     if "Malformed records are detected" in text:
         return AnalysisError("a JSON Lines frame log has a line that is not a JSON object of "
                              "the frame-log schema")
     return JobFailed(f"Spark job failed: {first_line(exc)}")
 
 
-def analyze(spark, paths, out, slowest=100, progress=None):
+def analyze(spark, paths, out, slowest=100, progress=None, logs=None):
     """Run the analysis with ``spark`` and write every output into ``out``; returns a
-    Result.  AnalysisError for bad input, JobFailed when Spark gives up."""
+    Result.  AnalysisError for bad input, JobFailed when Spark gives up.  ``logs``: the
+    files, when ``inputs.prepare_local`` found and checked them already."""
     from pyspark import StorageLevel
     from pyspark.errors import PySparkException
     from py4j.protocol import Py4JError
@@ -130,9 +132,12 @@ def analyze(spark, paths, out, slowest=100, progress=None):
     cached = []            # small persisted results, released at the end
     try:
         step(STEPS[0])
-        logs = inputs.find_frame_logs(spark, paths, exclude=out)
+        if logs is None:
+            logs = inputs.prepare_local(paths, out)
         step(STEPS[1])
-        inputs.check_parquet(spark, logs.parquet)
+        if logs is None:                             # hdfs://, s3a://, globs: Hadoop's way
+            logs = inputs.find_frame_logs(spark, paths, exclude=out)
+            inputs.check_parquet(spark, logs.parquet)
         outdir = OutputDir(spark, out)
 
         step(STEPS[2])
@@ -174,7 +179,7 @@ def analyze(spark, paths, out, slowest=100, progress=None):
             "slowest.csv")       # one partition, already in order (orderBy + limit)
 
         step(STEPS[6])
-        decomposition_df = tables.decomposition(rows)
+        decomposition_df = tables.decomposition(rows, counted, hashed)
         if not any(r["source"] == "client" for r in runs):
             decomposition_df = decomposition_df.limit(0)      # nothing to pair: no scan
         decomposition_df = outdir.parquet(decomposition_df, "decomposition",
@@ -209,16 +214,6 @@ def analyze(spark, paths, out, slowest=100, progress=None):
                 pass
 
 
-def local_name(path):
-    """``file:/x/y`` -> ``/x/y`` for messages; other URIs unchanged."""
-    if path.startswith("file:"):
-        rest = path[5:]
-        while rest.startswith("//"):
-            rest = rest[1:]
-        return rest
-    return path
-
-
 def _fmt(value, places=3):
     if value is None:
         return "-"
@@ -251,6 +246,7 @@ def summary_table(rows):
 def run(args, stdout=None):
     """The command: a session, the job, the table and where the report is; returns 0.
     Raises AnalysisError (exit 2) or JobFailed (exit 1)."""
+    from loadgen.analysis.inputs import local_name, prepare_local
     from loadgen.analysis.session import Console, Progress, start_session, stop_session
 
     stdout = stdout or sys.stdout
@@ -259,11 +255,12 @@ def run(args, stdout=None):
     started = time.monotonic()
     if "PYSPARK_GATEWAY_PORT" in os.environ and args.master:
         console.say("analyze: --master is ignored under spark-submit (give it to spark-submit)")
+    logs = prepare_local(args.paths, args.out)       # local paths: checked before the JVM
     console.step("analyze: starting Spark (%s)" % (args.master or "local[*]"))
     spark, owned = start_session(args.master, conf, console)
     try:
         with Progress(spark, console) as progress:
-            result = analyze(spark, args.paths, args.out, args.slowest, progress)
+            result = analyze(spark, args.paths, args.out, args.slowest, progress, logs)
     except KeyboardInterrupt:
         try:
             spark.sparkContext.cancelAllJobs()
@@ -291,9 +288,10 @@ def make_parser(prog="frametap analyze"):
         formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
-DESCRIPTION = ("Analyse frame logs with PySpark: per-opcode summary, per-second timeline, "
-               "slowest requests, client/proxy latency decomposition, and a self-contained "
-               "report.html. Needs Java 17+.")
+DESCRIPTION = textwrap.fill(
+    "Analyse frame logs with PySpark: per-opcode summary, per-second timeline, slowest "
+    "requests, client/proxy latency decomposition, and a self-contained report.html. "
+    "Needs Java 17+.", 79)
 EPILOG = """\
 outputs in DIR: summary.csv + summary/, timeline.csv + timeline/, slowest.csv,
 decomposition.csv + decomposition/ (Parquet directories), report.html

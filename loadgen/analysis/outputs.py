@@ -37,12 +37,22 @@ class OutputDir:
     """``--out DIR``: created when missing; outputs replace earlier ones of the same name."""
 
     def __init__(self, spark, out):
+        from loadgen.analysis import AnalysisError
+        from loadgen.analysis.inputs import java_message
         self.spark = spark
         jvm = spark._jvm
         self.Path = jvm.org.apache.hadoop.fs.Path
         path = self.Path(out)
-        self.fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
-        self.fs.mkdirs(path)
+        try:
+            self.fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+            if self.fs.exists(path) and not self.fs.getFileStatus(path).isDirectory():
+                raise AnalysisError(f"--out {out}: exists and is not a directory")
+            if not self.fs.mkdirs(path):
+                raise AnalysisError(f"--out {out}: cannot create the directory")
+        except AnalysisError:
+            raise
+        except Exception as exc:
+            raise AnalysisError(f"--out {out}: {java_message(exc)}") from None
         self.root = self.fs.makeQualified(path).toString().rstrip("/")
 
     def path(self, name):

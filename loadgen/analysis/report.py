@@ -49,6 +49,11 @@ def ns_to_text(ns, millis=True):
     return t.strftime("%Y-%m-%d %H:%M:%S") + (".%03d" % (t.microsecond // 1000) if millis else "")
 
 
+def ns_to_iso(ns):
+    """ns since the epoch as ISO 8601 UTC with milliseconds, as in the CSV files."""
+    return ns_to_text(ns).replace(" ", "T") + "Z"
+
+
 def _label(row, with_source=True):
     route = row.get("route") or row.get("protocol") or "-"
     text = f"{route} {row.get('opcode') or '-'}"
@@ -60,8 +65,9 @@ def _label(row, with_source=True):
 def _layout(fig, title, ytitle, xtitle=None, log=False, barmode=None):
     fig.update_layout(
         title={"text": title, "x": 0, "font": {"size": 15}}, template="plotly_white",
-        margin={"l": 60, "r": 20, "t": 50, "b": 60}, height=420, hovermode="closest",
-        legend={"orientation": "h", "y": -0.22}, barmode=barmode)
+        margin={"l": 60, "r": 20, "t": 80, "b": 60}, height=420, hovermode="closest",
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right",
+                "x": 1}, barmode=barmode)
     fig.update_yaxes(title_text=ytitle, type="log" if log else "linear")
     if xtitle:
         fig.update_xaxes(title_text=xtitle)
@@ -81,8 +87,10 @@ def latency_figure(summary):
             customdata=[[r["responses"]] for r in rows],
             hovertemplate="%{x}<br>" + name + " %{y:.3f} ms<br>%{customdata[0]} answered"
                           "<extra></extra>"))
-    return _layout(fig, "Latency percentiles per opcode", "ms (log scale)", log=True,
-                   barmode="group")
+    _layout(fig, "Latency percentiles per opcode", "ms (log scale)", log=True, barmode="group")
+    if len(rows) > 8:                   # room for the slanted opcode labels
+        fig.update_layout(height=520, margin={"b": 150})
+    return fig
 
 
 def _series_by_route(series):
@@ -142,7 +150,8 @@ def decomposition_figure(decomposition):
     fig = go.Figure()
     colours = {"client": "#636efa", "server": "#00cc96", "outside": "#ef553b"}
     for q in ("p50", "p99"):
-        for part, title in (("client", "client-observed"), ("server", "server (proxy ↔ upstream)"),
+        for part, title in (("client", "client-observed"),
+                            ("server", "server (proxy ↔ upstream)"),
                             ("outside", "outside the server")):
             key = f"{part}_{q}_ms"
             fig.add_trace(go.Bar(
@@ -226,7 +235,7 @@ def render(data):
                     "p99_ms", "p999_ms", "max_ms", "frame_bytes", "messages"]
     slow_cols = ["ts", "source", "route", "protocol", "opcode", "conn_id", "peer",
                  "correlation_id", "latency_ms", "status"]
-    slow_rows = [dict(r, ts=ns_to_text(r["ts_ns"]) + "Z") for r in slowest_rows]
+    slow_rows = [dict(r, ts=ns_to_iso(r["ts_ns"])) for r in slowest_rows]
     no_data = "No answered requests in these frame logs."
     sections = [
         _section("Run", f"<dl>{dl}</dl>"),

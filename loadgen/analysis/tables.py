@@ -1,7 +1,10 @@
 """The analysis tables (docs/design.md, "Analysis outputs"), as Spark DataFrames.
 
 Everything is DataFrame API (no Python UDFs: executors need no Python) and every result
-is an aggregate or a top-N, so only small tables ever reach the driver.
+is an aggregate or a top-N, so only small tables ever reach the driver.  The frames are
+scanned twice for all the tables (``counts``: every row, counts only; ``latencies``:
+answered rows, percentile sketches), then once for ``slowest`` and, with client logs,
+once for ``decomposition`` (docs/analysis.md, "How the job works").
 
 How rows count (``classify``), by the request's opcode:
 
@@ -116,6 +119,8 @@ def counts(rows):
                  _count("is_un").alias("unmatched"),
                  F.min("ts_ns").alias("first_ns"),
                  F.max("ts_ns").alias("last_ns"),
+                 F.min(F.when(F.col("is_req"), F.col("ts_ns"))).alias("first_req_ns"),
+                 F.max(F.when(F.col("is_req"), F.col("ts_ns"))).alias("last_req_ns"),
                  F.max("lat").alias("max_ns"),
                  F.sum("fb").alias("frame_bytes"),
                  F.sum("msgs").alias("messages")))
@@ -186,7 +191,8 @@ def latencies(rows, bucket_s, hashed=True):
     logged latency in ns) per summary group, timeline second and report bucket, from
     one scan (Spark's grouping sets).  Keyed as ``_keys(hashed)`` says."""
     answered = rows.where(F.col("lat").isNotNull()).select(
-        *SUMMARY_KEY, "lat", _second().alias("sec"), _bucket(bucket_s).alias("bucket_s"))
+        *SUMMARY_KEY, "lat", _second().alias("sec"),
+        _bucket(bucket_s, f"(ts_ns div {NS_PER_S})").alias("bucket_s"))
     keyed = _with_keys(answered, hashed)
     sets = _keys(hashed)
     columns = []
@@ -213,10 +219,13 @@ def _attach(counted_groups, latency, set_name, hashed):
 def summary_of(counted, latency, hashed=True):
     """One row per (source, route, protocol, opcode): SUMMARY_COLUMNS."""
     groups = counted.groupBy(*SUMMARY_KEY).agg(
-        *[F.sum(c).alias(c) for c in _SUMS], F.min("first_ns").alias("first_ns"),
-        F.max("last_ns").alias("last_ns"), F.max("max_ns").alias("max_ns"))
+        *[F.sum(c).alias(c) for c in _SUMS], F.min("first_req_ns").alias("first_req_ns"),
+        F.max("last_req_ns").alias("last_req_ns"), F.max("max_ns").alias("max_ns"))
     g = _attach(groups, latency, "summary", hashed)
-    span_s = F.greatest((F.col("last_ns") - F.col("first_ns")) / 1e9, F.lit(1.0))
+    # the rate over the time requests were sent: answers and timeouts (request_timeout
+    # later) would stretch the span and understate it
+    span_s = F.greatest(F.coalesce((F.col("last_req_ns") - F.col("first_req_ns")) / 1e9,
+                                   F.lit(0.0)), F.lit(1.0))
     return g.select(
         "source", "route", "protocol", F.col("op").alias("opcode"),
         "requests", "responses", "errors",
@@ -298,7 +307,7 @@ def slowest(rows, n, threshold=None):
                     "status"))
 
 
-def decomposition(rows):
+def decomposition(rows, counted=None, hashed=False):
     """One row per (route, protocol, opcode) with both sides logged: DECOMPOSITION_COLUMNS.
 
     A pair is a client row (``source=client``, ``kind=request``, with a latency) and a
@@ -307,24 +316,36 @@ def decomposition(rows):
     route is not a join key: it, protocol and opcode come from the proxy's row.  Ids
     that repeat on one (peer, protocol) - a FIFO connection's 1, 2, 3... on a reused
     client port, a wrapped 32-bit opaque - pair with each other's repeats too
-    (docs/analysis.md)."""
+    (docs/analysis.md).
+
+    Only the join keys and latencies are shuffled, in a hash join built on the client
+    side (no sort of millions of proxy rows).  With ``hashed`` (keys checked by
+    ``hashes_are_unique``) the proxy row's (route, protocol, opcode) travels as its
+    summary hash ``ks`` and is named again from ``counted`` after the aggregation."""
     client = (rows.where(F.col("source").eqNullSafe("client") & F.col("kind").eqNullSafe("request")
                          & F.col("lat").isNotNull() & F.col("correlation_id").isNotNull())
               .select("protocol", "peer", "correlation_id", F.col("lat").alias("client_ns")))
-    server = (rows.where(F.col("source").eqNullSafe("proxy") & F.col("kind").eqNullSafe("response")
-                         & F.col("lat").isNotNull() & F.col("correlation_id").isNotNull())
-              .select("route", "protocol", "peer", "correlation_id", "op",
-                      F.col("lat").alias("server_ns")))
-    pairs = server.join(client, ["protocol", "peer", "correlation_id"])
+    server = rows.where(F.col("source").eqNullSafe("proxy") & F.col("kind").eqNullSafe("response")
+                        & F.col("lat").isNotNull() & F.col("correlation_id").isNotNull())
+    group = ["ks"] if hashed else ["route", "protocol", "op"]
+    server = _with_keys(server, hashed, ("summary",)).select(
+        "protocol", "peer", "correlation_id", *group, F.col("lat").alias("server_ns"))
+    pairs = server.join(client.hint("shuffle_hash"), ["protocol", "peer", "correlation_id"])
     two = [0.5, 0.99]
-    g = pairs.groupBy("route", "protocol", "op").agg(
+    g = pairs.groupBy(*group).agg(
         F.count(F.lit(1)).alias("pairs"),
         F.percentile_approx("client_ns", two, ACCURACY).alias("c"),
         F.percentile_approx("server_ns", two, ACCURACY).alias("s"),
         F.percentile_approx(F.col("client_ns") - F.col("server_ns"), two, ACCURACY).alias("o"),
     )
+    if hashed:
+        names = _with_keys(counted.where(F.col("source").eqNullSafe("proxy"))
+                           .select(*SUMMARY_KEY).distinct(), True, ("summary",))
+        g = g.join(F.broadcast(names), "ks")
     return g.select("route", "protocol", F.col("op").alias("opcode"), "pairs",
-                    ms(F.col("c")[0]).alias("client_p50_ms"), ms(F.col("c")[1]).alias("client_p99_ms"),
-                    ms(F.col("s")[0]).alias("server_p50_ms"), ms(F.col("s")[1]).alias("server_p99_ms"),
+                    ms(F.col("c")[0]).alias("client_p50_ms"),
+                    ms(F.col("c")[1]).alias("client_p99_ms"),
+                    ms(F.col("s")[0]).alias("server_p50_ms"),
+                    ms(F.col("s")[1]).alias("server_p99_ms"),
                     ms(F.col("o")[0]).alias("outside_p50_ms"),
                     ms(F.col("o")[1]).alias("outside_p99_ms"))
