@@ -259,7 +259,8 @@ def render(data):
         _section(f"Slowest {len(slow_rows)} answered requests",
                  html_table(slow_rows, slow_cols) if slow_rows
                  else f'<p class="empty">{html.escape(no_data)}</p>',
-                 "ts is the answer row's time (for the proxy: when the response passed)."),
+                 "ts is the time of the row with the latency: for the proxy when the "
+                 "response passed, for the client when the request started."),
         _section("Summary", html_table(summary, summary_cols) if summary
                  else '<p class="empty">No records.</p>'),
     ]
