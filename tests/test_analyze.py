@@ -699,19 +699,36 @@ def test_unreadable_parquet_is_named(find, known, tmp_path):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_permission_denied_is_named(find, known, tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    locked = logs / "proxy-h-1-20261118T193320Z-000001.parquet"
-    write_parquet(str(locked), known[1]["stream"])
-    locked.chmod(0)
+def test_permission_denied_is_named(known):
+    """A file the user cannot read is named.  Root reads any file whatever its mode, so
+    as root the check runs in a child process with nobody's uid (setpriv)."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    top = tempfile.mkdtemp(prefix="frametap-perm-")
     try:
-        with pytest.raises(AnalysisError, match=r"unreadable") as info:
-            find([logs])
-        assert str(locked) in str(info.value)
+        os.chmod(top, 0o755)
+        logs = os.path.join(top, "logs")
+        os.mkdir(logs)
+        os.chmod(logs, 0o755)
+        locked = os.path.join(logs, "proxy-h-1-20261118T193320Z-000001.parquet")
+        write_parquet(locked, known[1]["stream"])
+        os.chmod(locked, 0)
+        code = ("import sys; from loadgen.analysis import inputs, AnalysisError\n"
+                "try:\n    inputs.prepare_local([sys.argv[1]], None)\n"
+                "except AnalysisError as e:\n    print(e); sys.exit(2)\n")
+        argv = [sys.executable, "-c", code, logs]
+        if os.geteuid() == 0:
+            assert shutil.which("setpriv"), "setpriv (util-linux) is needed to test as root"
+            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + argv
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=root,
+                           env=dict(os.environ, PYTHONPATH=root), timeout=60)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stdout.strip().startswith(f"{locked}: unreadable: "), r.stdout
     finally:
-        locked.chmod(0o644)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_out_must_be_a_directory(spark, known, tmp_path):
