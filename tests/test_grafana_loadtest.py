@@ -282,7 +282,8 @@ def test_prometheus_total_equals_locust_json_exactly(run):
     failures = sum(e["num_failures"] for e in stats)
     assert expected > 200 and 0 < failures < expected, (expected, failures)
     # the master is gone now: its last scrape (during the linger) holds the final totals
-    total = prom.wait_value('sum(last_over_time(frametap_locust_requests_total{job="locust"}[10m]))',
+    total = prom.wait_value(
+        'sum(last_over_time(frametap_locust_requests_total{job="locust"}[10m]))',
                             lambda v: v == expected, f"{expected} requests", timeout=10)
     assert total == expected
     errors = prom.scalar('sum(last_over_time(frametap_locust_requests_total'
