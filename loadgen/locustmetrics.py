@@ -124,15 +124,20 @@ class LocustMetrics:
 
     def observe(self, protocol, opcode, outcome, response_time) -> None:
         """One request; ``response_time`` in milliseconds as Locust reports it (any
-        precision), or None (counted, not timed, as Locust does)."""
+        precision), or None (counted, not timed, as Locust does; so is a value that is
+        not a finite number)."""
         row = self.rows.get((protocol, opcode, outcome))
         if row is None:
             row = self._row(protocol, opcode, outcome)
         row[0] += 1
         if response_time is not None:
+            try:
+                ns = round(response_time * 1e6)
+            except (TypeError, ValueError, OverflowError):    # NaN, inf, not a number
+                return
             row[1] += 1
             row[2] += response_time / 1000.0
-            row[3 + bisect.bisect_left(BUCKETS_NS, round(response_time * 1e6))] += 1
+            row[3 + bisect.bisect_left(BUCKETS_NS, ns)] += 1
 
     def on_request(self, request_type, name, response_time, response_length=0,
                    exception=None, **_kwargs) -> None:

@@ -284,7 +284,7 @@ def test_prometheus_total_equals_locust_json_exactly(run):
     # the master is gone now: its last scrape (during the linger) holds the final totals
     total = prom.wait_value(
         'sum(last_over_time(frametap_locust_requests_total{job="locust"}[10m]))',
-                            lambda v: v == expected, f"{expected} requests", timeout=10)
+        lambda v: v == expected, f"{expected} requests", timeout=10)
     assert total == expected
     errors = prom.scalar('sum(last_over_time(frametap_locust_requests_total'
                          '{job="locust", outcome="error"}[10m]))')
@@ -582,6 +582,15 @@ def test_histogram_takes_unrounded_milliseconds():
     total = reg.get_sample_value("frametap_locust_request_duration_seconds_sum", lab)
     assert total == pytest.approx((0.3 + 0.05 + 0.0501 + 20000.0) / 1000.0)
     assert reg.get_sample_value("frametap_locust_users") == 7
+
+
+def test_odd_response_times_are_counted_not_timed():
+    m = LocustMetrics()
+    for odd in (float("nan"), float("inf"), "12", -1.0):
+        m.observe("flymq", "FETCH", "ok", odd)
+    row = m.rows[("flymq", "FETCH", "ok")]
+    assert row[0] == 4                  # all counted (Locust counts them too)
+    assert row[1] == 1 and row[3] == 1  # only -1 ms is timed: the lowest bucket
 
 
 def test_worker_increments_add_up_on_the_master():
