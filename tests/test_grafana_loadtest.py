@@ -19,7 +19,8 @@ injected faults make their alerts pending and the healthy parts stay quiet; prom
 config, rules and rule unit tests pass; both dashboards' JSON is well formed
 (unique ids, grid, datasource variable, units, links) and names only metrics the proxy or
 the exporter serves. The exporter's own parts (unrounded histogram, worker increments,
-label bounds) are unit-tested in-process; ``--processes 2`` is run against its endpoint.
+label bounds) are unit-tested in-process; a ``--processes 2`` run and a plain run are
+checked against their endpoint.
 """
 
 import json
@@ -276,6 +277,7 @@ request_timeout = 0.5
 
 # --------------------------------------------------------------------------- under load
 
+@pytest.mark.slow
 def test_prometheus_total_equals_locust_json_exactly(run):
     prom, stats = run["prom"], run["stats"]
     expected = sum(e["num_requests"] for e in stats)
@@ -300,6 +302,7 @@ def test_prometheus_total_equals_locust_json_exactly(run):
                        '{job="locust"}[10m]))') == expected
 
 
+@pytest.mark.slow
 def test_client_and_proxy_agree_on_answered_requests(run):
     """The PRODUCE requests the proxy timed are the ones Locust reported, give or take
     one per user: a user stopped in the middle of a request never reports it, while the
@@ -313,6 +316,7 @@ def test_client_and_proxy_agree_on_answered_requests(run):
     assert client > 0 and client <= proxy <= client + USERS, (client, proxy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("uid", list(DASHBOARDS))
 def test_every_dashboard_query_returns_series(run, uid):
     prom, at, variables = run["prom"], run["at"], run["variables"]
@@ -331,6 +335,7 @@ def test_every_dashboard_query_returns_series(run, uid):
     assert not empty, "no series:\n" + "\n".join(empty)
 
 
+@pytest.mark.slow
 def test_loadtest_dashboard_compares_client_and_proxy(run):
     prom, at, variables = run["prom"], run["at"], run["variables"]
     panels = {p["title"]: p for p in all_panels(load_dashboard("frametap-loadtest"))}
@@ -355,6 +360,7 @@ def test_loadtest_dashboard_compares_client_and_proxy(run):
     assert max(v for v in values if not math.isnan(v)) > 0   # the unauthenticated worker
 
 
+@pytest.mark.slow
 def test_dashboard_variables_resolve(run):
     prom = run["prom"]
     expected = {"protocol": "flymq", "route": "fly", "opcode": "PRODUCE"}
@@ -368,6 +374,7 @@ def test_dashboard_variables_resolve(run):
             assert expected[name] in r["data"], (uid, name, r["data"])
 
 
+@pytest.mark.slow
 def test_every_rule_expression_returns_series(run):
     prom, at = run["prom"], run["at"]
     empty, failed, n = [], [], 0
@@ -389,6 +396,7 @@ def test_every_rule_expression_returns_series(run):
     assert not empty, "no series:\n" + "\n".join(empty)
 
 
+@pytest.mark.slow
 def test_recording_rules_series_appear(run):
     prom, at = run["prom"], run["at"]
     records = [r["record"] for g in load_rules() for r in g["rules"] if "record" in r]
@@ -407,6 +415,7 @@ def test_recording_rules_series_appear(run):
     assert any(v > 0 for v in ratios) and any(v < 1 for v in ratios), ratios
 
 
+@pytest.mark.slow
 def test_injected_faults_make_their_alerts_pending_and_only_those(run):
     alerts = {(a["metric"]["alertname"], a["metric"].get("route")) for a in run["alerts"]}
     names = {a for a, _ in alerts}
@@ -419,6 +428,7 @@ def test_injected_faults_make_their_alerts_pending_and_only_those(run):
     assert not names & quiet, alerts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("uid", list(DASHBOARDS))
 def test_dashboard_metrics_exist_in_proxy_or_exporter_output(run, uid):
     exposed = exposed_families(run["proxy_text"]) | exposed_families(run["locust_text"])
@@ -433,6 +443,7 @@ def test_dashboard_metrics_exist_in_proxy_or_exporter_output(run, uid):
     assert not unknown, f"{uid} uses metrics nobody exposes: {unknown}"
 
 
+@pytest.mark.slow
 def test_exporter_output_is_the_contract(run):
     text = run["locust_text"]
     families = {line.split()[2].removesuffix("_total"): line.split()[3]
@@ -637,6 +648,7 @@ def test_option_values_are_checked():
             linger_arg(bad)
 
 
+@pytest.mark.slow
 def test_bad_option_and_busy_port_exit_2_with_one_line(tmp_path):
     r = subprocess.run(LOCUST + ["--headless", "-t", "1s", "--frametap-metrics", "nohost"],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
@@ -654,14 +666,17 @@ def test_bad_option_and_busy_port_exit_2_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_processes_2_master_serves_the_workers_totals():
-    """``--processes 2``: the forked children are workers; the parent serves the totals
-    (read during the linger, after the final report) and they equal its --json count."""
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--processes", "2"], []], ids=["processes-2", "plain"])
+def test_served_totals_equal_locust_json(mode):
+    """``--processes 2`` (the forked children are workers, the parent serves their totals)
+    and a plain run (one process counts and serves): the last scrape, taken during the
+    linger after the final report, equals Locust's --json count."""
     from loadgen.flymq.server import FlyMQServerThread
     port = free_port()
     with FlyMQServerThread() as srv:
         proc = subprocess.Popen(
-            LOCUST + ["--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "3s",
+            LOCUST + ["--headless", *mode, "-u", "2", "-r", "2", "-t", "3s",
                       "--host", f"127.0.0.1:{srv.port}", "--json", "--skip-log",
                       "--only-summary", "--loglevel", "WARNING", "--frametap-metrics",
                       f"127.0.0.1:{port}", "--frametap-metrics-linger", "20",
@@ -676,8 +691,6 @@ def test_processes_2_master_serves_the_workers_totals():
                 status, text = None, ""
             if status == 200:
                 scrapes.append(text)
-            # once the JSON summary is printed the run is over: one more scrape, then the
-            # linger ends (stdout is read after exit, so poll the exit instead)
             time.sleep(0.3)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err[-3000:]
@@ -688,3 +701,6 @@ def test_processes_2_master_serves_the_workers_totals():
         r'^frametap_locust_requests_total\{[^}]*\} (\S+)$', final, re.M))
     assert total == expected
     assert any(re.search(r"^frametap_locust_users 2\.0$", s, re.M) for s in scrapes)
+    # the endpoint went away with Locust
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
