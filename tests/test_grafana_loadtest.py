@@ -53,7 +53,7 @@ RULES = GRAFANA / "rules.yml"
 FRAMETAP = [sys.executable, "-m", "proxy"]
 LOCUST = [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py"]
 USER, PASSWORD = "load", "s3cret"
-RUN_TIME = 12          # seconds of load (the expressions are checked while it runs)
+RUN_TIME = 15          # seconds of load (the expressions are checked while it runs)
 USERS = 4
 
 
@@ -246,8 +246,19 @@ request_timeout = 0.5
                  "the Locust p99 recording rule"),
                 ("count(route_protocol_opcode:frametap_request_errors:ratio_rate1m)",
                  "the proxy error-ratio recording rule"),
-                ('count(ALERTS{alertname="FrametapLocustErrorRatioHigh"})', "a pending alert")):
-            prom.wait_value(expr, lambda v: v >= 1, what, timeout=20)
+                ('protocol_opcode:frametap_locust_requests:rate1m{opcode="PRODUCE"} > 0',
+                 "a Locust PRODUCE rate (two worker reports)"),
+                ('sum(rate(frametap_request_duration_seconds_count{route="fly", '
+                 'opcode="PRODUCE"}[1m])) > 0', "a proxy PRODUCE rate"),
+                ('count(route_protocol_opcode:frametap_request_errors:ratio_rate1m{route="fly"}'
+                 ' > 0)', "an opcode with errors"),
+                ('count(route_protocol_opcode:frametap_request_errors:ratio_rate1m{route="fly"}'
+                 ' < 1)', "an opcode with successes"),
+                ('count(count by (alertname) (ALERTS{alertname=~"FrametapLocustErrorRatioHigh|'
+                 'FrametapRequestErrorRatioHigh|FrametapProtocolErrors|FrametapRequestTimeouts"}))'
+                 ' == 4', "the injected faults' alerts pending")):
+            prom.wait_value(expr, lambda v: v > 0, what, timeout=20)
+        assert master.poll() is None, "the Locust run ended before the mid-run checks"
         at = time.time()
         proxy_text = http_get(f"http://127.0.0.1:{admin}/metrics", timeout=5)[1]
         status, locust_text = http_get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
@@ -304,16 +315,18 @@ def test_prometheus_total_equals_locust_json_exactly(run):
 
 @pytest.mark.slow
 def test_client_and_proxy_agree_on_answered_requests(run):
-    """The PRODUCE requests the proxy timed are the ones Locust reported, give or take
-    one per user: a user stopped in the middle of a request never reports it, while the
-    proxy still sees its answer (no request fails before reaching the proxy here)."""
+    """Every PRODUCE Locust reported went through the proxy's fly route and was timed
+    there (no request fails before reaching it here). The proxy may have seen more: a user
+    stopped mid-request never reports it, and a headless master waits only 0.5 s for the
+    workers' final reports (Locust's runners.py), so on a busy machine a worker's last
+    few seconds can be missing from Locust's totals (and therefore from the exporter's)."""
     prom = run["prom"]
     client = prom.scalar('sum(last_over_time(frametap_locust_requests_total'
                          '{job="locust", opcode="PRODUCE"}[10m]))')
     proxy = prom.wait_value('sum(frametap_request_duration_seconds_count'
                             '{route="fly", opcode="PRODUCE"})', lambda v: v >= client,
                             "proxy PRODUCE count", timeout=10)
-    assert client > 0 and client <= proxy <= client + USERS, (client, proxy)
+    assert 0 < client <= proxy <= 1.5 * client, (client, proxy)
 
 
 @pytest.mark.slow
