@@ -37,8 +37,8 @@ import pytest
 import yaml
 
 from loadgen.flymq.client import FlyMQClient
-from loadgen.locustmetrics import (MAX_OPCODES, LocustCollector, LocustMetrics, address_arg,
-                                   linger_arg)
+from loadgen.locustmetrics import (MAX_OPCODES, LocustCollector, LocustMetrics, MetricsServer,
+                                   address_arg, linger_arg)
 from proxy.framing_common import BUCKETS
 from tests.conftest import free_port
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
@@ -646,6 +646,46 @@ def test_labels_are_bounded():
     assert len(opcodes) == MAX_OPCODES + 1 and "other" in opcodes
     assert m.rows[("http", "other", "ok")][0] == 50
     assert m.total_requests() == MAX_OPCODES + 50
+
+
+def test_metrics_server_lingers_until_one_more_scrape():
+    m = LocustMetrics()
+    m.observe("flymq", "PRODUCE", "ok", 1.5)
+    port = free_port()
+    srv = MetricsServer(LocustCollector(m, lambda: 3), "127.0.0.1", port)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        status, text = http_get(url)
+        assert status == 200 and "frametap_locust_users 3.0" in text
+        assert 'frametap_locust_requests_total{opcode="PRODUCE",outcome="ok",' \
+               'protocol="flymq"} 1.0' in text
+        # a scrape 0.5 s from now ends the linger; without one it lasts its full time
+        got = []
+        timer = threading.Timer(0.5, lambda: got.append(http_get(url)))
+        timer.start()
+        t0 = time.monotonic()
+        assert srv.linger(10) is True
+        assert 0.4 < time.monotonic() - t0 < 5
+        timer.join(5)
+        assert got and got[0][0] == 200
+        t0 = time.monotonic()
+        assert srv.linger(0.3) is False and time.monotonic() - t0 >= 0.3
+        assert srv.linger(0) is False
+    finally:
+        srv.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_frametap_load_help_lists_both_plugins():
+    """``frametap load`` installs the plugins before Locust parses its command line, so
+    its ``--help`` shows the exporter's options next to the frame log's."""
+    r = subprocess.run(FRAMETAP + ["load", "--help"], cwd=ROOT, env=env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for option in ("--frametap-metrics HOST:PORT", "--frametap-metrics-linger SECONDS",
+                   "--frametap-framelog DIR"):
+        assert option in r.stdout, option
 
 
 def test_option_values_are_checked():
