@@ -179,7 +179,6 @@ class LocustCollector:
     def __init__(self, metrics: LocustMetrics, users=lambda: 0):
         self.metrics = metrics
         self.users = users
-        self.last_collect = 0.0          # time.monotonic() of the latest scrape
 
     def collect(self):
         from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
@@ -199,7 +198,6 @@ class LocustCollector:
             users = int(self.users() or 0)
         except Exception:        # a runner being torn down
             users = 0
-        self.last_collect = time.monotonic()
         yield requests
         yield duration
         yield GaugeMetricFamily("frametap_locust_users", "Locust users running (on a master: "
@@ -207,27 +205,57 @@ class LocustCollector:
 
 
 class MetricsServer:
-    """``/metrics`` of one :class:`LocustCollector` on a private registry."""
+    """``/metrics`` of one :class:`LocustCollector` on a private registry.
+
+    prometheus_client's WSGI app on its threading WSGI server (threads are greenlets
+    under Locust), with a request handler that notes when a response has been written:
+    :meth:`linger` waits for a whole response, not merely for a collect."""
 
     def __init__(self, collector: LocustCollector, host: str, port: int):
-        from prometheus_client import start_http_server
+        import socket
+        import threading
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+        from prometheus_client.exposition import ThreadingWSGIServer
         from prometheus_client.registry import CollectorRegistry
+
+        class Handler(WSGIRequestHandler):
+            def log_message(self, format, *args):     # no access log on Locust's stderr
+                pass
+
+            def setup(self):
+                self.began = time.monotonic()
+                super().setup()
+
+            def finish(self):
+                super().finish()
+                # a response has been written whole: note when its request began
+                self.server.answered = max(self.server.answered, self.began)
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0][0]
+            answered = 0.0    # time.monotonic() the latest fully answered request began
+
         self.collector = collector
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.host, self.port = host, port
-        self.httpd, self.thread = start_http_server(port, host, registry=self.registry)
+        self.httpd = make_server(host, port, make_wsgi_app(self.registry), Server,
+                                 handler_class=Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       name="frametap-locust-metrics", daemon=True)
+        self.thread.start()
 
     def linger(self, seconds: float) -> bool:
-        """Serve until a scrape that started after this call has been answered, at most
-        ``seconds``; True when one was."""
+        """Serve until a request that began after this call has been answered in full
+        (it read the numbers as they are now), at most ``seconds``; True when one was."""
         if seconds <= 0:
             return False
         start = time.monotonic()
         deadline = start + seconds
         while time.monotonic() < deadline:
-            if self.collector.last_collect > start:
-                time.sleep(0.2)          # the response is written after collect() returns
+            if self.httpd.answered > start:
                 return True
             time.sleep(0.05)
         return False

@@ -749,10 +749,10 @@ def test_served_totals_equal_locust_json(mode):
     assert proc.returncode == 0, err[-3000:]
     expected = sum(e["num_requests"] for e in last_json(out))
     assert expected > 50
-    final = scrapes[-1]
-    total = sum(float(v) for v in re.findall(
-        r'^frametap_locust_requests_total\{[^}]*\} (\S+)$', final, re.M))
-    assert total == expected
+    totals = [sum(float(v) for v in re.findall(
+        r'^frametap_locust_requests_total\{[^}]*\} (\S+)$', text, re.M)) for text in scrapes]
+    assert totals[-1] == expected, (f"{len(totals)} scrapes, last {totals[-4:]}, "
+                                    f"expected {expected}", err[-3000:])
     assert any(re.search(r"^frametap_locust_users 2\.0$", s, re.M) for s in scrapes)
     # the endpoint went away with Locust
     with pytest.raises(OSError):
