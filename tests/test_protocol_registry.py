@@ -173,8 +173,8 @@ def test_toy_in_cli(toy, capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     assert "toy" in capsys.readouterr().out
-    assert cli.main(["serve", "fleximq"]) == 2
-    assert "'fleximq' is not implemented in this build" in capsys.readouterr().err
+    assert cli.main(["serve", "ttheader"]) == 2
+    assert "'ttheader' is not implemented in this build" in capsys.readouterr().err
 
 
 def test_toy_in_demo(toy):
