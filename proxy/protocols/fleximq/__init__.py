@@ -9,6 +9,7 @@ PROTOCOL = ProtocolSpec(
     parser_class="FlexiMQParser",
     default_port=7890,                          # the document's tcp:// example
     max_frame_bytes=1 << 30,                    # §7.1
+    server="loadgen.fleximq.server",
     demo=None,
 )
 

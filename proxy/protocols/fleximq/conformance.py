@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 
 from proxy.conformance import C2S, S2C, Conversation, Garbage
 from proxy.protocols.fleximq import codec
-from proxy.protocols.fleximq.codec import (JOIN, REQ, REP, NOTIF, BCAST, PUB, SUB, UNSUB,
-                                           PING, PONG, encode)
+from proxy.protocols.fleximq.codec import JOIN, REQ, REP, NOTIF, BCAST, PUB, SUB, PING, encode
 from proxy.protocols.fleximq.names import id_key
 
 U1, U2, U3 = "01H2XQMGPE7ZPXXNKQD9XE8S6R", "01H2XQMGPE7ZPXXNKQD9XE8S6S", "01H2XQMGPE7ZPXXNKQD9XE8S6T"
