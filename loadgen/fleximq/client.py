@@ -20,7 +20,7 @@ from collections import deque
 from loadgen.common import SocketClient, connect_tcp
 from proxy.addresses import UnixAddress, parse_address
 from proxy.protocols.fleximq import codec
-from proxy.protocols.fleximq.codec import REQ, REP, PING, PONG
+from proxy.protocols.fleximq.codec import JOIN, REQ, REP, PUB, PING, PONG
 from proxy.protocols.fleximq.names import MAX_FRAME_BYTES, log_correlation_id
 
 
@@ -124,10 +124,14 @@ class FlexiMQClient(SocketClient):
     # ---------------------------------------------------------------- the protocol
 
     def join(self, auth=None, rid=None, check=True):
-        """JOIN (§4.2); returns the assigned ClientID.  FlexiMQError on a refusal."""
+        """JOIN (§4.2), with a reqrep id (a ULID unless given) that the answer echoes;
+        returns the assigned ClientID.  FlexiMQError on a refusal."""
+        rid = rid or codec.ulid()
         self.send(codec.join(auth, rid))
+        sent = self._sent(log_correlation_id(rid), JOIN, "JOIN")
         f = self.wait(lambda f: f.type == REP)
         status = f.status if f.status is not None else 200
+        sent.status = str(status)
         if check and not 200 <= status <= 299:
             raise FlexiMQError(status, _error_text(f), f)
         self.client_id = f.client_id
@@ -170,6 +174,7 @@ class FlexiMQClient(SocketClient):
 
     def publish(self, topic: str, payload=None, routing=None):
         self.send(codec.pub(self.client_id, topic, payload, routing))
+        self._sent(None, PUB, "PUB", "oneway")
 
     def subscribe(self, topic: str):
         self.send(codec.sub(self.client_id, topic))

@@ -1,7 +1,7 @@
 """fleximq: message types, header summary, frame parser (compiled + pure-Python twin),
 codec (docs/design.md, "fleximq")."""
 
-from proxy.protocols.spec import ProtocolSpec
+from proxy.protocols.spec import DemoSpec, ProtocolSpec
 
 PROTOCOL = ProtocolSpec(
     name="fleximq",
@@ -10,7 +10,10 @@ PROTOCOL = ProtocolSpec(
     default_port=7890,                          # the document's tcp:// example
     max_frame_bytes=1 << 30,                    # §7.1
     server="loadgen.fleximq.server",
-    demo=None,
+    users="loadgen.fleximq.users",
+    user_classes=("FlexiMQRequester", "FlexiMQResponder", "FlexiMQPubSub"),
+    demo=DemoSpec(server_args=("--listen", "{server_listen}",
+                               "--service-time", "{service_time}")),
 )
 
 NAME = PROTOCOL.name
