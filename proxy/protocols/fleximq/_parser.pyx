@@ -697,7 +697,7 @@ cdef class FlexiMQParser(FrameParser):
         if plen > <uint64_t>self.max_frame_bytes or \
                 hb + <int64_t>plen > self.max_frame_bytes:
             self.fail(d, R_TOO_LARGE, "frame of %d bytes at offset %d exceeds the limit %d"
-                      % (hb + plen, self.st[d].frame_start, self.max_frame_bytes))
+                      % (hb + <object>plen, self.st[d].frame_start, self.max_frame_bytes))
             return -1
         total = hb + <int64_t>plen
         if version != VERSION or t > T_PONG:
