@@ -217,3 +217,29 @@ def test_secrets_never_reach_the_record(impl):
         p.feed(C2S, codec.join(auth=auth))
         p.close()
         assert recs and "SeCrEt1" not in repr(recs) and "bob" not in repr(recs)
+
+
+UTF8_CASES = [b"plain-ascii-longer-than-8", "\u00e9t\u00e9 caf\u00e9 na\u00efve".encode(),
+              "\U0001F600 emoji after eight bytes".encode(), b"12345678\xc3\xa9",
+              b"\xc0\xaf", b"\xe0\x80\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+              b"\xf0\x9f\x98", b"abcdefg\xff", b"abcdefgh\x80ijklmnop", b"\xc3"]
+
+
+@needs_c
+@pytest.mark.parametrize("raw", UTF8_CASES)
+def test_scanner_utf8_matches_python(raw):
+    """Strict UTF-8 as Python decodes it, in values and in keys, across the scanner's
+    8-byte ASCII steps."""
+    s = (bytes([0xa0 | len(raw)]) if len(raw) < 32 else b"\xd9" + bytes([len(raw)])) + raw
+    for h in (b"\x81\xa5topic" + s,                         # a value the proxy reads
+              b"\x82\xa5topic\xa1t" + s + b"\x01",          # an unknown key
+              b"\x82\xa5topic\xa1t\xa1x" + s,                # an unknown key's value
+              b"\x81\xa7routing\x91\x81" + s + b"\x01"):    # a key in a routing entry
+        got = scan(h)
+        assert got is not None and got == header.summarize(h), h
+    valid = True
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        valid = False
+    assert scan(b"\x81\xa5topic" + s).malformed is not valid

@@ -32,18 +32,21 @@ def is_ok(status):
     return 200 <= status <= 299
 
 
-FNV_OFFSET = 0xCBF29CE484222325
-FNV_PRIME = 0x100000001B3
+_M = 0xFFFFFFFFFFFFFFFF
 
 
 def id_key(rid: bytes) -> int:
-    """The 64-bit correlation key of a ``reqrep.id`` (FNV-1a over its UTF-8 bytes): the
-    frame log's ``correlation_id`` of a REQ/REP is ``str(id_key(id))`` (the core keeps
-    integer ids only; see docs/design.md, "fleximq")."""
-    h = FNV_OFFSET
-    for c in rid:
-        h = ((h ^ c) * FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
-    return h
+    """The 64-bit correlation key of a ``reqrep.id`` (its UTF-8 bytes, 8 at a time as
+    little-endian words, the last zero-padded, multiplied in and folded, then a final
+    mix): the frame log's ``correlation_id`` of a JOIN/REQ/REP is ``str(id_key(id))``
+    (the core keeps integer ids only; see docs/design.md, "fleximq")."""
+    h = 0xCBF29CE484222325 ^ len(rid)
+    for i in range(0, len(rid), 8):
+        h = ((h ^ int.from_bytes(rid[i:i + 8], "little")) * 0x9E3779B97F4A7C15) & _M
+        h ^= h >> 29
+    h ^= h >> 32
+    h = (h * 0xBF58476D1CE4E5B9) & _M
+    return h ^ (h >> 29)
 
 
 def log_correlation_id(rid=None, ping_ts=None):
