@@ -70,11 +70,18 @@ def start_proxy(which: str, upstream: int, logdir: Path):
 def one_run(exe: Path, which: str, upstream: int, seconds: int, logdir: Path) -> dict:
     proc, port, admin = start_proxy(which, upstream, logdir)
     try:
+        cpu0 = rb.proc_cpu_seconds(proc.pid)
         res = subprocess.run(rb.pinned(rb.LOAD_CPU, [
             str(exe), "client", "--port", str(port), "--conns", str(CONNS), "--depth",
             str(DEPTH), "--size", str(SIZE), "--seconds", str(seconds), "--warmup", "1"]),
             capture_output=True, text=True, timeout=seconds + 60)
         result = json.loads([ln for ln in res.stdout.splitlines() if ln.startswith("{")][-1])
+        cpu1 = rb.proc_cpu_seconds(proc.pid)
+        if cpu0 is not None and cpu1 is not None and result["requests"]:
+            # proxy CPU per request over the whole run (warmup included: an upper bound);
+            # steadier than throughput on a shared machine
+            total = result["requests"] * (seconds + 1) / seconds
+            result["proxy_cpu_us_per_req"] = round(1e6 * (cpu1 - cpu0) / total, 3)
         if admin is not None:
             _, text = rb.http_get(f"http://127.0.0.1:{admin}/metrics")
             frames = rb.metric_sum(text, "frametap_frames_total", direction="c2s",
@@ -115,7 +122,8 @@ def main(argv=None) -> int:
                     r = one_run(exe, which, port, seconds, workdir)
                     runs.append(r)
                     print(f"[fleximq] rep {rep + 1}/{repeats} {which:12s} {r['rps']:>11,.0f} "
-                          f"req/s  p50 {r['p50_us']} us  p99 {r['p99_us']} us", flush=True)
+                          f"req/s  p50 {r['p50_us']} us  p99 {r['p99_us']} us  proxy cpu "
+                          f"{r.get('proxy_cpu_us_per_req', 0):.2f} us/req", flush=True)
         finally:
             rb.stop(server)
     except rb.BenchError as exc:
@@ -126,16 +134,23 @@ def main(argv=None) -> int:
     pt = rb.median([r["rps"] for r in runs if r["proxy"] == rb.PASSTHROUGH])
     ft = rb.median([r["rps"] for r in runs if r["proxy"] == rb.FRAMETAP])
     ratio = ft / pt if pt else 0.0
+    cpu = {w: rb.median([r["proxy_cpu_us_per_req"] for r in runs if r["proxy"] == w
+                         and "proxy_cpu_us_per_req" in r] or [0.0])
+           for w in (rb.PASSTHROUGH, rb.FRAMETAP)}
     saw_all = all(r.get("parser_saw_all") for r in runs if r["proxy"] == rb.FRAMETAP)
     ok = ratio >= TARGET and saw_all
     print(f"[fleximq] REQ/REP {CONNS} conns x {DEPTH} deep, {SIZE} B payloads: frametap "
           f"{ft:,.0f} req/s, pass-through {pt:,.0f} req/s, ratio {ratio:.3f} "
           f"(target >= {TARGET}): {'PASS' if ratio >= TARGET else 'FAIL'}; parser saw every "
           f"frame: {'yes' if saw_all else 'NO'}")
+    print(f"[fleximq] proxy CPU per request: frametap {cpu[rb.FRAMETAP]:.2f} us, pass-through "
+          f"{cpu[rb.PASSTHROUGH]:.2f} us (ratio "
+          f"{cpu[rb.PASSTHROUGH] / cpu[rb.FRAMETAP] if cpu[rb.FRAMETAP] else 0:.3f})")
     rb.RESULTS_DIR.mkdir(exist_ok=True)
     (rb.RESULTS_DIR / "fleximq.json").write_text(json.dumps(
         {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ratio": ratio,
-         "target": TARGET, "frametap_rps": ft, "passthrough_rps": pt, "runs": runs},
+         "target": TARGET, "frametap_rps": ft, "passthrough_rps": pt,
+         "proxy_cpu_us_per_req": cpu, "runs": runs},
         indent=1))
     return 0 if ok else 1
 
