@@ -233,7 +233,8 @@ int main(int argc, char **argv)
         for (int j = 0; j < depth; j++) { c->sent[j] = now_s(); send_req(c); }
         c->n = depth;
         if (flush(c) < 0) die("write");
-        ev.events = EPOLLIN | EPOLLOUT; ev.data.ptr = c; epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
+        ev.events = c->olen ? EPOLLIN | EPOLLOUT : EPOLLIN; ev.data.ptr = c;
+        epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
     }
     for (int k = 0; k < conns; k++)              /* non-blocking from here */
         fcntl(cs[k]->fd, F_SETFL, fcntl(cs[k]->fd, F_GETFL) | O_NONBLOCK);
@@ -246,6 +247,9 @@ int main(int argc, char **argv)
         for (int i = 0; i < n; i++) {
             struct conn *c = evs[i].data.ptr;
             if (pump(c, client_frame) < 0 || flush(c) < 0) { errors++; epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL); continue; }
+            /* EPOLLOUT only while output waits: no busy loop on a writable socket */
+            ev.events = c->olen ? EPOLLIN | EPOLLOUT : EPOLLIN; ev.data.ptr = c;
+            epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev);
         }
     }
     double secs = now_s() - t0;
