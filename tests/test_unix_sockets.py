@@ -194,3 +194,41 @@ def test_cli_accepts_unix_and_says_so(tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--listen" in out.stderr and "unix:/path/to.sock" in out.stderr
+
+
+def test_backpressure_over_unix_both_sides(tmp_path):
+    """An upstream Unix socket that never reads pauses the Unix client: the proxy's
+    buffer stays at the high-water mark plus one read (the relay's rule over TCP too)."""
+    from proxy.relay import WRITE_HIGH
+
+    async def main():
+        accepted = []
+
+        async def stall(reader, writer):              # accepts, never reads
+            accepted.append(writer)
+            await asyncio.sleep(30)
+        up_path = str(tmp_path / "stall.sock")
+        up = await asyncio.start_unix_server(stall, up_path)
+        app = await start_proxy("unix:%s" % (tmp_path / "px.sock"), "unix:" + up_path)
+        try:
+            reader, writer = await open_client(app)
+            await wait_for(lambda: app.routes[0].connections, what="connection")
+            conn = next(iter(app.routes[0].connections))
+            await wait_for(lambda: conn.upstream is not None, what="upstream")
+            big = codec.encode(codec.BCAST, 1000, raw_payload=b"x" * (1 << 20))
+            sent = 0
+            try:
+                for _ in range(64):                   # try to push 64 MiB
+                    writer.write(big)
+                    await asyncio.wait_for(writer.drain(), 0.5)
+                    sent += len(big)
+            except asyncio.TimeoutError:
+                pass                                  # our own send blocked: good
+            assert sent < 32 * 1024 * 1024
+            assert conn.upstream.transport.get_write_buffer_size() <= \
+                WRITE_HIGH + 1024 * 1024 + 64
+            writer.transport.abort()
+        finally:
+            await app.shutdown(0)
+            up.close()
+    run(main())
