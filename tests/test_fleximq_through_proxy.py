@@ -117,3 +117,46 @@ def test_req_rep_ping_and_violations_through_the_proxy(stack):
     assert all(r["peer"] == a_addr for r in a_reqs)
     assert all(dict(r["attrs"])["client_id"] == str(a_id) and
                dict(r["attrs"])["targets"] == str(b_id) for r in a_reqs)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_auth_secrets_never_reach_the_frame_log(tmp_path, fmt):
+    token, password, api_key = "tok-S3cret-a1", "pw-S3cret-b2", "key-S3cret-c3"
+    with FlexiMQBrokerThread(ping_interval=0, tokens=[token], users={"alice": password},
+                             api_keys=[api_key]) as broker:
+        lt = LoopThread()
+        logdir = tmp_path / "logs"
+        app = ProxyApp(config_from_dict({
+            "routes": [{"name": "fx", "protocol": "fleximq", "listen": "127.0.0.1:0",
+                        "upstream": broker.address}],
+            "framelog": {"dir": str(logdir), "format": fmt}}))
+        lt.run(app.start())
+        addr = "127.0.0.1:%d" % app.routes[0].address[1]
+        try:
+            for auth in ({"type": "token", "token": token},
+                         {"type": "basic", "username": "alice", "password": password},
+                         {"type": "api_key", "api_key": api_key}):
+                c = FlexiMQClient(addr)
+                c.join(auth=auth)
+                c.publish("secret-free-topic", {"x": 1})
+                c.ping()
+                c.close()
+            bad = FlexiMQClient(addr)
+            with pytest.raises(Exception):
+                bad.join(auth={"type": "token", "token": token + "-wrong"})
+            bad.close()
+        finally:
+            lt.run(app.shutdown(5))
+            lt.stop()
+    files = glob.glob(os.path.join(logdir, "*"))
+    assert files
+    if fmt == "jsonl":
+        blob = b"".join(open(f, "rb").read() for f in files)
+        assert b"secret-free-topic" in blob                 # the log has content
+        text = blob.decode()
+    else:
+        rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+        assert any(r["resource"] == "secret-free-topic" for r in rows)
+        text = repr(rows)
+    for secret in (token, password, api_key, "alice"):
+        assert secret not in text
