@@ -183,7 +183,8 @@ def test_pub_sub_unsub(broker):
     s1.subscribe("news")                                        # idempotent
     s2.subscribe("news")
     s2.subscribe("News")                                        # case-sensitive
-    pub.ping()                                                  # SUBs are read by now
+    s1.ping()                                                   # their SUBs are read
+    s2.ping()                                                   # by now (in order)
     pub.publish("news", {"n": 1})
     assert s1.recv().body() == {"n": 1} and s2.recv().body() == {"n": 1}
     assert silent(s1)                                           # not twice
