@@ -76,7 +76,7 @@ from libc.string cimport memset, strlen
 from proxy._framing cimport (FrameParser, RouteStats, C2S, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, K_ONEWAY, CORR_HI_SIGNED, OTHER_SLOT,
                              R_BAD_MAGIC, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
-                             R_BAD_BODY, R_MISMATCH)
+                             R_HEADER_TOO_LARGE, R_BAD_BODY, R_MISMATCH)
 from proxy._framing cimport (want_header, protocol_error, begin, add_messages, set_corr,
                              expect, take, answer, set_resource, add_attr)
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -605,7 +605,7 @@ cdef class TTHeaderParser(FrameParser):
             self.fail(d, R_TOO_LARGE, "frame length %d at offset %d exceeds the limit %d" % (
                 total, start, self.max_frame_bytes))
             return -1
-        if length < (10 if framing != F_FRAMED else 9):
+        if length < (10 if framing != F_FRAMED else 4):
             self.fail(d, R_TOO_SMALL, "frame length %d at offset %d is below the minimum of "
                       "its framing" % (length, start))
             return -1
@@ -626,6 +626,10 @@ cdef class TTHeaderParser(FrameParser):
                           "frame of %d bytes" % (hsz, start, total))
                 return -1
             p0 = TT_META + hsz
+            if p0 > self.header_limit:             # decided before buffering, whatever the reads
+                self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds "
+                          "the header limit %d" % (p0, start, self.header_limit))
+                return -1
             if avail < p0:
                 return want_header(self, d, p0)
             self._infos(d, h, framing, p0, False)
@@ -656,19 +660,26 @@ cdef class TTHeaderParser(FrameParser):
 
     cdef int _message(self, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim, Py_ssize_t fend,
                       bint allow_pb) noexcept:
+        # Never look past header_limit, so that what is read does not depend on how the
+        # bytes were split into reads: a need beyond it is a malformed message, or for
+        # an application exception's type, UNKNOWN.
         cdef Msg* m = &self.m
-        cdef int r = read_message(m, h, p0, lim, fend, allow_pb)
-        if r:
-            return r
-        if m.mtype == REPLY:
-            return reply_status(m, h, m.body, lim, fend)
-        if m.mtype == EXCEPTION:
-            r = exception_status(m, h, m.body, lim, fend)
-            if r == M_NEED and m.need > self.header_limit:
-                m.status = 0                    # the type lies too far in: UNKNOWN
-                return M_OK
-            return r
-        return M_OK
+        cdef Py_ssize_t cap = self.header_limit
+        cdef int r
+        if lim > cap:
+            lim = cap
+        r = read_message(m, h, p0, lim, fend, allow_pb)
+        if r == M_OK:
+            if m.mtype == REPLY:
+                r = reply_status(m, h, m.body, lim, fend)
+            elif m.mtype == EXCEPTION:
+                r = exception_status(m, h, m.body, lim, fend)
+                if r == M_NEED and m.need > cap:
+                    m.status = 0
+                    return M_OK
+        if r == M_NEED and m.need > cap:
+            return M_BAD
+        return r
 
     cdef int64_t _zlib(self, int d, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim,
                        int64_t total, Py_ssize_t hb, int framing) except -2:
@@ -677,6 +688,8 @@ cdef class TTHeaderParser(FrameParser):
         cdef int ret, r
         cdef Py_ssize_t n, grow
         cdef bint more
+        if lim > zmax:
+            lim = <Py_ssize_t>zmax
         if self.zbuf is NULL:
             self.zbuf = <uint8_t*>PyMem_Malloc(ZOUT_MAX)
             if self.zbuf is NULL:
@@ -711,9 +724,10 @@ cdef class TTHeaderParser(FrameParser):
     cdef int64_t _unframed(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         cdef Msg* m = &self.m
         cdef Py_ssize_t end = 0
-        cdef int r = read_message(m, h, 0, avail, -1, False)
+        cdef Py_ssize_t lim = avail if avail < self.header_limit else self.header_limit
+        cdef int r = read_message(m, h, 0, lim, -1, False)
         if r == M_OK:
-            end = skip_binary(m, h, m.body, avail, 12, 0)
+            end = skip_binary(m, h, m.body, lim, 12, 0)
             if end == -2:
                 r = M_NEED
             elif end < 0:

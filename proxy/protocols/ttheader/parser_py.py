@@ -5,7 +5,7 @@ seed document and the real implementations differ."""
 
 import zlib
 
-from proxy.framing_common import (C2S, R_BAD_MAGIC, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
+from proxy.framing_common import (C2S, R_HEADER_TOO_LARGE, R_BAD_MAGIC, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
                                   R_BAD_BODY, R_MISMATCH, K_REQUEST, K_RESPONSE, K_ONEWAY,
                                   OUTCOME_OK, OUTCOME_ERROR, OTHER_SLOT)
 from proxy.framing_py import CORR_HI_SIGNED, FrameParser
@@ -380,7 +380,7 @@ class TTHeaderParser(FrameParser):
             self.fail(d, R_TOO_LARGE, "frame length %d at offset %d exceeds the limit %d" % (
                 total, start, self.max_frame_bytes))
             return -1
-        if length < (10 if framing != F_FRAMED else 9):
+        if length < (10 if framing != F_FRAMED else 4):
             self.fail(d, R_TOO_SMALL, "frame length %d at offset %d is below the minimum of "
                       "its framing" % (length, start))
             return -1
@@ -398,6 +398,10 @@ class TTHeaderParser(FrameParser):
                           "frame of %d bytes" % (hsz, start, total))
                 return -1
             p0 = TT_META + hsz
+            if p0 > self.header_limit:             # decided before buffering, whatever the reads
+                self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds "
+                          "the header limit %d" % (p0, start, self.header_limit))
+                return -1
             if avail < p0:
                 return self.want_header(d, p0)
             self._infos(d, h, framing, p0, False)
@@ -427,23 +431,30 @@ class TTHeaderParser(FrameParser):
         return total
 
     def _message(self, h, p0, lim, fend, allow_pb):
+        # Never look past header_limit, so that what is read does not depend on how the
+        # bytes were split into reads: a need beyond it is a malformed message, or for
+        # an application exception's type, UNKNOWN.
         m = self.m
+        cap = self.header_limit
+        if lim > cap:
+            lim = cap
         r = read_message(m, h, p0, lim, fend, allow_pb)
-        if r:
-            return r
-        if m.mtype == REPLY:
-            return reply_status(m, h, m.body, lim, fend)
-        if m.mtype == EXCEPTION:
-            r = exception_status(m, h, m.body, lim, fend)
-            if r == M_NEED and m.need > self.header_limit:
-                m.status = 0                    # the type lies too far in: UNKNOWN
-                return M_OK
-            return r
-        return M_OK
+        if r == M_OK:
+            if m.mtype == REPLY:
+                r = reply_status(m, h, m.body, lim, fend)
+            elif m.mtype == EXCEPTION:
+                r = exception_status(m, h, m.body, lim, fend)
+                if r == M_NEED and m.need > cap:
+                    m.status = 0
+                    return M_OK
+        if r == M_NEED and m.need > cap:
+            return M_BAD
+        return r
 
     def _zlib(self, d, h, p0, lim, total, hb, framing):
         m = self.m
         zmax = min(total, self.header_limit)
+        lim = min(lim, zmax)
         try:
             z = zlib.decompressobj()
             out = z.decompress(bytes(h[p0:lim]), ZOUT_MAX)
@@ -464,9 +475,10 @@ class TTHeaderParser(FrameParser):
 
     def _unframed(self, d, h, avail):
         m = self.m
-        r = read_message(m, h, 0, avail, -1, False)
+        lim = min(avail, self.header_limit)        # the whole message within the limit
+        r = read_message(m, h, 0, lim, -1, False)
         if r == M_OK:
-            end = skip_binary(m, h, m.body, avail, 12, 0)
+            end = skip_binary(m, h, m.body, lim, 12, 0)
             if end == -2:
                 r = M_NEED
             elif end < 0:
