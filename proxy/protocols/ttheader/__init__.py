@@ -1,7 +1,7 @@
 """Thrift over Kitex TTHeader, Apache THeader, framed and unframed transports: frame
 parser (compiled + pure-Python twin), codec, constants."""
 
-from proxy.protocols.spec import ProtocolSpec
+from proxy.protocols.spec import DemoSpec, ProtocolSpec
 from proxy.protocols.ttheader.names import MAX_FRAME_BYTES
 
 PROTOCOL = ProtocolSpec(
@@ -10,7 +10,11 @@ PROTOCOL = ProtocolSpec(
     parser_class="TTHeaderParser",
     default_port=8888,                          # Kitex's default service port
     max_frame_bytes=MAX_FRAME_BYTES,
-    # the reference server, Locust users and demo entry come with loadgen/ttheader/
+    server="loadgen.ttheader.server",
+    users="loadgen.ttheader.users",
+    user_classes=("ThriftUser",),
+    demo=DemoSpec(server_args=("--listen", "{server_listen}",
+                               "--service-time", "{service_time}")),
 )
 
 NAME = PROTOCOL.name
