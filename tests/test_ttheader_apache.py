@@ -183,3 +183,69 @@ def test_garbage_connection_leaves_others_unaffected(gen, server, tmp_path):
         assert proxy.value("frametap_responses_total", opcode="echo", status="OK") == 2
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("mode", ["binary", "compact", "zlib"])
+def test_apache_theader_bytes_at_every_split_point(gen, mode):
+    """The exact frames Apache's THeaderTransport writes (a client call with an info
+    header, the server's reply through the generated Processor), fed to both parser
+    twins whole, cut at every offset and byte by byte: the same counts every time."""
+    from thrift.protocol.THeaderProtocol import THeaderProtocol
+    from thrift.transport.TTransport import TMemoryBuffer
+    from thrift.transport.THeaderTransport import (THeaderClientType, THeaderSubprotocolID,
+                                                   THeaderTransformID)
+    from tests.parsers import parser_impls
+    from tests.thrift_real import Handler
+    sub = THeaderSubprotocolID.COMPACT if mode == "compact" else THeaderSubprotocolID.BINARY
+    out = TMemoryBuffer()
+    cproto = THeaderProtocol(out, [THeaderClientType.HEADERS], sub)
+    if mode == "zlib":
+        cproto.add_transform(THeaderTransformID.ZLIB)
+    cproto.set_header(b"request-id", b"r-42")
+    client = gen.UserService.Client(cproto)
+    client._seqid = 9
+    client.send_getUser(-3)                           # answered with the declared NotFound
+    call = out.getvalue()
+    sin, sout = TMemoryBuffer(call), TMemoryBuffer()
+    sproto = THeaderProtocol(_Duplex(sin, sout), [THeaderClientType.HEADERS])
+    gen.UserService.Processor(Handler(gen)).process(sproto, sproto)   # as a server does
+    reply = sout.getvalue()
+    assert call[4:6] == b"\x0f\xff" and reply[4:6] == b"\x0f\xff"
+    for label, (RouteStats, Parser) in parser_impls("ttheader").items():
+        for cut_c in range(0, len(call) + 1):
+            stats = RouteStats("r", "ttheader")
+            p = Parser(stats)
+            recs = []
+            p.tracer = recs.append
+            for piece in (call[:cut_c], call[cut_c:]):
+                if piece:
+                    p.feed(0, piece)
+            for k in range(len(reply)):
+                p.feed(1, reply[k:k + 1])
+            s = stats.snapshot()
+            assert s["frames"] == {("c2s", "getUser"): 1, ("s2c", "getUser"): 1}, label
+            assert s["responses"] == {("getUser", "EXCEPTION"): 1} and s["errors"] == {}
+            assert recs[0]["attrs"] == {"request-id": "r-42"}
+            assert recs[0]["correlation_id"] == recs[1]["correlation_id"] == "9"
+
+
+class _Duplex:
+    """Reads from one memory buffer, writes to another (a server socket's two halves)."""
+
+    def __init__(self, rbuf, wbuf):
+        self.r, self.w = rbuf, wbuf
+
+    def read(self, n):
+        return self.r.read(n)
+
+    def readAll(self, n):
+        return self.r.readAll(n)
+
+    def write(self, data):
+        self.w.write(data)
+
+    def flush(self):
+        pass
+
+    def isOpen(self):
+        return True

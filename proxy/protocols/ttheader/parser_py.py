@@ -452,7 +452,6 @@ class TTHeaderParser(FrameParser):
         return r
 
     def _zlib(self, d, h, p0, lim, total, hb, framing):
-        m = self.m
         zmax = min(total, self.header_limit)
         lim = min(lim, zmax)
         try:
