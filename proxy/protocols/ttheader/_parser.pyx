@@ -141,6 +141,7 @@ cdef enum:
     P_COMPACT = 2
     P_PROTOBUF = 3
     MAX_DEPTH = 64
+    ZSTEP = 64
 
 
 cdef struct Msg:                 # what the message reader found
@@ -683,43 +684,48 @@ cdef class TTHeaderParser(FrameParser):
 
     cdef int64_t _zlib(self, int d, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim,
                        int64_t total, Py_ssize_t hb, int framing) except -2:
-        cdef Msg* m = &self.m
-        cdef int64_t zmax = total if total < self.header_limit else self.header_limit
+        """Inflate a prefix of the payload and read the message from it.  Compressed
+        input is taken in fixed steps (64, 128, 256... bytes, then the whole frame or
+        header_limit), smallest first, so the result never depends on how the frame was
+        split into reads."""
+        cdef Py_ssize_t cap = <Py_ssize_t>(total if total < self.header_limit
+                                           else self.header_limit)
+        cdef Py_ssize_t grow = ZSTEP, step, n
         cdef int ret, r
-        cdef Py_ssize_t n, grow
         cdef bint more
-        if lim > zmax:
-            lim = <Py_ssize_t>zmax
         if self.zbuf is NULL:
             self.zbuf = <uint8_t*>PyMem_Malloc(ZOUT_MAX)
             if self.zbuf is NULL:
                 raise MemoryError()
-        if not self.zready:
-            memset(&self.zs, 0, sizeof(z_stream))
-            if inflateInit(&self.zs) != Z_OK:
-                raise MemoryError()
-            self.zready = True
-        else:
-            inflateReset(&self.zs)
-        self.zs.next_in = <uint8_t*>(h + p0)
-        self.zs.avail_in = <unsigned int>(lim - p0)
-        self.zs.next_out = self.zbuf
-        self.zs.avail_out = ZOUT_MAX
-        ret = inflate(&self.zs, Z_NO_FLUSH)
-        if ret != Z_OK and ret != Z_STREAM_END and ret != Z_BUF_ERROR:
-            self._count_bad(d, h, total, hb, framing)
-            return total
-        n = ZOUT_MAX - self.zs.avail_out
-        more = ret != Z_STREAM_END and n < ZOUT_MAX and lim < zmax
-        r = self._message(self.zbuf, 0, n, -1 if more else n, False)
-        if r == M_NEED:
-            grow = lim - p0 if lim - p0 > 1024 else 1024
-            return want_header(self, d, zmax if lim + grow > zmax else lim + grow)
-        if r == M_BAD:
-            self._count_bad(d, h, total, hb, framing)
-        else:
-            self._count(d, h, self.zbuf, total, hb, framing)
-        return total
+        while True:
+            step = p0 + grow if p0 + grow < cap else cap
+            if step > lim:
+                return want_header(self, d, step)
+            if not self.zready:
+                memset(&self.zs, 0, sizeof(z_stream))
+                if inflateInit(&self.zs) != Z_OK:
+                    raise MemoryError()
+                self.zready = True
+            else:
+                inflateReset(&self.zs)
+            self.zs.next_in = <uint8_t*>(h + p0)
+            self.zs.avail_in = <unsigned int>(step - p0)
+            self.zs.next_out = self.zbuf
+            self.zs.avail_out = ZOUT_MAX
+            ret = inflate(&self.zs, Z_NO_FLUSH)
+            if ret != Z_OK and ret != Z_STREAM_END and ret != Z_BUF_ERROR:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            n = ZOUT_MAX - self.zs.avail_out
+            more = ret != Z_STREAM_END and n < ZOUT_MAX and step < cap
+            r = self._message(self.zbuf, 0, n, -1 if more else n, False)
+            if r == M_BAD:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            if r == M_OK:
+                self._count(d, h, self.zbuf, total, hb, framing)
+                return total
+            grow *= 2
 
     cdef int64_t _unframed(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         cdef Msg* m = &self.m

@@ -22,6 +22,7 @@ X_NONE, X_ZLIB, X_OPAQUE = 0, 1, 2          # payload transforms, as far as read
 M_OK, M_NEED, M_BAD = 0, 1, 2
 P_BINARY, P_COMPACT, P_PROTOBUF = 0, 2, 3   # how the payload's message header is encoded
 MAX_DEPTH = 64                              # nesting the unframed skipper follows
+ZSTEP = 64                                  # first compressed-input step of _zlib()
 
 
 def _be32s(h, i):
@@ -452,25 +453,33 @@ class TTHeaderParser(FrameParser):
         return r
 
     def _zlib(self, d, h, p0, lim, total, hb, framing):
-        zmax = min(total, self.header_limit)
-        lim = min(lim, zmax)
-        try:
-            z = zlib.decompressobj()
-            out = z.decompress(bytes(h[p0:lim]), ZOUT_MAX)
-            eof = z.eof
-        except zlib.error:
-            self._count_bad(d, h, total, hb, framing)
-            return total
-        n = len(out)
-        more = not eof and n < ZOUT_MAX and lim < zmax
-        r = self._message(out, 0, n, -1 if more else n, False)
-        if r == M_NEED:
-            return self.want_header(d, min(zmax, lim + max(lim - p0, 1024)))
-        if r == M_BAD:
-            self._count_bad(d, h, total, hb, framing)
-        else:
-            self._count(d, h, out, total, hb, framing)
-        return total
+        """Inflate a prefix of the payload and read the message from it.  Compressed
+        input is taken in fixed steps (64, 128, 256... bytes, then the whole frame or
+        header_limit), smallest first, so the result never depends on how the frame was
+        split into reads."""
+        cap = min(total, self.header_limit)
+        grow = ZSTEP
+        while True:
+            step = min(p0 + grow, cap)
+            if step > lim:
+                return self.want_header(d, step)
+            try:
+                z = zlib.decompressobj()
+                out = z.decompress(bytes(h[p0:step]), ZOUT_MAX)
+                eof = z.eof
+            except zlib.error:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            n = len(out)
+            more = not eof and n < ZOUT_MAX and step < cap
+            r = self._message(out, 0, n, -1 if more else n, False)
+            if r == M_BAD:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            if r == M_OK:
+                self._count(d, h, out, total, hb, framing)
+                return total
+            grow *= 2
 
     def _unframed(self, d, h, avail):
         m = self.m
