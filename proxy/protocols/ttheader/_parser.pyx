@@ -12,7 +12,7 @@ THeaderTransport also decides per frame):
   ``10 00`` Kitex TTHeader, ``0F FF`` Apache THeader — flags u16, seq id u32, header
   size u16 in 4-byte words counted from offset 14, then protocol id, transforms, info
   blocks, padding, payload; ``80 01`` framed strict binary; ``82`` + version 1 framed
-  compact; otherwise a name length that fits the frame: framed non-strict binary.
+  compact; ``90 01`` framed Kitex protobuf (its meta names the method); otherwise a name length that fits the frame: framed non-strict binary.
   Anything else fails ``bad_magic``; LENGTH is checked against ``max_frame_bytes``
   before a byte more is buffered.
 
@@ -592,7 +592,8 @@ cdef class TTHeaderParser(FrameParser):
             framing = F_TTHEADER
         elif magic == MAGIC_THEADER:
             framing = F_THEADER
-        elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1):
+        elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1) or \
+                (h[4] == 0x90 and h[5] == 0x01):     # Kitex protobuf, framed
             framing = F_FRAMED
         elif h[4] < 0x80 and <int64_t>be32s(h + 4) + 9 <= length:
             framing = F_FRAMED                     # non-strict binary: name length first
@@ -650,7 +651,8 @@ cdef class TTHeaderParser(FrameParser):
             if <int64_t>be32s(h + p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        r = self._message(h, p0, lim, total, hi.proto == PROTO_PROTOBUF)
+        r = self._message(h, p0, lim, total,
+                          hi.proto == PROTO_PROTOBUF or framing == F_FRAMED)
         if r == M_NEED:
             return want_header(self, d, m.need)
         if r == M_BAD:

@@ -190,7 +190,7 @@ def pb_meta(name, mtype, seq, body=b"\x0a\x02hi"):
 def protobuf():
     """Kitex protobuf over TTHeader (protocol id 3): TO_METHOD names the opcode; the
     meta's seq id correlates; without the meta, TO_METHOD or ``unknown`` and the header's
-    seq id."""
+    seq id.  Kitex protobuf over plain framing: the meta's method name."""
     steps = [
         (C2S, ttheader(pb_meta("Echo", CALL, 21), seq=21, proto=3, intinfo={9: "EchoPB"})),
         (C2S, ttheader(pb_meta("Echo", CALL, 22), seq=22, proto=3)),
@@ -201,14 +201,18 @@ def protobuf():
                        proto=3)),
         (S2C, ttheader(b"\x0a\x00", seq=23, proto=3)),
         (S2C, ttheader(b"\x0a\x00", seq=24, proto=3)),
+        (C2S, framed(pb_meta("Framed", CALL, 25))),               # Kitex protobuf, framed
+        (S2C, framed(pb_meta("Framed", REPLY, 25))),
     ]
     return Conversation(
         "kitex-protobuf", steps,
         counters={"frames": {("c2s", "EchoPB"): 1, ("c2s", "Echo"): 1, ("c2s", "RawPB"): 1,
                              ("c2s", "unknown"): 1, ("s2c", "EchoPB"): 1, ("s2c", "Echo"): 1,
-                             ("s2c", "RawPB"): 1, ("s2c", "unknown"): 1},
+                             ("s2c", "RawPB"): 1, ("s2c", "unknown"): 1,
+                             ("c2s", "Framed"): 1, ("s2c", "Framed"): 1},
                   "responses": {("Echo", "OK"): 1, ("EchoPB", "UNKNOWN_METHOD"): 1,
-                                ("RawPB", "UNDECODED"): 1, ("unknown", "UNDECODED"): 1},
+                                ("RawPB", "UNDECODED"): 1, ("unknown", "UNDECODED"): 1,
+                                ("Framed", "OK"): 1},
                   "unmatched": 0, "errors": {}, "timeouts": {}})
 
 

@@ -367,7 +367,8 @@ class TTHeaderParser(FrameParser):
             framing = F_TTHEADER
         elif magic == MAGIC_THEADER:
             framing = F_THEADER
-        elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1):
+        elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1) or \
+                (h[4] == 0x90 and h[5] == 0x01):     # Kitex protobuf, framed
             framing = F_FRAMED
         elif h[4] < 0x80 and _be32s(h, 4) + 9 <= length:
             framing = F_FRAMED                     # non-strict binary: name length first
@@ -422,7 +423,8 @@ class TTHeaderParser(FrameParser):
             if _be32s(h, p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        r = self._message(h, p0, lim, total, hi.proto == PROTO_PROTOBUF)
+        r = self._message(h, p0, lim, total,
+                          hi.proto == PROTO_PROTOBUF or framing == F_FRAMED)
         if r == M_NEED:
             return self.want_header(d, m.need)
         if r == M_BAD:
