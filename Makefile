@@ -26,7 +26,6 @@ bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install -q matplotlib
 	$(BIN)/python bench/run_bench.py $(BENCH_ARGS)
 	$(BIN)/python bench/framelog_bench.py
-	$(BIN)/python bench/ttheader_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
