@@ -321,23 +321,12 @@ def install(events=None) -> None:
 # ---------------------------------------------------------------------- launcher
 
 def main(argv=None):
-    """``python -m loadgen.clientlog [locust options]``: Locust with this plugin loaded
-    before Locust parses its command line, so that ``--help`` lists the plugin's options
-    too (Locust prints ``--help`` before importing the locustfile, where the packaged
-    locustfile installs the plugin: locustio/locust#2917). Otherwise the same as
-    ``locust``; ``-f`` defaults to the packaged locustfile."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not any(a in ("-f", "--locustfile") or a.startswith("--locustfile=") for a in args):
-        args = ["-f", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                   "locustfile.py")] + args
-    install()
-    from locust.main import main as locust_main
-    sys.argv = ["locust"] + args
-    return locust_main()
+    """``python -m loadgen.clientlog [locust options]``: the same as
+    :func:`loadgen.plugins.main` (Locust with every frametap plugin loaded first)."""
+    from loadgen import plugins
+    return plugins.main(argv)
 
 
 if __name__ == "__main__":
-    # run as a script the module is __main__: use the importable one, so the plugin is
-    # installed once (the locustfile installs it from there too)
-    from loadgen import clientlog
-    clientlog.main()
+    from loadgen import plugins
+    plugins.main()

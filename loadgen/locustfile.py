@@ -7,8 +7,10 @@ their users come from the descriptors in proxy/protocols/<pkg>/__init__.py
 Protocol-specific settings are read from ``FRAMETAP_<PROTOCOL>_*`` variables by the
 user modules.
 
-The client-side frame log plugin (:mod:`loadgen.clientlog`) is installed here: it adds
-``--frametap-framelog DIR``, ``--frametap-run-id ID`` and ``--frametap-framelog-format``.
+frametap's Locust plugins are installed here (:mod:`loadgen.plugins`): the client-side
+frame log (:mod:`loadgen.clientlog`: ``--frametap-framelog DIR``, ``--frametap-run-id ID``,
+``--frametap-framelog-format``) and the Prometheus exporter (:mod:`loadgen.locustmetrics`:
+``--frametap-metrics HOST:PORT``, ``--frametap-metrics-linger SECONDS``).
 """
 
 import os
@@ -19,10 +21,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from loadgen import clientlog  # noqa: E402  (needs the sys.path fix above)
+from loadgen import plugins  # noqa: E402  (needs the sys.path fix above)
 from proxy import protocols  # noqa: E402
 
-clientlog.install()
+plugins.install()
 
 #: protocol name -> its ProtocolSpec, for every protocol that offers Locust users
 PROTOCOLS = {spec.name: spec for spec in protocols.specs() if spec.users}

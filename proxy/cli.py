@@ -140,9 +140,9 @@ def cmd_serve(args):
 
 
 def cmd_load(args):
-    # loadgen.clientlog runs Locust with frametap's options registered first, so that
+    # loadgen.plugins runs Locust with frametap's options registered first, so that
     # `frametap load --help` lists them (Locust prints --help before the locustfile loads)
-    argv = ["loadgen.clientlog", "-f", locustfile_path()] + args.args
+    argv = ["loadgen.plugins", "-f", locustfile_path()] + args.args
     os.execvp(sys.executable, [sys.executable, "-m"] + argv)
 
 

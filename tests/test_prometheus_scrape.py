@@ -13,22 +13,19 @@ Without the prometheus binary the Prometheus tests skip, or fail when FRAMETAP_C
 
 import json
 import math
-import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from loadgen.flymq.client import FlyMQClient
 from tests.conftest import free_port
+from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
+                                http_get, metric_names, promtool_binary, start_prometheus,
+                                stop, variable_queries, wait_http, wait_port)
+from tests.prom_support import substitute as substitute_vars
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -38,7 +35,6 @@ ROUTE = "fly"                  # --name of the proxy's route
 JOB = "frametap"
 TOPIC = "scrape-test"
 N_REQUESTS = 50
-MISSING = "prometheus not installed: .ci/run installs it with apt-get"
 
 # Every metric family the dashboard may use: the contract of docs/design.md, "Prometheus
 # metrics" (including the framelog families designed there but not exported yet). (The
@@ -67,65 +63,6 @@ VARIABLES = {
     "__range_ms": "300000",
     "__interval_ms": "15000",
 }
-VAR_RE = re.compile(r"\$\{(\w+)(?::[\w]+)?\}|\$(\w+)|\[\[(\w+)\]\]")
-
-
-def prometheus_binary():
-    """Path of the prometheus binary; skip (or fail under FRAMETAP_CI) without it."""
-    path = shutil.which("prometheus") or (
-        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
-    if path is None:
-        if os.environ.get("FRAMETAP_CI"):
-            pytest.fail(MISSING)
-        pytest.skip(MISSING)
-    return path
-
-
-def http_get(url, timeout=2.0):
-    """(status, body) of a GET; HTTP errors return their status and body too."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def wait_port(port, proc, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not start listening on {port}")
-        time.sleep(0.05)
-
-
-def wait_http(url, proc, what, logfile, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if http_get(url, timeout=1)[0] == 200:
-                return
-        except (urllib.error.URLError, OSError):
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log = Path(logfile).read_text(errors="replace")[-3000:] if logfile else ""
-            raise AssertionError(f"{what} not ready at {url}:\n{log}")
-        time.sleep(0.1)
-
-
-def stop(proc):
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -159,33 +96,9 @@ def proxy_stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prometheus(proxy_stack, tmp_path_factory):
     """A real Prometheus scraping the proxy's admin port every second."""
-    binary = prometheus_binary()
-    tmp = tmp_path_factory.mktemp("prom")
-    web = free_port()
-    cfg = tmp / "prom.yml"
-    cfg.write_text(f"""\
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: {JOB}
-    scrape_interval: 1s
-    scrape_timeout: 1s
-    metrics_path: /metrics
-    static_configs:
-      - targets: ['127.0.0.1:{proxy_stack["admin"]}']
-""")
-    log = tmp / "prometheus.log"
-    proc = None
+    proc, prom = start_prometheus(tmp_path_factory.mktemp("prom"),
+                                  {JOB: [f"127.0.0.1:{proxy_stack['admin']}"]})
     try:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{web}", "--log.level=warn"],
-            stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=tmp)
-        base = f"http://127.0.0.1:{web}"
-        wait_http(base + "/-/ready", proc, "prometheus", log)
-        prom = Prom(base)
         # the target must be scraped once before traffic, so rates have a baseline
         prom.wait_value(f'up{{job="{JOB}"}}', lambda v: v == 1, "up == 1")
         yield prom
@@ -209,107 +122,14 @@ def traffic(proxy_stack, prometheus):
     return N_REQUESTS
 
 
-class Prom:
-    """Tiny client for Prometheus' HTTP API."""
-
-    def __init__(self, base):
-        self.base = base
-
-    def api(self, path, params):
-        url = f"{self.base}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
-        status, body = http_get(url, timeout=5)
-        try:
-            return json.loads(body)
-        except ValueError:
-            return {"status": "error", "error": f"HTTP {status}: {body[:500]}"}
-
-    def query(self, expr):
-        return self.api("query", {"query": expr})
-
-    def scalar(self, expr):
-        """The single value of an instant query, or None when there is no single series."""
-        r = self.query(expr)
-        assert r["status"] == "success", (expr, r)
-        res = r["data"]["result"]
-        if r["data"]["resultType"] == "scalar":
-            return float(res[1])
-        if len(res) != 1:
-            return None
-        return float(res[0]["value"][1])
-
-    def wait_value(self, expr, ok, what, timeout=15.0):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = self.scalar(expr)
-            if last is not None and ok(last):
-                return last
-            time.sleep(0.2)
-        raise AssertionError(f"Prometheus: timed out waiting for {what}: {expr} = {last}")
-
-
 # --------------------------------------------------------------------------- dashboard
 
 def load_dashboard():
     return json.loads(DASHBOARD.read_text())
 
 
-def all_panels(dash):
-    for p in dash["panels"]:
-        yield p
-        yield from p.get("panels", [])       # collapsed rows hold their panels
-
-
-def dashboard_exprs(dash):
-    """[(panel title, refId, expr)] for every query target of every panel."""
-    out = []
-    for p in all_panels(dash):
-        for t in p.get("targets", []):
-            if t.get("expr"):
-                out.append((p.get("title", ""), t.get("refId", ""), t["expr"]))
-    return out
-
-
-def variable_queries(dash):
-    """[(name, query string)] of the query-type template variables."""
-    out = []
-    for v in dash["templating"]["list"]:
-        if v.get("type") == "query":
-            q = v.get("query")
-            out.append((v["name"], q["query"] if isinstance(q, dict) else q))
-    return out
-
-
 def substitute(expr):
-    def repl(m):
-        name = m.group(1) or m.group(2) or m.group(3)
-        if name not in VARIABLES:
-            raise AssertionError(f"unknown dashboard variable ${name} in {expr!r}")
-        return VARIABLES[name]
-    return VAR_RE.sub(repl, expr)
-
-
-def metric_names(expr):
-    """frametap_* identifiers in an expression (metric names; labels never start so)."""
-    return set(re.findall(r"\b(frametap_[a-zA-Z0-9_:]+)", expr))
-
-
-def exposed_families(text):
-    """Metric family names (with their sample-name forms) in Prometheus exposition text."""
-    names = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE ") or line.startswith("# HELP "):
-            names.add(line.split()[2])
-        elif line and not line.startswith("#"):
-            names.add(re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0))
-    return names
-
-
-def family_of(name):
-    for suffix in ("_bucket", "_count", "_sum", "_total", "_created"):
-        if name.endswith(suffix):
-            yield name[: -len(suffix)]
-    yield name
+    return substitute_vars(expr, VARIABLES)
 
 
 # --------------------------------------------------------------------------- tests
@@ -419,12 +239,7 @@ def test_example_prometheus_config_is_valid():
     text = (GRAFANA / "prometheus.yml").read_text()
     assert "job_name: frametap" in text and "127.0.0.1:9400" in text
     assert re.search(r"scrape_interval:\s*5s", text)
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("FRAMETAP_CI"):
-            pytest.fail(MISSING)
-        pytest.skip(MISSING)
-    r = subprocess.run([promtool, "check", "config", str(GRAFANA / "prometheus.yml")],
+    r = subprocess.run([promtool_binary(), "check", "config", str(GRAFANA / "prometheus.yml")],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
 

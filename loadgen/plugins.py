@@ -1,0 +1,41 @@
+"""frametap's Locust plugins, installed together: the client-side frame log
+(:mod:`loadgen.clientlog`) and the Prometheus exporter (:mod:`loadgen.locustmetrics`).
+
+The packaged locustfile calls :func:`install`; ``frametap load`` runs :func:`main`, which
+installs them before Locust parses its command line so that ``--help`` lists their
+options too (Locust prints ``--help`` before importing the locustfile: locustio/locust#2917).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["install", "main"]
+
+
+def install(events=None) -> None:
+    """Install every plugin into Locust's ``events`` (each once per process)."""
+    from loadgen import clientlog, locustmetrics
+    clientlog.install(events)
+    locustmetrics.install(events)
+
+
+def main(argv=None):
+    """``python -m loadgen.plugins [locust options]``: Locust with the plugins loaded
+    first; otherwise the same as ``locust``. ``-f`` defaults to the packaged locustfile."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not any(a in ("-f", "--locustfile") or a.startswith("--locustfile=") for a in args):
+        args = ["-f", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "locustfile.py")] + args
+    install()
+    from locust.main import main as locust_main
+    sys.argv = ["locust"] + args
+    return locust_main()
+
+
+if __name__ == "__main__":
+    # run as a script the module is __main__: use the importable one, so the plugins are
+    # installed once (the locustfile installs them from there too)
+    from loadgen import plugins
+    plugins.main()
