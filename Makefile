@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install -q matplotlib
 	$(BIN)/python bench/run_bench.py $(BENCH_ARGS)
 	$(BIN)/python bench/framelog_bench.py
+	$(BIN)/python bench/protocol_benches.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

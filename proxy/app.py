@@ -7,6 +7,7 @@ import logging
 import resource
 import signal
 
+from proxy.addresses import format_address
 from proxy.admin import AdminServer
 from proxy.errors import ConfigError
 from proxy.metrics import make_registry
@@ -93,15 +94,13 @@ class ProxyApp:
             host, port = self.config.admin_listen
             self.admin = AdminServer(make_registry(lambda: self.routes, lambda: self.framelog),
                                      lambda: self.ready, host, port)
-            await self._bind(self.admin.start(), self._key("admin.listen"), host, port)
+            await self._bind(self.admin.start(), self._key("admin.listen"), (host, port))
         for i, route in enumerate(self.routes):
-            host, port = route.cfg.listen
-            await self._bind(route.start(), self._key(f"routes[{i}].listen"), host, port)
+            await self._bind(route.start(), self._key(f"routes[{i}].listen"), route.cfg.listen)
         self.ready = True
         for route in self.routes:
-            h, p = route.address
-            log.info("route %s: %s on %s:%d -> %s:%d", route.cfg.name, route.cfg.protocol, h, p,
-                     *route.cfg.upstream)
+            log.info("route %s: %s on %s -> %s", route.cfg.name, route.cfg.protocol,
+                     format_address(route.address), format_address(route.cfg.upstream))
         if self.admin is not None:
             log.info("admin: http://%s:%d/metrics", *self.admin.address)
         if self.config.framelog is not None:
@@ -112,15 +111,16 @@ class ProxyApp:
         name = getattr(self.config, "key_name", None)
         return name(key) if name else key
 
-    async def _bind(self, coro, key, host, port):
+    async def _bind(self, coro, key, address):
+        shown = format_address(address)
         try:
             await coro
         except OSError as exc:
             await self.close_listeners()
             if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{host}:{port}': "
+                raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{shown}': "
                                   "address already in use") from None
-            raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{host}:{port}': "
+            raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{shown}': "
                               f"cannot listen: {exc.strerror or exc}") from None
 
     async def close_listeners(self):

@@ -34,8 +34,10 @@ def _add_proxy(sub):
     p.add_argument("-c", "--config", metavar="FILE", help="TOML config (see README)")
     p.add_argument("--protocol",
                    help="protocol of the single route: " + ", ".join(protocols.names()))
-    p.add_argument("--listen", metavar="HOST:PORT", help="where clients connect")
-    p.add_argument("--upstream", metavar="HOST:PORT", help="the real server")
+    p.add_argument("--listen", metavar="ADDR", help="where clients connect: HOST:PORT, "
+                   "[V6]:PORT or unix:/path/to.sock")
+    p.add_argument("--upstream", metavar="ADDR", help="the real server: HOST:PORT, "
+                   "[V6]:PORT or unix:/path/to.sock")
     p.add_argument("--admin", metavar="HOST:PORT",
                    help="admin HTTP address for /metrics, /healthz, /readyz")
     p.add_argument("--framelog", metavar="DIR", help="frame log directory")

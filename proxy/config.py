@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from proxy import protocols
 from proxy.addresses import parse_address  # noqa: F401  (also proxy.config's public API)
+from proxy.addresses import UnixAddress, format_address
 from proxy.errors import ConfigError, bad_value
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
@@ -218,8 +219,9 @@ def route_from_table(table, index, names=None):
         framelog=framelog,
         name=name,
         protocol=protocol,
-        listen=parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True),
-        upstream=parse_address(table["upstream"], keys(f"{where}.upstream")),
+        listen=parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True,
+                             allow_unix=True),
+        upstream=parse_address(table["upstream"], keys(f"{where}.upstream"), allow_unix=True),
         options=options,
         **numbers,
     )
@@ -280,8 +282,8 @@ def config_from_dict(data, names=None):
         if r.name in seen_names:
             raise bad_value(keys(f"routes[{i}].name"), r.name, "duplicate route name")
         seen_names.add(r.name)
-        if r.listen[1] and r.listen in seen_listen:
-            raise bad_value(keys(f"routes[{i}].listen"), f"{r.listen[0]}:{r.listen[1]}",
+        if (isinstance(r.listen, UnixAddress) or r.listen[1]) and r.listen in seen_listen:
+            raise bad_value(keys(f"routes[{i}].listen"), format_address(r.listen),
                             "another route listens there")
         seen_listen.add(r.listen)
     return Config(routes=routes, admin_listen=admin_listen, framelog=framelog,

@@ -174,6 +174,8 @@ class TwinSource(NativeSource):
                            protocol=stats.protocol, peer=self.peers.get(r["conn_id"]),
                            ts_ns=r["t_ns"] + self.wall_offset_ns)
                 del row["t_ns"]
+                if row["opcode"] is not None and row["opcode"] < 0:
+                    row["opcode"] = None     # a name-only opcode (Thrift method), as columns()
                 out.append(row)
             from proxy.framelog import SCHEMA
             tables.append(pa.Table.from_pylist(out, schema=SCHEMA))

@@ -11,11 +11,13 @@ side aborts the other.
 import asyncio
 import itertools
 import logging
+import os
 import random
 import socket
 import time
 
 from proxy import protocols
+from proxy.addresses import UnixAddress, format_address, remove_unix_socket, unix_listener
 from proxy.framing import RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
 
@@ -24,8 +26,12 @@ _conn_ids = itertools.count(1)            # conn_id of the frame log (docs/desig
 log = logging.getLogger("frametap.relay")
 
 
-def format_peer(addr):
-    """A socket address as the frame log's `peer`: ``ip:port``, ``[ip6]:port``."""
+def format_peer(addr, local=None):
+    """A socket address as the frame log's `peer`: ``ip:port``, ``[ip6]:port``; a Unix
+    socket client (unnamed) as ``unix:<the listener's path>`` (``local``)."""
+    if isinstance(addr, (str, bytes)) or (not addr and isinstance(local, (str, bytes))):
+        path = os.fsdecode(addr or local or b"")
+        return "unix:" + (path or "?")
     if not addr:
         return "?"
     host, port = addr[:2]
@@ -89,16 +95,25 @@ class Route:
         self.framelog = None           # (FrameLogBuffer, route index, source, sample)
         self.half_close_timeout = getattr(cfg, "half_close_timeout", 60.0)
         self.idle_timeout = getattr(cfg, "idle_timeout", 3600.0)   # 0: never
+        self.unix_inode = None         # a unix: listener's socket file, removed on close
 
     @property
     def address(self):
-        """(host, port) actually bound (port 0 in the config picks a free one)."""
+        """(host, port) actually bound (port 0 in the config picks a free one); the path
+        (a UnixAddress) for a unix: listener."""
+        if isinstance(self.cfg.listen, UnixAddress):
+            return self.cfg.listen
         return self.server.sockets[0].getsockname()[:2]
 
     async def start(self):
-        host, port = self.cfg.listen
-        self.server = await self.loop.create_server(
-            lambda: ClientSide(self), host, port, reuse_address=True, backlog=1024)
+        if isinstance(self.cfg.listen, UnixAddress):
+            sock, self.unix_inode = unix_listener(self.cfg.listen)
+            self.server = await self.loop.create_unix_server(lambda: ClientSide(self),
+                                                             sock=sock, backlog=1024)
+        else:
+            host, port = self.cfg.listen
+            self.server = await self.loop.create_server(
+                lambda: ClientSide(self), host, port, reuse_address=True, backlog=1024)
         self._sweeper = self.loop.create_task(self._sweep())
 
     def new_parser(self, local_address):
@@ -106,7 +121,8 @@ class Route:
                                    self.cfg.options)
         parser.conn_id = next(_conn_ids)            # frame-log conn_id, unique per process
         if hasattr(parser, "local_address"):       # parsers that rewrite addresses
-            parser.local_address = local_address[:2] if local_address else None
+            parser.local_address = (local_address[:2] if isinstance(local_address, tuple)
+                                    else None)
             parser.upstream_address = self.cfg.upstream
         return parser
 
@@ -145,6 +161,9 @@ class Route:
     def stop_accepting(self):
         if self.server is not None:
             self.server.close()
+        if self.unix_inode is not None:    # fleximq §6.3.1: the socket file goes too
+            remove_unix_socket(self.cfg.listen, self.unix_inode)
+            self.unix_inode = None
 
     async def drain(self, timeout, force=None):
         """Wait for open connections to finish, up to ``timeout`` (or until ``force``,
@@ -193,7 +212,7 @@ class ClientSide(asyncio.Protocol):
         route = self.route
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = format_peer(peer)
+        self.peer = format_peer(peer, transport.get_extra_info("sockname"))
         if len(route.connections) >= route.cfg.max_connections:
             route.stats.conn_rejected += 1
             route.log.warning("route %s: connection from %s rejected: %d connections open "
@@ -213,20 +232,22 @@ class ClientSide(asyncio.Protocol):
 
     async def _connect(self):
         route = self.route
-        host, port = route.cfg.upstream
+        target = route.cfg.upstream
         started = time.perf_counter()
         try:
-            _, upstream = await asyncio.wait_for(
-                route.loop.create_connection(lambda: UpstreamSide(self), host, port),
-                route.cfg.connect_timeout)
+            if isinstance(target, UnixAddress):
+                connect = route.loop.create_unix_connection(lambda: UpstreamSide(self), target)
+            else:
+                connect = route.loop.create_connection(lambda: UpstreamSide(self), *target)
+            _, upstream = await asyncio.wait_for(connect, route.cfg.connect_timeout)
         except asyncio.CancelledError:
             return
         except (OSError, asyncio.TimeoutError) as exc:
             route.stats.connect_failures += 1
             why = "timed out" if isinstance(exc, asyncio.TimeoutError) else (
                 exc.strerror or exc.__class__.__name__)
-            route.log.warning("route %s: upstream %s:%d unreachable for client %s: %s",
-                        route.cfg.name, host, port, self.peer, why)
+            route.log.warning("route %s: upstream %s unreachable for client %s: %s",
+                        route.cfg.name, format_address(target), self.peer, why)
             self.parser.abandon()          # never reached a server: not request timeouts
             self._finish(abort=False, by="proxy", reason="connect_failed")
             return

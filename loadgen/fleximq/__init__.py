@@ -1,0 +1,1 @@
+"""fleximq load generation: the reference broker, a sync client, Locust users."""

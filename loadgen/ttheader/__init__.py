@@ -1,0 +1,1 @@
+"""Thrift (ttheader): the reference service, its IDL and the Locust RPC users."""

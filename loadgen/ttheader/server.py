@@ -1,0 +1,268 @@
+"""Reference Thrift service (asyncio, uvloop) speaking Kitex TTHeader, Apache THeader and
+framed Thrift: ``frametap serve ttheader``.
+
+No Kitex server is installable here (docs/design.md, "Reference servers in general"), so
+this server stands in for one. It serves ``frametap_demo.thrift`` (in this folder: a
+user/order service with structs, lists, maps, a declared exception ``NotFound`` and a
+oneway ``log``):
+
+* Payloads are decoded and encoded by Apache's ``thrift`` library (the code generated
+  from the IDL, its ``Processor``, binary or compact protocol as the request uses) —
+  never by hand. Unknown methods get the library's TApplicationException
+  UNKNOWN_METHOD; a handler failure INTERNAL_ERROR.
+* The envelope is written by :mod:`proxy.protocols.ttheader.codec`, answering in the
+  request's dialect: a Kitex TTHeader request gets a TTHeader reply (same seq id and
+  flags, protocol id as requested, Kitex-style info headers: INFO_INTKEYVALUE
+  FROM_SERVICE / TO_METHOD and the request's LOG_ID, and the str key ``biz-status``),
+  TTHeaderFramed when the request was; an Apache THeader request a THeader reply
+  (same transforms, zlib included); a framed request a framed reply.
+* Choices the document leaves open (none of it is public Kitex server code): unframed
+  Thrift is not served (one log line, the connection closed); a frame whose envelope
+  or payload cannot be read is logged and closes that connection only; replies carry
+  a correlation id (the seq id), so each leaves at its own service time
+  (``ordered_replies = False``, as Kitex's out-of-order mode allows).
+* ``--transport``: restrict the dialects accepted (``any`` by default).
+* ``--service-time DIST`` for every method, ``--method-time METHOD=DIST`` per method;
+  ``--error-rate P``: that fraction of ``getUser``/``placeOrder`` calls raise the declared
+  ``NotFound`` (besides unknown user ids, which always do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import struct
+import sys
+
+from loadgen.common import (CommandLineError, ServerThread, address_arg, serve_main,
+                            service_time_arg)
+from loadgen.serverbase import ReferenceServer, ServerConnection
+from loadgen.servicetime import ServiceTime, as_service_time
+from loadgen.ttheader import idl
+from proxy.protocols.ttheader import codec
+from proxy.protocols.ttheader.names import MAX_FRAME_BYTES, PROTO_COMPACT
+
+__all__ = ["ThriftServer", "ThriftServerThread", "DemoHandler", "main"]
+
+log = logging.getLogger("frametap.ttheader.server")
+TRANSPORTS = ("any", "ttheader", "theader", "framed")
+USERS = 10_000                 # user ids 1..USERS exist
+SERVICE_NAME = "frametap.demo.UserService"
+
+
+class DemoHandler:
+    """The service's behaviour: a deterministic in-memory user directory."""
+
+    def __init__(self, gen, error_rate: float = 0.0, rng: random.Random | None = None):
+        self.t = gen.ttypes
+        self.error_rate = error_rate
+        self.rng = rng or random.Random()
+        self.logged = 0
+        self.next_order = 1
+
+    def _fail(self) -> bool:
+        return self.error_rate > 0 and self.rng.random() < self.error_rate
+
+    def echo(self, message):
+        return message
+
+    def getUser(self, id):
+        if not 1 <= id <= USERS or self._fail():
+            raise self.t.NotFound(message="no user %d" % id, id=id)
+        return self.t.User(id=id, name="user-%05d" % id, tags=["tier-%d" % (id % 3), "demo"],
+                           attrs={"region": ("eu", "us", "ap")[id % 3], "plan": "basic"})
+
+    def listUsers(self, limit, filter):
+        limit = max(0, min(limit, 100))
+        return [self.getUser(i) for i in range(1, limit + 1)]
+
+    def placeOrder(self, userId, items):
+        if not 1 <= userId <= USERS or self._fail():
+            raise self.t.NotFound(message="no user %d" % userId, id=userId)
+        order = self.t.Order(id=self.next_order, user_id=userId, items=list(items),
+                             total=round(sum(items) * 0.01 + 4.99, 2))
+        self.next_order += 1
+        return order
+
+    def ping(self):
+        pass
+
+    def log(self, line):
+        self.logged += 1
+
+
+class _ThriftConnection(ServerConnection):
+    """One client: length-prefixed frames (TTHeader, THeader or framed Thrift)."""
+
+    def split_frame(self, buf):
+        if len(buf) < 4:
+            return None
+        if buf[0] == 0x80 and buf[1] == 0x01:
+            raise codec.FrameError("unframed Thrift is not served (use framed, THeader or "
+                                   "TTHeader)")
+        (length,) = struct.unpack_from(">I", buf)
+        if length > self.server.max_frame_bytes:
+            raise codec.FrameError("frame length %d over the limit %d" % (
+                length, self.server.max_frame_bytes))
+        if len(buf) < 4 + length:
+            return None
+        return bytes(buf[:4 + length]), 4 + length
+
+    def frame_received(self, frame, received: float) -> None:
+        try:
+            reply, method = self.server.handle_frame(frame)
+        except Exception as exc:  # noqa: BLE001 - a peer's bytes: one log line, never a traceback
+            self.server.log_peer(logging.WARNING, "%s: closing connection from %s: %s",
+                                 self.name, self.peer, exc)
+            self.abort()
+            return
+        if reply is not None:
+            self.send(reply, self.server.reply_due(method, received))
+
+
+class ThriftServer(ReferenceServer):
+    """The reference Thrift service on one listening socket (see the module docstring)."""
+
+    what = "ttheader server"
+    log = log
+    connection_class = _ThriftConnection
+    ordered_replies = False          # replies carry the seq id: each leaves when due
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 service_time: ServiceTime | str | None = None, method_times=None,
+                 error_rate: float = 0.0, transport: str = "any",
+                 max_frame_bytes: int = MAX_FRAME_BYTES, seed: int | None = None):
+        super().__init__(service_time)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
+        if not 0.0 <= error_rate <= 1.0:
+            raise ValueError(f"error rate {error_rate}: expected 0..1")
+        self.host, self.port = host, port
+        self.transport = transport
+        self.max_frame_bytes = max_frame_bytes
+        self.method_times = {m: as_service_time(t) for m, t in (method_times or {}).items()}
+        self.gen = idl.load()
+        self.handler = DemoHandler(self.gen, error_rate, random.Random(seed))
+        self.processor = self.gen.UserService.Processor(self.handler)
+        self.calls = 0
+
+    async def start(self) -> None:
+        self.port = await self.listen(self.host, self.port)
+        log.info("ttheader server listening on %s:%d", self.host, self.port)
+
+    def reply_due(self, method: str, received: float):
+        dist = self.method_times.get(method, self.service_time)
+        return None if dist is None else received + dist.sample()
+
+    def handle_frame(self, frame: bytes):
+        """One request frame -> (reply frame or None for oneway, method name)."""
+        from thrift.protocol import TBinaryProtocol, TCompactProtocol
+        from thrift.transport import TTransport
+        transport, fields, payload = codec.split(frame)
+        if self.transport != "any" and transport != self.transport:
+            raise codec.FrameError(f"{transport} frame, but this server serves "
+                                   f"{self.transport} only")
+        method, mtype, seq = codec.parse_message_header(payload)
+        compact = payload[:1] == b"\x82"
+        proto_cls = TCompactProtocol.TCompactProtocol if compact else \
+            TBinaryProtocol.TBinaryProtocol
+        itrans = TTransport.TMemoryBuffer(payload)
+        otrans = TTransport.TMemoryBuffer()
+        self.processor.process(proto_cls(itrans), proto_cls(otrans))
+        self.calls += 1
+        out = otrans.getvalue()
+        if not out:
+            return None, method                      # oneway: no reply
+        if transport == "ttheader":
+            intinfo = {3: SERVICE_NAME, 9: method}
+            log_id = fields["intinfo"].get(2)
+            if log_id is not None:
+                intinfo[2] = log_id
+            reply = codec.ttheader(out, seq=fields["seq"], flags=fields["flags"],
+                                   proto=fields["proto"], strinfo={"biz-status": "0"},
+                                   intinfo=intinfo, inner_framed=fields.get("inner_framed",
+                                                                            False))
+        elif transport == "theader":
+            reply = codec.theader(out, seq=fields["seq"], flags=fields["flags"],
+                                  proto=PROTO_COMPACT if compact else fields["proto"],
+                                  transforms=fields["transforms"])
+        else:
+            reply = codec.framed(out)
+        return reply, method
+
+
+class ThriftServerThread(ServerThread):
+    """Run a :class:`ThriftServer` on its own event loop in a background thread."""
+
+    thread_name = "ttheader-server"
+    what = "ttheader server"
+    cancel_pending_tasks = False
+
+    def __init__(self, **server_kwargs):
+        super().__init__(ThriftServer(**server_kwargs))
+
+
+# ---------------------------------------------------------------------- command line
+
+def _listen_arg(text: str) -> tuple[str, int]:
+    return address_arg(text, 8888)
+
+
+def _method_time_arg(text: str) -> tuple[str, ServiceTime]:
+    name, sep, dist = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected METHOD=DIST, e.g. getUser=2ms")
+    return name.strip(), service_time_arg(dist)
+
+
+def _rate_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a fraction 0..1, e.g. 0.01")
+    return value
+
+
+def build_parser(prog: str = "frametap serve ttheader") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run the reference Thrift service (Kitex TTHeader, Apache THeader, "
+                    "framed) until SIGINT/SIGTERM.")
+    parser.add_argument("--listen", type=_listen_arg, default=("127.0.0.1", 8888),
+                        metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8888)")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="any",
+                        help="dialects accepted (default any: TTHeader, THeader and framed)")
+    parser.add_argument("--service-time", type=service_time_arg, default=None, metavar="DIST",
+                        help="delay each reply: '0', '500us', '2ms±1ms', '2ms+-1ms', 'exp:2ms'")
+    parser.add_argument("--method-time", type=_method_time_arg, action="append", default=[],
+                        metavar="METHOD=DIST", help="service time of one method (repeatable)")
+    parser.add_argument("--error-rate", type=_rate_arg, default=0.0, metavar="P",
+                        help="fraction of getUser/placeOrder calls answered with the declared "
+                             "NotFound exception (default 0)")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def _make_server(args: argparse.Namespace):
+    host, port = args.listen
+    try:
+        server = ThriftServer(host, port, service_time=args.service_time,
+                              method_times=dict(args.method_time), error_rate=args.error_rate,
+                              transport=args.transport)
+    except idl.IDLError as exc:
+        raise CommandLineError(str(exc)) from None
+    return server, f"{host}:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``frametap serve ttheader`` entry point; returns the exit status."""
+    return serve_main(build_parser(), argv, _make_server,
+                      lambda server: f"ttheader: listening on {server.host}:{server.port}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

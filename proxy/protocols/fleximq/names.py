@@ -1,0 +1,59 @@
+"""fleximq names and limits shared by the parsers, the codec and the tests
+(docs/design.md, "fleximq")."""
+
+from proxy.protocols.fleximq.header import TYPE_NAMES
+
+PREFIX = 34                    # version, type, client_id, reserved, header/payload lengths
+MAX_HEADER_BYTES = 65536       # §7.1
+MAX_FRAME_BYTES = 1 << 30      # §7.1 (route key max_frame_bytes)
+VERSION = 1
+BROKER_ID = 1
+INVALID_STATUS = -1            # a status that is not an unsigned 32-bit integer
+
+# Correlation namespaces (the `tag` of expect/take): a REQ under the direction it
+# travelled, a JOIN under 2 + direction, a PING under 4 + direction + 2 * k where k
+# numbers the PINGs that carry the same timestamp (the proxy matches a PONG to the
+# oldest unanswered one).
+TAG_JOIN = 2
+TAG_PING = 4
+PING_DUP_MAX = 1 << 20
+
+
+def opcode_name(code):
+    return TYPE_NAMES[code] if 0 <= code < len(TYPE_NAMES) else "unknown_%d" % code
+
+
+def status_name(code):
+    """The status label: the numeric code (docs/design.md, "Prometheus metrics")."""
+    return "invalid" if code == INVALID_STATUS else str(code)
+
+
+def is_ok(status):
+    return 200 <= status <= 299
+
+
+_M = 0xFFFFFFFFFFFFFFFF
+
+
+def id_key(rid: bytes) -> int:
+    """The 64-bit correlation key of a ``reqrep.id`` (its UTF-8 bytes, 8 at a time as
+    little-endian words, the last zero-padded, multiplied in and folded, then a final
+    mix): the frame log's ``correlation_id`` of a JOIN/REQ/REP is ``str(id_key(id))``
+    (the core keeps integer ids only; see docs/design.md, "fleximq")."""
+    h = 0xCBF29CE484222325 ^ len(rid)
+    for i in range(0, len(rid), 8):
+        h = ((h ^ int.from_bytes(rid[i:i + 8], "little")) * 0x9E3779B97F4A7C15) & _M
+        h ^= h >> 29
+    h ^= h >> 32
+    h = (h * 0xBF58476D1CE4E5B9) & _M
+    return h ^ (h >> 29)
+
+
+def log_correlation_id(rid=None, ping_ts=None):
+    """What the proxy writes as ``correlation_id`` for a request with this reqrep.id
+    (str or bytes), or for a PING with this timestamp: clients write the same."""
+    if ping_ts is not None:
+        return str(ping_ts)
+    if isinstance(rid, str):
+        rid = rid.encode()
+    return str(id_key(rid))

@@ -1,0 +1,993 @@
+# cython: language_level=3
+# distutils: libraries = z
+"""Thrift frame parser (compiled): Kitex TTHeader, Apache THeader, framed and unframed
+Thrift on one route.  Twin: parser_py.py (same algorithm, same results).
+
+Framing, read from each frame's first bytes (a connection normally keeps one; Apache's
+THeaderTransport also decides per frame):
+
+- ``80 01 ..``: unframed strict binary Thrift.  Its end is where its argument/result
+  struct ends, so the whole message is walked (at most ``header_limit`` bytes).
+- LENGTH u32 (bytes after itself), then at offset 4:
+  ``10 00`` Kitex TTHeader, ``0F FF`` Apache THeader — flags u16, seq id u32, header
+  size u16 in 4-byte words counted from offset 14, then protocol id, transforms, info
+  blocks, padding, payload; ``80 01`` framed strict binary; ``82`` + version 1 framed
+  compact; ``90 01`` framed Kitex protobuf (its meta names the method); otherwise a name length that fits the frame: framed non-strict binary.
+  Anything else fails ``bad_magic``; LENGTH is checked against ``max_frame_bytes``
+  before a byte more is buffered.
+
+The payload's Thrift message header (strict binary, non-strict binary, compact) gives
+the method name (the opcode, interned through ``slot_for_name``), the message type
+(CALL -> request, ONEWAY -> oneway, REPLY/EXCEPTION -> response) and the seq id.
+Requests and responses pair by the payload's seq id in both directions (duplex), in any
+order, many in flight.  A REPLY is ``OK`` when its result struct's first field is id 0
+or it is void, ``EXCEPTION`` (a declared exception) otherwise; an EXCEPTION message's
+TApplicationException type names its status, ``UNKNOWN`` when the type is missing.
+Oneway calls expect nothing, so they never time out.
+
+Where the seed document (docs/design.md, "TTHeader") and the real implementations
+differ, this parser follows Kitex's ``header_codec.go`` and Apache's
+``THeaderTransport``:
+
+- Correlation uses the Thrift message's seq id, not the header's (Apache's Node
+  library writes 0 there; Kitex only logs a mismatch).  The header's seq id is used
+  only for payloads the parser cannot read (snappy, unknown transforms, Kitex protobuf
+  without its meta).
+- The header's protocol id is not trusted to tell binary from compact: Kitex always
+  writes 0; the payload's first bytes decide (0x80 0x01 binary, 0x82 compact).  Ids
+  other than 0 (binary), 2 (compact) and — TTHeader only — 3 (Kitex protobuf) are
+  counted as ``bad_header`` and the payload is still read.
+- Kitex protobuf payloads (protocol id 3) carry Kitex's meta (0x9001 magic + message
+  type, u32-length method name, seq id): the opcode is the header's TO_METHOD (int
+  key 9) when present, else the meta's name; without the meta, TO_METHOD or
+  ``unknown``, correlated by the header's seq id.  A protobuf EXCEPTION's status is
+  Kitex's pbError TypeID (field 1).
+- Kitex's ACL token block (0x11) is one u16-length string, not a key/value list (the
+  document says key/value); it is skipped and never read into the frame log.
+- Header flags are not reserved in Kitex (0x01 out-of-order, 0x02 streaming, 0x08
+  duplex, 0x10 SASL); the parser never relies on in-order replies anyway.
+- A 0x00 info id is padding wherever it appears (Kitex skips it and continues); an
+  unknown info id is an error in Kitex (``bad_header`` here, the frame still counted
+  by its payload).  Apache THeader instead stops reading infos at padding or any id
+  but INFO_KEYVALUE (its Python and C++ libraries ignore the rest), so that is no
+  error there.  Kitex rejects an info section over 64 KiB or under 2 bytes: such a
+  TTHeader is a fatal ``bad_header``, as is a header size that points past LENGTH.
+- Kitex's TTHeaderFramed: a u32 length (= the rest of the payload) before the Thrift
+  message inside the payload; recognised and unwrapped (4 more header bytes).
+- Transforms: Kitex writes none (the document names ZLIB 0x01 and SNAPPY 0x03).  A
+  zlib payload is inflated (at most ZOUT_MAX bytes, the prefix the message header
+  needs) so its method name is still read; snappy payloads are counted by TO_METHOD or
+  ``unknown`` with status ``UNDECODED``; any other transform id is also ``bad_header``.
+- Info key/values go to the frame log's ``attrs``: INFO_KEYVALUE keys as written,
+  INFO_INTKEYVALUE keys by Kitex's names (FROM_SERVICE, TO_METHOD, LOG_ID...) or
+  their number.
+
+Malformed input never raises: a broken frame boundary (bad magic, lengths, header
+size) is fatal for the connection (``fail``); a well-framed frame whose payload is not
+a Thrift message (or whose method name is over NAME_MAX bytes) is counted under
+``unknown`` with ``bad_body`` and forwarded.  The hot path allocates nothing per frame:
+fields are read in place from the core's contiguous header bytes (copied by the core
+only when a header spans reads).
+"""
+
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
+from libc.string cimport memset, strlen
+
+from proxy._framing cimport (FrameParser, RouteStats, C2S, OUTCOME_OK, OUTCOME_ERROR,
+                             K_REQUEST, K_RESPONSE, K_ONEWAY, CORR_HI_SIGNED, OTHER_SLOT,
+                             R_BAD_MAGIC, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
+                             R_HEADER_TOO_LARGE, R_BAD_BODY, R_MISMATCH)
+from proxy._framing cimport (want_header, protocol_error, begin, add_messages, set_corr,
+                             expect, take, answer, set_resource, add_attr)
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from proxy.protocols.ttheader.names import (MAX_FRAME_BYTES, HEADER_LIMIT, opcode_name,
+                                            status_name)
+
+
+cdef extern from "zlib.h":
+    ctypedef struct z_stream:
+        uint8_t* next_in
+        unsigned int avail_in
+        uint8_t* next_out
+        unsigned int avail_out
+        void* zalloc
+        void* zfree
+        void* opaque
+    int inflateInit(z_stream* strm)
+    int inflateReset(z_stream* strm)
+    int inflate(z_stream* strm, int flush)
+    int inflateEnd(z_stream* strm)
+    enum:
+        Z_OK
+        Z_STREAM_END
+        Z_BUF_ERROR
+        Z_NO_FLUSH
+
+
+cdef enum:
+    HDR = 8
+    TT_META = 14
+    TT_MAX_HEADER = 65536
+    NAME_MAX = 4096
+    ZOUT_MAX = 8192
+    MAGIC_TTHEADER = 0x1000
+    MAGIC_THEADER = 0x0FFF
+    PROTO_BINARY = 0
+    PROTO_COMPACT = 2
+    PROTO_PROTOBUF = 3
+    ZLIB = 1
+    SNAPPY = 3
+    INFO_KEYVALUE = 0x01
+    INFO_INTKEYVALUE = 0x10
+    INFO_ACL_TOKEN = 0x11
+    TO_METHOD = 9
+    CALL = 1
+    REPLY = 2
+    EXCEPTION = 3
+    ONEWAY = 4
+    ST_OK = -1
+    ST_EXCEPTION = -2
+    ST_UNDECODED = -3
+    F_TTHEADER = 1
+    F_THEADER = 2
+    F_FRAMED = 3
+    X_NONE = 0
+    X_ZLIB = 1
+    X_OPAQUE = 2
+    M_OK = 0
+    M_NEED = 1
+    M_BAD = 2
+    P_BINARY = 0
+    P_COMPACT = 2
+    P_PROTOBUF = 3
+    MAX_DEPTH = 64
+    ZSTEP = 64
+
+
+cdef struct Msg:                 # what the message reader found
+    int ptype                    # P_*: how the message header is encoded
+    int mtype                    # CALL / REPLY / EXCEPTION / ONEWAY
+    Py_ssize_t name_off          # method name within the buffer read
+    Py_ssize_t name_len
+    int32_t seq
+    Py_ssize_t body              # first byte after the message header
+    int64_t status               # ST_* or the TApplicationException type
+    Py_ssize_t need              # M_NEED: bytes (index) wanted
+    uint64_t var                 # last varint read
+
+
+cdef struct Info:                # what the header's info section held
+    int proto
+    int xform                    # X_*
+    Py_ssize_t tom_off           # TO_METHOD value, -1 none
+    Py_ssize_t tom_len
+    int err                      # 1: malformed (counted once, as bad_header)
+
+
+cdef inline int32_t be32s(const uint8_t* h) noexcept:
+    return <int32_t>((<uint32_t>h[0] << 24) | (<uint32_t>h[1] << 16) | (<uint32_t>h[2] << 8)
+                     | h[3])
+
+cdef inline uint32_t be32(const uint8_t* h) noexcept:
+    return (<uint32_t>h[0] << 24) | (<uint32_t>h[1] << 16) | (<uint32_t>h[2] << 8) | h[3]
+
+cdef inline int be16(const uint8_t* h) noexcept:
+    return (<int>h[0] << 8) | h[1]
+
+cdef inline int64_t unzigzag(uint64_t v) noexcept:
+    return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))
+
+
+cdef inline int chk(Msg* m, Py_ssize_t k, Py_ssize_t lim, Py_ssize_t fend) noexcept:
+    """Are bytes up to index k there?  M_OK; M_BAD when the frame ends first (fend >= 0);
+    else M_NEED with m.need = k."""
+    if k <= lim:
+        return M_OK
+    if fend >= 0 and k > fend:
+        return M_BAD
+    m.need = k
+    return M_NEED
+
+
+cdef inline int uvar(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, Py_ssize_t fend,
+                     int maxlen, Py_ssize_t* nxt) noexcept:
+    """Unsigned varint at i into m.var; *nxt = index after it."""
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef Py_ssize_t j = i
+    cdef uint8_t b
+    while j < lim and j - i < maxlen:
+        b = h[j]
+        if shift < 64:
+            v |= <uint64_t>(b & 0x7F) << shift
+        j += 1
+        if not b & 0x80:
+            m.var = v
+            nxt[0] = j
+            return M_OK
+        shift += 7
+    nxt[0] = j
+    if j - i >= maxlen or (fend >= 0 and lim >= fend):
+        return M_BAD
+    m.need = lim + 1
+    return M_NEED
+
+
+cdef int read_message(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, Py_ssize_t fend,
+                      bint allow_pb) noexcept:
+    """The Thrift message header at h[i:]: strict binary (0x80 0x01), compact (0x82),
+    Kitex protobuf meta (0x90 0x01, when allow_pb) or non-strict binary."""
+    cdef int r
+    cdef int64_t n
+    cdef Py_ssize_t j
+    cdef uint8_t b0
+    r = chk(m, i + 1, lim, fend)
+    if r:
+        return r
+    b0 = h[i]
+    if b0 == 0x80 or (b0 == 0x90 and allow_pb):
+        r = chk(m, i + 8, lim, fend)
+        if r:
+            return r
+        if h[i + 1] != 0x01:
+            return M_BAD
+        m.mtype = h[i + 3]
+        n = be32s(h + i + 4)
+        if n < 0 or n > NAME_MAX:
+            return M_BAD
+        r = chk(m, i + 12 + n, lim, fend)
+        if r:
+            return r
+        m.name_off = i + 8
+        m.name_len = n
+        m.seq = be32s(h + i + 8 + n)
+        m.body = i + 12 + n
+        m.ptype = P_PROTOBUF if b0 == 0x90 else P_BINARY
+    elif b0 == 0x82:
+        r = chk(m, i + 2, lim, fend)
+        if r:
+            return r
+        if h[i + 1] & 0x1F != 1:
+            return M_BAD
+        m.mtype = h[i + 1] >> 5
+        r = uvar(m, h, i + 2, lim, fend, 5, &j)
+        if r:
+            return r
+        m.seq = <int32_t><uint32_t>m.var
+        r = uvar(m, h, j, lim, fend, 5, &j)
+        if r:
+            return r
+        if m.var > NAME_MAX:
+            return M_BAD
+        n = <int64_t>m.var
+        r = chk(m, j + n, lim, fend)
+        if r:
+            return r
+        m.name_off = j
+        m.name_len = n
+        m.body = j + n
+        m.ptype = P_COMPACT
+    elif b0 & 0x80:
+        return M_BAD
+    else:
+        r = chk(m, i + 4, lim, fend)
+        if r:
+            return r
+        n = be32s(h + i)
+        if n > NAME_MAX:
+            return M_BAD
+        r = chk(m, i + 9 + n, lim, fend)
+        if r:
+            return r
+        m.name_off = i + 4
+        m.name_len = n
+        m.mtype = h[i + 4 + n]
+        m.seq = be32s(h + i + 5 + n)
+        m.body = i + 9 + n
+        m.ptype = P_BINARY
+    if m.mtype < CALL or m.mtype > ONEWAY:
+        return M_BAD
+    return M_OK
+
+
+cdef int reply_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim,
+                      Py_ssize_t fend) noexcept:
+    """REPLY: the result struct's first field id — 0 (or a void reply) is OK, any
+    other a declared exception."""
+    cdef int r
+    cdef int64_t fid
+    cdef uint8_t b
+    cdef Py_ssize_t j
+    if m.ptype == P_PROTOBUF:
+        m.status = ST_OK
+        return M_OK
+    r = chk(m, i + 1, lim, fend)
+    if r:
+        return r
+    b = h[i]
+    if m.ptype == P_BINARY:
+        if b == 0:
+            m.status = ST_OK
+            return M_OK
+        r = chk(m, i + 3, lim, fend)
+        if r:
+            return r
+        fid = be16(h + i + 1)
+    else:
+        if b & 0x0F == 0:
+            m.status = ST_OK
+            return M_OK
+        fid = b >> 4
+        if fid == 0:
+            r = uvar(m, h, i + 1, lim, fend, 3, &j)
+            if r:
+                return r
+            fid = unzigzag(m.var)
+    m.status = ST_OK if fid == 0 else ST_EXCEPTION
+    return M_OK
+
+
+cdef inline int bin_fixed(int ft) noexcept:
+    if ft == 2 or ft == 3:
+        return 1
+    if ft == 4 or ft == 10:
+        return 8
+    if ft == 6:
+        return 2
+    if ft == 8:
+        return 4
+    if ft == 16:
+        return 16
+    return -1
+
+
+cdef inline int cpt_fixed(int ft) noexcept:
+    if ft == 1 or ft == 2:
+        return 0
+    if ft == 3:
+        return 1
+    if ft == 7:
+        return 8
+    if ft == 13:
+        return 16
+    return -1
+
+
+cdef inline int _give_up(int r) noexcept:
+    return M_NEED if r == M_NEED else M_OK
+
+
+cdef int exception_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim,
+                          Py_ssize_t fend) noexcept:
+    """EXCEPTION: the TApplicationException's type (field 2, i32) into m.status; a
+    missing type (Node's), or a struct that cannot be walked, is 0 (UNKNOWN).  Returns
+    M_NEED only while more of the frame may still come."""
+    cdef int r, ft, size
+    cdef int64_t fid, last = 0, n
+    cdef uint8_t b
+    cdef Py_ssize_t j
+    m.status = 0
+    if m.ptype == P_PROTOBUF:                   # Kitex pbError: TypeID is field 1, varint
+        r = chk(m, i + 1, lim, fend)
+        if r:
+            return _give_up(r)
+        if h[i] == 0x08:
+            r = uvar(m, h, i + 1, lim, fend, 10, &j)
+            if r == M_NEED:
+                return r
+            if r == M_OK:
+                m.status = <int32_t><uint32_t>m.var
+        return M_OK
+    while True:
+        r = chk(m, i + 1, lim, fend)
+        if r:
+            return _give_up(r)
+        b = h[i]
+        if m.ptype == P_BINARY:
+            ft = b
+            if ft == 0:
+                return M_OK
+            r = chk(m, i + 3, lim, fend)
+            if r:
+                return _give_up(r)
+            fid = be16(h + i + 1)
+            i += 3
+            if fid == 2 and ft == 8:
+                r = chk(m, i + 4, lim, fend)
+                if r:
+                    return _give_up(r)
+                m.status = be32s(h + i)
+                return M_OK
+            if ft == 11:
+                r = chk(m, i + 4, lim, fend)
+                if r:
+                    return _give_up(r)
+                n = be32s(h + i)
+                if n < 0:
+                    return M_OK
+                i += 4 + n
+            else:
+                size = bin_fixed(ft)
+                if size < 0:
+                    return M_OK
+                i += size
+        else:
+            ft = b & 0x0F
+            if ft == 0:
+                return M_OK
+            i += 1
+            if b >> 4:
+                fid = last + (b >> 4)
+            else:
+                r = uvar(m, h, i, lim, fend, 3, &i)
+                if r:
+                    return _give_up(r)
+                fid = unzigzag(m.var)
+            last = fid
+            if ft == 4 or ft == 5 or ft == 6 or ft == 8:
+                r = uvar(m, h, i, lim, fend, 10, &i)
+                if r:
+                    return _give_up(r)
+                if fid == 2 and ft == 5:
+                    m.status = <int32_t><uint32_t>(<uint64_t>unzigzag(m.var))
+                    return M_OK
+                if ft == 8:
+                    if m.var > <uint64_t>(lim + 0x7FFFFFFF):
+                        return M_OK
+                    i += <Py_ssize_t>m.var
+            else:
+                size = cpt_fixed(ft)
+                if size < 0:
+                    return M_OK
+                i += size
+
+
+cdef Py_ssize_t skip_binary(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, int ft,
+                            int depth) noexcept:
+    """Index after the binary-protocol value of type ft at h[i:]; -1 malformed, -2 more
+    bytes needed (m.need).  Only unframed messages need this: their end is where their
+    struct ends."""
+    cdef int size, t, kt, vt, et
+    cdef int64_t n, k
+    if depth > MAX_DEPTH:
+        return -1
+    size = bin_fixed(ft)
+    if size >= 0:
+        if i + size > lim:
+            m.need = i + size
+            return -2
+        return i + size
+    if ft == 11:
+        if i + 4 > lim:
+            m.need = i + 4
+            return -2
+        n = be32s(h + i)
+        if n < 0:
+            return -1
+        if i + 4 + n > lim:
+            m.need = i + 4 + n
+            return -2
+        return i + 4 + n
+    if ft == 12:
+        while True:
+            if i + 1 > lim:
+                m.need = i + 1
+                return -2
+            t = h[i]
+            i += 1
+            if t == 0:
+                return i
+            if i + 2 > lim:
+                m.need = i + 2
+                return -2
+            i = skip_binary(m, h, i + 2, lim, t, depth + 1)
+            if i < 0:
+                return i
+    if ft == 13:
+        if i + 6 > lim:
+            m.need = i + 6
+            return -2
+        kt = h[i]
+        vt = h[i + 1]
+        n = be32s(h + i + 2)
+        if n < 0:
+            return -1
+        i += 6
+        k = 0
+        while k < n:
+            i = skip_binary(m, h, i, lim, kt, depth + 1)
+            if i < 0:
+                return i
+            i = skip_binary(m, h, i, lim, vt, depth + 1)
+            if i < 0:
+                return i
+            k += 1
+        return i
+    if ft == 14 or ft == 15:
+        if i + 5 > lim:
+            m.need = i + 5
+            return -2
+        et = h[i]
+        n = be32s(h + i + 1)
+        if n < 0:
+            return -1
+        i += 5
+        k = 0
+        while k < n:
+            i = skip_binary(m, h, i, lim, et, depth + 1)
+            if i < 0:
+                return i
+            k += 1
+        return i
+    return -1
+
+
+cdef const char* int_key_name(int key) noexcept:
+    if key == 1:
+        return b"TRANSPORT_TYPE"
+    if key == 2:
+        return b"LOG_ID"
+    if key == 3:
+        return b"FROM_SERVICE"
+    if key == 4:
+        return b"FROM_CLUSTER"
+    if key == 5:
+        return b"FROM_IDC"
+    if key == 6:
+        return b"TO_SERVICE"
+    if key == 7:
+        return b"TO_CLUSTER"
+    if key == 8:
+        return b"TO_IDC"
+    if key == 9:
+        return b"TO_METHOD"
+    if key == 10:
+        return b"ENV"
+    if key == 11:
+        return b"DEST_ADDRESS"
+    if key == 12:
+        return b"RPC_TIMEOUT"
+    if key == 13:
+        return b"READ_TIMEOUT"
+    return NULL
+
+
+cdef class TTHeaderParser(FrameParser):
+    """Counts, sizes and correlates the Thrift messages of one connection, whatever
+    their framing (see the module docstring)."""
+
+    cdef Msg m
+    cdef Info hi
+    cdef z_stream zs
+    cdef bint zready             # zs initialised (on the first zlib frame)
+    cdef uint8_t* zbuf           # ZOUT_MAX bytes, allocated on the first zlib frame
+
+    def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
+                 options=None):
+        self.header_size = HDR
+        self.max_frame_bytes = MAX_FRAME_BYTES
+        stats.describe(opcode_name, status_name, ())      # once per route
+        FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
+        self.header_limit = HEADER_LIMIT
+
+    def __dealloc__(self):
+        if self.zready:
+            inflateEnd(&self.zs)
+        if self.zbuf is not NULL:
+            PyMem_Free(self.zbuf)
+
+    # ---- framing ----------------------------------------------------------------
+
+    cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
+        cdef Msg* m = &self.m
+        cdef Info* hi = &self.hi
+        cdef int64_t length, total, start = self.st[d].frame_start
+        cdef int framing, magic, r
+        cdef Py_ssize_t hsz, p0, hb, lim
+        if h[0] == 0x80 and h[1] == 0x01:
+            return self._unframed(d, h, avail)
+        length = be32(h)
+        magic = be16(h + 4)
+        if magic == MAGIC_TTHEADER:
+            framing = F_TTHEADER
+        elif magic == MAGIC_THEADER:
+            framing = F_THEADER
+        elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1) or \
+                (h[4] == 0x90 and h[5] == 0x01):     # Kitex protobuf, framed
+            framing = F_FRAMED
+        elif h[4] < 0x80 and <int64_t>be32s(h + 4) + 9 <= length:
+            framing = F_FRAMED                     # non-strict binary: name length first
+        else:
+            self.fail(d, R_BAD_MAGIC, "bytes %s at offset %d are not Thrift (TTHeader 0x1000, "
+                      "THeader 0x0FFF, framed or unframed binary/compact) — TLS or HTTP on a "
+                      "Thrift port?" % ((<const char*>h)[:8].hex(), start))
+            return -1
+        total = length + 4
+        if total > self.max_frame_bytes:
+            self.fail(d, R_TOO_LARGE, "frame length %d at offset %d exceeds the limit %d" % (
+                total, start, self.max_frame_bytes))
+            return -1
+        if length < (10 if framing != F_FRAMED else 4):
+            self.fail(d, R_TOO_SMALL, "frame length %d at offset %d is below the minimum of "
+                      "its framing" % (length, start))
+            return -1
+        hi.proto = PROTO_BINARY
+        hi.xform = X_NONE
+        hi.err = 0
+        hi.tom_off = -1
+        hi.tom_len = -1
+        if framing == F_FRAMED:
+            p0 = 4
+        else:
+            if avail < TT_META:
+                return want_header(self, d, TT_META)
+            hsz = be16(h + 12) * 4
+            if hsz == 0 or TT_META + hsz > total or (framing == F_TTHEADER
+                                                      and hsz > TT_MAX_HEADER):
+                self.fail(d, R_BAD_HEADER, "header size %d at offset %d does not fit the "
+                          "frame of %d bytes" % (hsz, start, total))
+                return -1
+            p0 = TT_META + hsz
+            if p0 > self.header_limit:             # decided before buffering, whatever the reads
+                self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds "
+                          "the header limit %d" % (p0, start, self.header_limit))
+                return -1
+            if avail < p0:
+                return want_header(self, d, p0)
+            self._infos(d, h, framing, p0, False)
+        hb = p0
+        lim = avail if avail < total else <Py_ssize_t>total
+        if hi.proto == PROTO_PROTOBUF and hi.xform == X_NONE and lim < p0 + 2 <= total:
+            return want_header(self, d, p0 + 2)
+        if hi.xform == X_OPAQUE or (hi.proto == PROTO_PROTOBUF and (
+                hi.xform == X_ZLIB or p0 + 2 > total or h[p0] != 0x90 or h[p0 + 1] != 0x01)):
+            self._count_opaque(d, h, total, hb, framing)
+            return total
+        if hi.xform == X_ZLIB:
+            return self._zlib(d, h, p0, lim, total, hb, framing)
+        if p0 + 4 <= total:                        # Kitex TTHeaderFramed: u32 length first
+            if p0 + 4 > lim:
+                return want_header(self, d, p0 + 4)
+            if <int64_t>be32s(h + p0) == total - p0 - 4:
+                p0 += 4
+                hb += 4
+        r = self._message(h, p0, lim, total,
+                          hi.proto == PROTO_PROTOBUF or framing == F_FRAMED)
+        if r == M_NEED:
+            return want_header(self, d, m.need)
+        if r == M_BAD:
+            self._count_bad(d, h, total, hb, framing)
+        else:
+            self._count(d, h, h, total, hb, framing)
+        return total
+
+    cdef int _message(self, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim, Py_ssize_t fend,
+                      bint allow_pb) noexcept:
+        # Never look past header_limit, so that what is read does not depend on how the
+        # bytes were split into reads: a need beyond it is a malformed message, or for
+        # an application exception's type, UNKNOWN.
+        cdef Msg* m = &self.m
+        cdef Py_ssize_t cap = self.header_limit
+        cdef int r
+        if lim > cap:
+            lim = cap
+        r = read_message(m, h, p0, lim, fend, allow_pb)
+        if r == M_OK:
+            if m.mtype == REPLY:
+                r = reply_status(m, h, m.body, lim, fend)
+            elif m.mtype == EXCEPTION:
+                r = exception_status(m, h, m.body, lim, fend)
+                if r == M_NEED and m.need > cap:
+                    m.status = 0
+                    return M_OK
+        if r == M_NEED and m.need > cap:
+            return M_BAD
+        return r
+
+    cdef int64_t _zlib(self, int d, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim,
+                       int64_t total, Py_ssize_t hb, int framing) except -2:
+        """Inflate a prefix of the payload and read the message from it.  Compressed
+        input is taken in fixed steps (64, 128, 256... bytes, then the whole frame or
+        header_limit), smallest first, so the result never depends on how the frame was
+        split into reads."""
+        cdef Py_ssize_t cap = <Py_ssize_t>(total if total < self.header_limit
+                                           else self.header_limit)
+        cdef Py_ssize_t grow = ZSTEP, step, n
+        cdef int ret, r
+        cdef bint more
+        if self.zbuf is NULL:
+            self.zbuf = <uint8_t*>PyMem_Malloc(ZOUT_MAX)
+            if self.zbuf is NULL:
+                raise MemoryError()
+        while True:
+            step = p0 + grow if p0 + grow < cap else cap
+            if step > lim:
+                return want_header(self, d, step)
+            if not self.zready:
+                memset(&self.zs, 0, sizeof(z_stream))
+                if inflateInit(&self.zs) != Z_OK:
+                    raise MemoryError()
+                self.zready = True
+            else:
+                inflateReset(&self.zs)
+            self.zs.next_in = <uint8_t*>(h + p0)
+            self.zs.avail_in = <unsigned int>(step - p0)
+            self.zs.next_out = self.zbuf
+            self.zs.avail_out = ZOUT_MAX
+            ret = inflate(&self.zs, Z_NO_FLUSH)
+            if ret != Z_OK and ret != Z_STREAM_END and ret != Z_BUF_ERROR:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            n = ZOUT_MAX - self.zs.avail_out
+            more = ret != Z_STREAM_END and n < ZOUT_MAX and step < cap
+            r = self._message(self.zbuf, 0, n, -1 if more else n, False)
+            if r == M_BAD:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            if r == M_OK:
+                self._count(d, h, self.zbuf, total, hb, framing)
+                return total
+            grow *= 2
+
+    cdef int64_t _unframed(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
+        cdef Msg* m = &self.m
+        cdef Py_ssize_t end = 0
+        cdef Py_ssize_t lim = avail if avail < self.header_limit else self.header_limit
+        cdef int r = read_message(m, h, 0, lim, -1, False)
+        if r == M_OK:
+            end = skip_binary(m, h, m.body, lim, 12, 0)
+            if end == -2:
+                r = M_NEED
+            elif end < 0:
+                r = M_BAD
+            elif m.mtype == REPLY:
+                reply_status(m, h, m.body, end, end)
+            elif m.mtype == EXCEPTION:
+                exception_status(m, h, m.body, end, end)
+        if r == M_NEED:
+            return want_header(self, d, m.need)
+        if r == M_BAD:
+            self.fail(d, R_BAD_BODY, "unframed Thrift message at offset %d is malformed" %
+                      self.st[d].frame_start)
+            return -1
+        self._count(d, h, h, end, 0, 0)
+        return end
+
+    # ---- the header's info section ------------------------------------------------
+
+    cdef int _infos(self, int d, const uint8_t* h, int framing, Py_ssize_t end,
+                    bint emit) except -1:
+        """Protocol id, transforms and info blocks of h[14:end] into self.hi; with
+        emit (recording, the frame begun) the key/values go to the frame log."""
+        cdef Info* hi = &self.hi
+        cdef Msg* m = &self.m
+        cdef Py_ssize_t i = TT_META, ko = 0, kl = 0, vo, vl
+        cdef int nt, k, iid, key, r
+        cdef uint64_t cnt, c
+        cdef const char* kname
+        cdef char num[8]
+        cdef int nn, kk
+        if framing == F_TTHEADER:
+            hi.proto = h[i]
+            nt = h[i + 1]
+            i += 2
+            if i + nt > end:
+                hi.err = 1
+                return 0
+            for k in range(nt):
+                self._xform(h[i + k])
+            i += nt
+        else:
+            r = uvar(m, h, i, end, end, 5, &i)
+            if r:
+                hi.err = 1
+                return 0
+            hi.proto = <int>m.var if m.var < 256 else 256
+            r = uvar(m, h, i, end, end, 5, &i)
+            if r:
+                hi.err = 1
+                return 0
+            cnt = m.var
+            c = 0
+            while c < cnt:
+                r = uvar(m, h, i, end, end, 5, &i)
+                if r:
+                    hi.err = 1
+                    return 0
+                self._xform(<int>m.var if m.var < 256 else 256)
+                c += 1
+        if not (hi.proto == PROTO_BINARY or hi.proto == PROTO_COMPACT or
+                hi.proto == PROTO_PROTOBUF) or (framing == F_THEADER and
+                                                hi.proto == PROTO_PROTOBUF):
+            hi.err = 1
+        while i < end:
+            if framing == F_TTHEADER:
+                iid = h[i]
+                i += 1
+                if iid == 0:
+                    continue                          # padding, wherever it is
+                if iid == INFO_KEYVALUE or iid == INFO_INTKEYVALUE:
+                    if i + 2 > end:
+                        hi.err = 1
+                        return 0
+                    cnt = be16(h + i)
+                    i += 2
+                    c = 0
+                    while c < cnt:
+                        c += 1
+                        if i + 2 > end:
+                            hi.err = 1
+                            return 0
+                        key = be16(h + i)
+                        i += 2
+                        if iid == INFO_KEYVALUE:
+                            ko = i
+                            kl = key
+                            i += kl
+                        if i + 2 > end:
+                            hi.err = 1
+                            return 0
+                        vl = be16(h + i)
+                        vo = i + 2
+                        i = vo + vl
+                        if i > end:
+                            hi.err = 1
+                            return 0
+                        if iid == INFO_INTKEYVALUE:
+                            if key == TO_METHOD:
+                                hi.tom_off = vo
+                                hi.tom_len = vl
+                            if emit:
+                                kname = int_key_name(key)
+                                if kname is not NULL:
+                                    add_attr(self, d, <const uint8_t*>kname, strlen(kname),
+                                             h + vo, vl)
+                                else:
+                                    nn = 0          # the key's decimal number
+                                    kk = key
+                                    while True:
+                                        num[nn] = <char>(0x30 + kk % 10)
+                                        nn += 1
+                                        kk //= 10
+                                        if kk == 0:
+                                            break
+                                    for kk in range(nn // 2):
+                                        num[kk], num[nn - 1 - kk] = num[nn - 1 - kk], num[kk]
+                                    add_attr(self, d, <const uint8_t*>num, nn, h + vo, vl)
+                        elif emit:
+                            add_attr(self, d, h + ko, kl, h + vo, vl)
+                elif iid == INFO_ACL_TOKEN:           # Kitex: one u16-length string
+                    if i + 2 > end:
+                        hi.err = 1
+                        return 0
+                    i += 2 + be16(h + i)
+                    if i > end:
+                        hi.err = 1
+                        return 0
+                else:
+                    hi.err = 1                        # Kitex: invalid infoIDType
+                    return 0
+            else:
+                r = uvar(m, h, i, end, end, 5, &i)
+                if r:
+                    hi.err = 1
+                    return 0
+                if m.var != INFO_KEYVALUE:
+                    return 0                          # Apache: padding / unknown ends infos
+                r = uvar(m, h, i, end, end, 5, &i)
+                if r:
+                    hi.err = 1
+                    return 0
+                cnt = m.var
+                c = 0
+                while c < cnt:
+                    c += 1
+                    r = uvar(m, h, i, end, end, 5, &i)
+                    if r or m.var > <uint64_t>(end - i):
+                        hi.err = 1
+                        return 0
+                    ko = i
+                    kl = <Py_ssize_t>m.var
+                    i += kl
+                    r = uvar(m, h, i, end, end, 5, &i)
+                    if r or m.var > <uint64_t>(end - i):
+                        hi.err = 1
+                        return 0
+                    vo = i
+                    vl = <Py_ssize_t>m.var
+                    i += vl
+                    if emit:
+                        add_attr(self, d, h + ko, kl, h + vo, vl)
+        return 0
+
+    cdef inline void _xform(self, int t) noexcept:
+        cdef Info* hi = &self.hi
+        if t == ZLIB and hi.xform == X_NONE:
+            hi.xform = X_ZLIB
+        elif t == ZLIB or t == SNAPPY:
+            hi.xform = X_OPAQUE                  # snappy, or zlib twice: not read
+        else:
+            hi.xform = X_OPAQUE
+            hi.err = 1
+
+    # ---- counting ---------------------------------------------------------------
+
+    cdef int _finish(self, int d, const uint8_t* h, int framing, const uint8_t* name_buf,
+                     Py_ssize_t name_off, Py_ssize_t name_len) except -1:
+        if self.hi.err:
+            protocol_error(self, d, R_BAD_HEADER)
+        if self.recording:
+            if name_len > 0:
+                set_resource(self, d, name_buf + name_off, name_len)
+            if framing == F_TTHEADER or framing == F_THEADER:
+                self._infos(d, h, framing, TT_META + be16(h + 12) * 4, True)
+        return 0
+
+    cdef int _count(self, int d, const uint8_t* h, const uint8_t* buf, int64_t total,
+                    Py_ssize_t hb, int framing) except -1:
+        cdef Msg* m = &self.m
+        cdef Info* hi = &self.hi
+        cdef RouteStats st = self.stats
+        cdef int slot, rs, mt = m.mtype
+        cdef int32_t seq = m.seq
+        if m.ptype == P_PROTOBUF and hi.tom_len >= 0:
+            if hi.tom_len > 0:
+                slot = st.slot_for_name(h + hi.tom_off, hi.tom_len)
+            else:
+                slot = st.slot_for_name(<const uint8_t*><const char*>b"unknown", 7)
+        elif m.name_len > 0:
+            slot = st.slot_for_name(buf + m.name_off, m.name_len)
+        else:
+            slot = st.slot_for_name(<const uint8_t*><const char*>b"unknown", 7)
+        if mt == CALL or mt == ONEWAY:
+            begin(self, d, slot, K_REQUEST if mt == CALL else K_ONEWAY, total, hb)
+            add_messages(self, d, 1)
+            if mt == CALL:
+                expect(self, d, d, <uint64_t><int64_t>seq, CORR_HI_SIGNED)
+            else:
+                set_corr(self, d, seq, CORR_HI_SIGNED)
+        else:
+            rs = take(self, d, 1 - d, <uint64_t><int64_t>seq)
+            if rs >= 0 and mt == REPLY and m.ptype != P_PROTOBUF and rs != slot \
+                    and rs != OTHER_SLOT and slot != OTHER_SLOT:
+                protocol_error(self, d, R_MISMATCH)
+            begin(self, d, rs if rs >= 0 else slot, K_RESPONSE, total, hb)
+            add_messages(self, d, 1)
+            answer(self, d, m.status, OUTCOME_OK if m.status == ST_OK else OUTCOME_ERROR)
+            if rs < 0:
+                set_corr(self, d, seq, CORR_HI_SIGNED)
+        return self._finish(d, h, framing, buf, m.name_off, m.name_len)
+
+    cdef int _count_opaque(self, int d, const uint8_t* h, int64_t total, Py_ssize_t hb,
+                           int framing) except -1:
+        """A payload the parser cannot read (snappy, an unknown transform, Kitex
+        protobuf without its meta): the method from TO_METHOD, the header's seq id, the
+        direction."""
+        cdef Info* hi = &self.hi
+        cdef RouteStats st = self.stats
+        cdef int slot, rs
+        cdef int32_t seq = be32s(h + 8)
+        if hi.tom_len > 0:
+            slot = st.slot_for_name(h + hi.tom_off, hi.tom_len)
+        else:
+            slot = st.slot_for_name(<const uint8_t*><const char*>b"unknown", 7)
+        if d == C2S:
+            begin(self, d, slot, K_REQUEST, total, hb)
+            add_messages(self, d, 1)
+            expect(self, d, d, <uint64_t><int64_t>seq, CORR_HI_SIGNED)
+        else:
+            rs = take(self, d, 1 - d, <uint64_t><int64_t>seq)
+            begin(self, d, rs if rs >= 0 else slot, K_RESPONSE, total, hb)
+            add_messages(self, d, 1)
+            answer(self, d, ST_UNDECODED, OUTCOME_OK)
+            if rs < 0:
+                set_corr(self, d, seq, CORR_HI_SIGNED)
+        return self._finish(d, h, framing, h, 0, 0)
+
+    cdef int _count_bad(self, int d, const uint8_t* h, int64_t total, Py_ssize_t hb,
+                        int framing) except -1:
+        """A well-framed frame whose payload is not a Thrift message: counted, forwarded."""
+        protocol_error(self, d, R_BAD_BODY)
+        begin(self, d, self.stats.slot_for_name(<const uint8_t*><const char*>b"unknown", 7), K_ONEWAY,
+              total, hb)
+        return self._finish(d, h, framing, h, 0, 0)

@@ -1,0 +1,703 @@
+"""Thrift (Kitex TTHeader, Apache THeader, framed, unframed) frame parser: the
+pure-Python twin of _parser.pyx — same algorithm, same results, same API.  The
+compiled parser's docstring documents the wire formats and every place where the
+seed document and the real implementations differ."""
+
+import zlib
+
+from proxy.framing_common import (C2S, R_HEADER_TOO_LARGE, R_BAD_MAGIC, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
+                                  R_BAD_BODY, R_MISMATCH, K_REQUEST, K_RESPONSE, K_ONEWAY,
+                                  OUTCOME_OK, OUTCOME_ERROR, OTHER_SLOT)
+from proxy.framing_py import CORR_HI_SIGNED, FrameParser
+from proxy.protocols.ttheader.names import (
+    MAX_FRAME_BYTES, HEADER_LIMIT, TT_MAX_HEADER, NAME_MAX, ZOUT_MAX, MAGIC_TTHEADER,
+    MAGIC_THEADER, PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF, ZLIB, SNAPPY, INFO_KEYVALUE,
+    INFO_INTKEYVALUE, INFO_ACL_TOKEN, INT_KEY_NAMES, TO_METHOD, CALL, REPLY, EXCEPTION, ONEWAY,
+    ST_OK, ST_EXCEPTION, ST_UNDECODED, UNKNOWN_NAME, opcode_name, status_name)
+
+HDR = 8                       # bytes every frame is first looked at with
+TT_META = 14                  # LENGTH, magic, flags, seq id, header size
+F_TTHEADER, F_THEADER, F_FRAMED = 1, 2, 3
+X_NONE, X_ZLIB, X_OPAQUE = 0, 1, 2          # payload transforms, as far as reading goes
+M_OK, M_NEED, M_BAD = 0, 1, 2
+P_BINARY, P_COMPACT, P_PROTOBUF = 0, 2, 3   # how the payload's message header is encoded
+MAX_DEPTH = 64                              # nesting the unframed skipper follows
+ZSTEP = 64                                  # first compressed-input step of _zlib()
+
+
+def _be32s(h, i):
+    v = (h[i] << 24) | (h[i + 1] << 16) | (h[i + 2] << 8) | h[i + 3]
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
+def _be16(h, i):
+    return (h[i] << 8) | h[i + 1]
+
+
+def _i32(v):
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
+class Msg:
+    """What the message reader found (the compiled parser's ``Msg`` struct)."""
+    __slots__ = ("ptype", "mtype", "name_off", "name_len", "seq", "body", "status", "need",
+                 "var", "end")
+
+    def __init__(self):
+        self.ptype = self.mtype = self.name_off = self.name_len = self.seq = 0
+        self.body = self.status = self.need = self.var = self.end = 0
+
+
+class Info:
+    """What the header's info section held (the compiled parser's ``Info`` struct)."""
+    __slots__ = ("proto", "xform", "tom_off", "tom_len", "err")
+
+    def __init__(self):
+        self.proto = self.xform = self.err = 0
+        self.tom_off = self.tom_len = -1
+
+
+def _chk(m, k, lim, fend):
+    """Are bytes up to index k there?  M_OK; M_BAD when the frame ends first (fend >= 0);
+    else M_NEED with m.need = k."""
+    if k <= lim:
+        return M_OK
+    if fend >= 0 and k > fend:
+        return M_BAD
+    m.need = k
+    return M_NEED
+
+
+def _uvar(m, h, i, lim, fend, maxlen):
+    """Unsigned varint at i into m.var; returns (M_*, index after it)."""
+    v = 0
+    shift = 0
+    j = i
+    while j < lim and j - i < maxlen:
+        b = h[j]
+        v |= (b & 0x7F) << shift
+        j += 1
+        if not b & 0x80:
+            m.var = v & 0xFFFFFFFFFFFFFFFF
+            return M_OK, j
+        shift += 7
+    if j - i >= maxlen or (fend >= 0 and lim >= fend):
+        return M_BAD, j
+    m.need = lim + 1
+    return M_NEED, j
+
+
+def read_message(m, h, i, lim, fend, allow_pb):
+    """The Thrift message header at h[i:]: strict binary (0x80 0x01), compact (0x82),
+    Kitex protobuf meta (0x90 0x01, when ``allow_pb``) or non-strict binary."""
+    r = _chk(m, i + 1, lim, fend)
+    if r:
+        return r
+    b0 = h[i]
+    if b0 == 0x80 or (b0 == 0x90 and allow_pb):
+        r = _chk(m, i + 8, lim, fend)
+        if r:
+            return r
+        if h[i + 1] != 0x01:
+            return M_BAD
+        m.mtype = h[i + 3]
+        n = _be32s(h, i + 4)
+        if n < 0 or n > NAME_MAX:
+            return M_BAD
+        r = _chk(m, i + 12 + n, lim, fend)
+        if r:
+            return r
+        m.name_off, m.name_len = i + 8, n
+        m.seq = _be32s(h, i + 8 + n)
+        m.body = i + 12 + n
+        m.ptype = P_PROTOBUF if b0 == 0x90 else P_BINARY
+    elif b0 == 0x82:
+        r = _chk(m, i + 2, lim, fend)
+        if r:
+            return r
+        if h[i + 1] & 0x1F != 1:
+            return M_BAD
+        m.mtype = h[i + 1] >> 5
+        r, j = _uvar(m, h, i + 2, lim, fend, 5)
+        if r:
+            return r
+        m.seq = _i32(m.var)
+        r, j = _uvar(m, h, j, lim, fend, 5)
+        if r:
+            return r
+        n = m.var
+        if n > NAME_MAX:
+            return M_BAD
+        r = _chk(m, j + n, lim, fend)
+        if r:
+            return r
+        m.name_off, m.name_len = j, n
+        m.body = j + n
+        m.ptype = P_COMPACT
+    elif b0 & 0x80:
+        return M_BAD
+    else:
+        r = _chk(m, i + 4, lim, fend)
+        if r:
+            return r
+        n = _be32s(h, i)
+        if n > NAME_MAX:
+            return M_BAD
+        r = _chk(m, i + 9 + n, lim, fend)
+        if r:
+            return r
+        m.name_off, m.name_len = i + 4, n
+        m.mtype = h[i + 4 + n]
+        m.seq = _be32s(h, i + 5 + n)
+        m.body = i + 9 + n
+        m.ptype = P_BINARY
+    if m.mtype < CALL or m.mtype > ONEWAY:
+        return M_BAD
+    return M_OK
+
+
+def reply_status(m, h, i, lim, fend):
+    """REPLY: the result struct's first field id — 0 (or a void reply) is OK, any other
+    a declared exception."""
+    if m.ptype == P_PROTOBUF:
+        m.status = ST_OK
+        return M_OK
+    r = _chk(m, i + 1, lim, fend)
+    if r:
+        return r
+    b = h[i]
+    if m.ptype == P_BINARY:
+        if b == 0:
+            m.status = ST_OK
+            return M_OK
+        r = _chk(m, i + 3, lim, fend)
+        if r:
+            return r
+        fid = (h[i + 1] << 8) | h[i + 2]
+    else:
+        if b & 0x0F == 0:
+            m.status = ST_OK
+            return M_OK
+        fid = b >> 4
+        if fid == 0:
+            r, _ = _uvar(m, h, i + 1, lim, fend, 3)
+            if r:
+                return r
+            fid = (m.var >> 1) ^ -(m.var & 1)
+    m.status = ST_OK if fid == 0 else ST_EXCEPTION
+    return M_OK
+
+
+_BIN_FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8, 16: 16}
+_CPT_FIXED = {1: 0, 2: 0, 3: 1, 7: 8, 13: 16}
+
+
+def exception_status(m, h, i, lim, fend):
+    """EXCEPTION: the TApplicationException's type (field 2, i32) into m.status; a
+    missing type (Node's), or a struct that cannot be walked, is 0 (UNKNOWN).
+    Returns M_NEED only while more of the frame may still come."""
+    m.status = 0
+    if m.ptype == P_PROTOBUF:                   # Kitex pbError: TypeID is field 1, varint
+        r = _chk(m, i + 1, lim, fend)
+        if r:
+            return M_NEED if r == M_NEED else M_OK
+        if h[i] == 0x08:
+            r, _ = _uvar(m, h, i + 1, lim, fend, 10)
+            if r == M_NEED:
+                return r
+            if r == M_OK:
+                m.status = _i32(m.var)
+        return M_OK
+    last = 0
+    while True:
+        r = _chk(m, i + 1, lim, fend)
+        if r:
+            return M_NEED if r == M_NEED else M_OK
+        b = h[i]
+        if m.ptype == P_BINARY:
+            ft = b
+            if ft == 0:
+                return M_OK
+            r = _chk(m, i + 3, lim, fend)
+            if r:
+                return M_NEED if r == M_NEED else M_OK
+            fid = (h[i + 1] << 8) | h[i + 2]
+            i += 3
+            if fid == 2 and ft == 8:
+                r = _chk(m, i + 4, lim, fend)
+                if r:
+                    return M_NEED if r == M_NEED else M_OK
+                m.status = _be32s(h, i)
+                return M_OK
+            if ft == 11:
+                r = _chk(m, i + 4, lim, fend)
+                if r:
+                    return M_NEED if r == M_NEED else M_OK
+                n = _be32s(h, i)
+                if n < 0:
+                    return M_OK
+                i += 4 + n
+            elif ft in _BIN_FIXED:
+                i += _BIN_FIXED[ft]
+            else:
+                return M_OK
+        else:
+            ft = b & 0x0F
+            if ft == 0:
+                return M_OK
+            i += 1
+            if b >> 4:
+                fid = last + (b >> 4)
+            else:
+                r, i = _uvar(m, h, i, lim, fend, 3)
+                if r:
+                    return M_NEED if r == M_NEED else M_OK
+                fid = (m.var >> 1) ^ -(m.var & 1)
+            last = fid
+            if ft in (4, 5, 6) or ft == 8:
+                r, i = _uvar(m, h, i, lim, fend, 10)
+                if r:
+                    return M_NEED if r == M_NEED else M_OK
+                if fid == 2 and ft == 5:
+                    m.status = _i32((m.var >> 1) ^ -(m.var & 1))
+                    return M_OK
+                if ft == 8:
+                    i += m.var
+            elif ft in _CPT_FIXED:
+                i += _CPT_FIXED[ft]
+            else:
+                return M_OK
+
+
+def skip_binary(m, h, i, lim, ft, depth):
+    """Index after the binary-protocol value of type ft at h[i:]; -1 malformed, -2 more
+    bytes needed (m.need).  Only unframed messages need this: their end is where their
+    struct ends."""
+    if depth > MAX_DEPTH:
+        return -1
+    size = _BIN_FIXED.get(ft, -1)
+    if size >= 0:
+        if i + size > lim:
+            m.need = i + size
+            return -2
+        return i + size
+    if ft == 11:
+        if i + 4 > lim:
+            m.need = i + 4
+            return -2
+        n = _be32s(h, i)
+        if n < 0:
+            return -1
+        if i + 4 + n > lim:
+            m.need = i + 4 + n
+            return -2
+        return i + 4 + n
+    if ft == 12:
+        while True:
+            if i + 1 > lim:
+                m.need = i + 1
+                return -2
+            t = h[i]
+            i += 1
+            if t == 0:
+                return i
+            if i + 2 > lim:
+                m.need = i + 2
+                return -2
+            i = skip_binary(m, h, i + 2, lim, t, depth + 1)
+            if i < 0:
+                return i
+    if ft == 13:
+        if i + 6 > lim:
+            m.need = i + 6
+            return -2
+        kt, vt, n = h[i], h[i + 1], _be32s(h, i + 2)
+        if n < 0:
+            return -1
+        i += 6
+        for _ in range(n):
+            i = skip_binary(m, h, i, lim, kt, depth + 1)
+            if i < 0:
+                return i
+            i = skip_binary(m, h, i, lim, vt, depth + 1)
+            if i < 0:
+                return i
+        return i
+    if ft == 14 or ft == 15:
+        if i + 5 > lim:
+            m.need = i + 5
+            return -2
+        et, n = h[i], _be32s(h, i + 1)
+        if n < 0:
+            return -1
+        i += 5
+        for _ in range(n):
+            i = skip_binary(m, h, i, lim, et, depth + 1)
+            if i < 0:
+                return i
+        return i
+    return -1
+
+
+class TTHeaderParser(FrameParser):
+    """Counts, sizes and correlates the Thrift messages of one connection, whatever
+    their framing (see the compiled parser's docstring)."""
+
+    header_size = HDR
+    max_frame_bytes = MAX_FRAME_BYTES
+
+    def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
+        stats.describe(opcode_name, status_name, ())     # once per route
+        super().__init__(stats, max_frame_bytes, request_timeout, options)
+        self.header_limit = HEADER_LIMIT
+        self.m = Msg()
+        self.hi = Info()
+
+    # ---- framing ----------------------------------------------------------------
+
+    def on_header(self, d, h, avail):
+        m = self.m
+        start = self.st[d].frame_start
+        if h[0] == 0x80 and h[1] == 0x01:
+            return self._unframed(d, h, avail)
+        length = (h[0] << 24) | (h[1] << 16) | (h[2] << 8) | h[3]
+        magic = (h[4] << 8) | h[5]
+        if magic == MAGIC_TTHEADER:
+            framing = F_TTHEADER
+        elif magic == MAGIC_THEADER:
+            framing = F_THEADER
+        elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1) or \
+                (h[4] == 0x90 and h[5] == 0x01):     # Kitex protobuf, framed
+            framing = F_FRAMED
+        elif h[4] < 0x80 and _be32s(h, 4) + 9 <= length:
+            framing = F_FRAMED                     # non-strict binary: name length first
+        else:
+            self.fail(d, R_BAD_MAGIC, "bytes %s at offset %d are not Thrift (TTHeader 0x1000, "
+                      "THeader 0x0FFF, framed or unframed binary/compact) — TLS or HTTP on a "
+                      "Thrift port?" % (bytes(h[:8]).hex(), start))
+            return -1
+        total = length + 4
+        if total > self.max_frame_bytes:
+            self.fail(d, R_TOO_LARGE, "frame length %d at offset %d exceeds the limit %d" % (
+                total, start, self.max_frame_bytes))
+            return -1
+        if length < (10 if framing != F_FRAMED else 4):
+            self.fail(d, R_TOO_SMALL, "frame length %d at offset %d is below the minimum of "
+                      "its framing" % (length, start))
+            return -1
+        hi = self.hi
+        hi.proto, hi.xform, hi.err, hi.tom_off, hi.tom_len = PROTO_BINARY, X_NONE, 0, -1, -1
+        if framing == F_FRAMED:
+            p0 = 4
+        else:
+            if avail < TT_META:
+                return self.want_header(d, TT_META)
+            hsz = _be16(h, 12) * 4
+            if hsz == 0 or TT_META + hsz > total or (framing == F_TTHEADER
+                                                      and hsz > TT_MAX_HEADER):
+                self.fail(d, R_BAD_HEADER, "header size %d at offset %d does not fit the "
+                          "frame of %d bytes" % (hsz, start, total))
+                return -1
+            p0 = TT_META + hsz
+            if p0 > self.header_limit:             # decided before buffering, whatever the reads
+                self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds "
+                          "the header limit %d" % (p0, start, self.header_limit))
+                return -1
+            if avail < p0:
+                return self.want_header(d, p0)
+            self._infos(d, h, framing, p0, False)
+        hb = p0
+        lim = min(avail, total)
+        if hi.proto == PROTO_PROTOBUF and hi.xform == X_NONE and lim < p0 + 2 <= total:
+            return self.want_header(d, p0 + 2)
+        if hi.xform == X_OPAQUE or (hi.proto == PROTO_PROTOBUF and (
+                hi.xform == X_ZLIB or p0 + 2 > total or h[p0] != 0x90 or h[p0 + 1] != 0x01)):
+            self._count_opaque(d, h, total, hb, framing)
+            return total
+        if hi.xform == X_ZLIB:
+            return self._zlib(d, h, p0, lim, total, hb, framing)
+        if p0 + 4 <= total:                        # Kitex TTHeaderFramed: u32 length first
+            if p0 + 4 > lim:
+                return self.want_header(d, p0 + 4)
+            if _be32s(h, p0) == total - p0 - 4:
+                p0 += 4
+                hb += 4
+        r = self._message(h, p0, lim, total,
+                          hi.proto == PROTO_PROTOBUF or framing == F_FRAMED)
+        if r == M_NEED:
+            return self.want_header(d, m.need)
+        if r == M_BAD:
+            self._count_bad(d, h, total, hb, framing)
+        else:
+            self._count(d, h, h, total, hb, framing)
+        return total
+
+    def _message(self, h, p0, lim, fend, allow_pb):
+        # Never look past header_limit, so that what is read does not depend on how the
+        # bytes were split into reads: a need beyond it is a malformed message, or for
+        # an application exception's type, UNKNOWN.
+        m = self.m
+        cap = self.header_limit
+        if lim > cap:
+            lim = cap
+        r = read_message(m, h, p0, lim, fend, allow_pb)
+        if r == M_OK:
+            if m.mtype == REPLY:
+                r = reply_status(m, h, m.body, lim, fend)
+            elif m.mtype == EXCEPTION:
+                r = exception_status(m, h, m.body, lim, fend)
+                if r == M_NEED and m.need > cap:
+                    m.status = 0
+                    return M_OK
+        if r == M_NEED and m.need > cap:
+            return M_BAD
+        return r
+
+    def _zlib(self, d, h, p0, lim, total, hb, framing):
+        """Inflate a prefix of the payload and read the message from it.  Compressed
+        input is taken in fixed steps (64, 128, 256... bytes, then the whole frame or
+        header_limit), smallest first, so the result never depends on how the frame was
+        split into reads."""
+        cap = min(total, self.header_limit)
+        grow = ZSTEP
+        while True:
+            step = min(p0 + grow, cap)
+            if step > lim:
+                return self.want_header(d, step)
+            try:
+                z = zlib.decompressobj()
+                out = z.decompress(bytes(h[p0:step]), ZOUT_MAX)
+                eof = z.eof
+            except zlib.error:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            n = len(out)
+            more = not eof and n < ZOUT_MAX and step < cap
+            r = self._message(out, 0, n, -1 if more else n, False)
+            if r == M_BAD:
+                self._count_bad(d, h, total, hb, framing)
+                return total
+            if r == M_OK:
+                self._count(d, h, out, total, hb, framing)
+                return total
+            grow *= 2
+
+    def _unframed(self, d, h, avail):
+        m = self.m
+        lim = min(avail, self.header_limit)        # the whole message within the limit
+        r = read_message(m, h, 0, lim, -1, False)
+        if r == M_OK:
+            end = skip_binary(m, h, m.body, lim, 12, 0)
+            if end == -2:
+                r = M_NEED
+            elif end < 0:
+                r = M_BAD
+            else:
+                if m.mtype == REPLY:
+                    reply_status(m, h, m.body, end, end)
+                elif m.mtype == EXCEPTION:
+                    exception_status(m, h, m.body, end, end)
+        if r == M_NEED:
+            return self.want_header(d, m.need)
+        if r == M_BAD:
+            self.fail(d, R_BAD_BODY, "unframed Thrift message at offset %d is malformed" %
+                      self.st[d].frame_start)
+            return -1
+        self._count(d, h, h, end, 0, 0)
+        return end
+
+    # ---- the header's info section ------------------------------------------------
+
+    def _infos(self, d, h, framing, end, emit):
+        """Protocol id, transforms and info blocks of h[14:end] into self.hi; with
+        ``emit`` (recording, the frame begun) the key/values go to the frame log."""
+        hi = self.hi
+        m = self.m
+        i = TT_META
+        if framing == F_TTHEADER:
+            hi.proto = h[i]
+            nt = h[i + 1]
+            i += 2
+            if i + nt > end:
+                hi.err = 1
+                return
+            for k in range(nt):
+                self._xform(h[i + k])
+            i += nt
+        else:
+            r, i = _uvar(m, h, i, end, end, 5)
+            if r:
+                hi.err = 1
+                return
+            hi.proto = m.var
+            r, i = _uvar(m, h, i, end, end, 5)
+            if r:
+                hi.err = 1
+                return
+            nt = m.var
+            for _ in range(nt):
+                r, i = _uvar(m, h, i, end, end, 5)
+                if r:
+                    hi.err = 1
+                    return
+                self._xform(m.var)
+        if hi.proto not in (PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF) or (
+                framing == F_THEADER and hi.proto == PROTO_PROTOBUF):
+            hi.err = 1
+        while i < end:
+            if framing == F_TTHEADER:
+                iid = h[i]
+                i += 1
+                if iid == 0:
+                    continue                          # padding, wherever it is
+                if iid == INFO_KEYVALUE or iid == INFO_INTKEYVALUE:
+                    if i + 2 > end:
+                        hi.err = 1
+                        return
+                    cnt = _be16(h, i)
+                    i += 2
+                    for _ in range(cnt):
+                        if i + 2 > end:
+                            hi.err = 1
+                            return
+                        key = _be16(h, i)
+                        i += 2
+                        if iid == INFO_KEYVALUE:
+                            ko, kl = i, key
+                            i += kl
+                        if i + 2 > end:
+                            hi.err = 1
+                            return
+                        vl = _be16(h, i)
+                        vo = i + 2
+                        i = vo + vl
+                        if i > end:
+                            hi.err = 1
+                            return
+                        if iid == INFO_INTKEYVALUE:
+                            if key == TO_METHOD:
+                                hi.tom_off, hi.tom_len = vo, vl
+                            if emit:
+                                name = INT_KEY_NAMES[key] if key < len(INT_KEY_NAMES) else ""
+                                self.add_attr(d, name.encode() if name else b"%d" % key,
+                                              h[vo:vo + vl])
+                        elif emit:
+                            self.add_attr(d, h[ko:ko + kl], h[vo:vo + vl])
+                elif iid == INFO_ACL_TOKEN:           # Kitex: one u16-length string
+                    if i + 2 > end:
+                        hi.err = 1
+                        return
+                    i += 2 + _be16(h, i)
+                    if i > end:
+                        hi.err = 1
+                        return
+                else:
+                    hi.err = 1                        # Kitex: invalid infoIDType
+                    return
+            else:
+                r, i = _uvar(m, h, i, end, end, 5)
+                if r:
+                    hi.err = 1
+                    return
+                if m.var != INFO_KEYVALUE:
+                    return                            # Apache: padding / unknown ends infos
+                r, i = _uvar(m, h, i, end, end, 5)
+                if r:
+                    hi.err = 1
+                    return
+                cnt = m.var
+                for _ in range(cnt):
+                    r, i = _uvar(m, h, i, end, end, 5)
+                    if r or i + m.var > end:
+                        hi.err = 1
+                        return
+                    ko, kl = i, m.var
+                    i += kl
+                    r, i = _uvar(m, h, i, end, end, 5)
+                    if r or i + m.var > end:
+                        hi.err = 1
+                        return
+                    vo, vl = i, m.var
+                    i += vl
+                    if emit:
+                        self.add_attr(d, h[ko:ko + kl], h[vo:vo + vl])
+
+    def _xform(self, t):
+        hi = self.hi
+        if t == ZLIB and hi.xform == X_NONE:
+            hi.xform = X_ZLIB
+        elif t == ZLIB or t == SNAPPY:
+            hi.xform = X_OPAQUE                  # snappy, or zlib twice: not read
+        else:
+            hi.xform = X_OPAQUE
+            hi.err = 1
+
+    # ---- counting ---------------------------------------------------------------
+
+    def _finish(self, d, h, framing, name_buf, name_off, name_len):
+        if self.hi.err:
+            self.protocol_error(d, R_BAD_HEADER)
+        if self.recording:
+            if name_len > 0:
+                self.set_resource(d, name_buf[name_off:name_off + name_len])
+            if framing == F_TTHEADER or framing == F_THEADER:
+                self._infos(d, h, framing, TT_META + _be16(h, 12) * 4, True)
+
+    def _count(self, d, h, buf, total, hb, framing):
+        m = self.m
+        hi = self.hi
+        st = self.stats
+        if m.ptype == P_PROTOBUF and hi.tom_len >= 0:
+            slot = st.slot_for_name(h[hi.tom_off:hi.tom_off + hi.tom_len]) \
+                if hi.tom_len > 0 else st.slot_for_name(UNKNOWN_NAME)
+        elif m.name_len > 0:
+            slot = st.slot_for_name(buf[m.name_off:m.name_off + m.name_len])
+        else:
+            slot = st.slot_for_name(UNKNOWN_NAME)
+        mt, seq = m.mtype, m.seq
+        if mt == CALL or mt == ONEWAY:
+            self.begin(d, slot, K_REQUEST if mt == CALL else K_ONEWAY, total, hb)
+            self.add_messages(d, 1)
+            if mt == CALL:
+                self.expect(d, d, seq, CORR_HI_SIGNED)
+            else:
+                self.set_corr(d, seq, CORR_HI_SIGNED)
+        else:
+            rs = self.take(d, 1 - d, seq)
+            if rs >= 0 and mt == REPLY and m.ptype != P_PROTOBUF and rs != slot \
+                    and rs != OTHER_SLOT and slot != OTHER_SLOT:
+                self.protocol_error(d, R_MISMATCH)
+            self.begin(d, rs if rs >= 0 else slot, K_RESPONSE, total, hb)
+            self.add_messages(d, 1)
+            self.answer(d, m.status, OUTCOME_OK if m.status == ST_OK else OUTCOME_ERROR)
+            if rs < 0:
+                self.set_corr(d, seq, CORR_HI_SIGNED)
+        self._finish(d, h, framing, buf, m.name_off, m.name_len)
+
+    def _count_opaque(self, d, h, total, hb, framing):
+        """A payload the parser cannot read (snappy, an unknown transform, Kitex protobuf
+        without its meta): the method from TO_METHOD, the header's seq id, the direction."""
+        hi = self.hi
+        st = self.stats
+        slot = st.slot_for_name(h[hi.tom_off:hi.tom_off + hi.tom_len]) if hi.tom_len > 0 \
+            else st.slot_for_name(UNKNOWN_NAME)
+        seq = _be32s(h, 8)
+        if d == C2S:
+            self.begin(d, slot, K_REQUEST, total, hb)
+            self.add_messages(d, 1)
+            self.expect(d, d, seq, CORR_HI_SIGNED)
+        else:
+            rs = self.take(d, 1 - d, seq)
+            self.begin(d, rs if rs >= 0 else slot, K_RESPONSE, total, hb)
+            self.add_messages(d, 1)
+            self.answer(d, ST_UNDECODED, OUTCOME_OK)
+            if rs < 0:
+                self.set_corr(d, seq, CORR_HI_SIGNED)
+        self._finish(d, h, framing, h, 0, 0)
+
+    def _count_bad(self, d, h, total, hb, framing):
+        """A well-framed frame whose payload is not a Thrift message: counted, forwarded."""
+        self.protocol_error(d, R_BAD_BODY)
+        self.begin(d, self.stats.slot_for_name(UNKNOWN_NAME), K_ONEWAY, total, hb)
+        self._finish(d, h, framing, h, 0, 0)

@@ -1,0 +1,60 @@
+"""A real headless Locust run of the packaged locustfile against the reference fleximq
+broker, over TCP and over a Unix socket: requesters, responders and pub/sub users."""
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from loadgen.fleximq.server import FlexiMQBrokerThread
+
+# Locust is only ever imported in subprocesses (it gevent-patches the importing process).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_locust(host, csv_prefix, users=6, duration="4s", extra_env=None):
+    env = dict(os.environ, FRAMETAP_PROTOCOLS="fleximq")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra_env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
+         "-u", str(users), "-r", str(users), "-t", duration, "--host", host,
+         "--csv", str(csv_prefix), "--only-summary", "--loglevel", "WARNING"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _stats(csv_prefix):
+    with open(f"{csv_prefix}_stats.csv", newline="") as f:
+        return {(row["Type"], row["Name"]): row for row in csv.DictReader(f)}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_headless_run_requests_pings_and_publishes(tmp_path, transport):
+    sock = tmp_path / "b" / "broker.sock"
+    with FlexiMQBrokerThread(listen=["127.0.0.1:0", "unix:%s" % sock],
+                             tokens=["tok"]) as b:
+        host = b.addresses[0] if transport == "tcp" else "ipc://%s" % sock
+        proc = _run_locust(host, tmp_path / "run", extra_env={
+            "FRAMETAP_FLEXIMQ_TOKEN": "tok", "FRAMETAP_FLEXIMQ_PAYLOAD_SIZE": "300"})
+        joined = b.server.next_id - 1000
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = _stats(tmp_path / "run")
+    for name in ("JOIN", "REQ", "PING", "PUB"):
+        assert int(stats[("fleximq", name)]["Request Count"]) > 0, name
+    assert int(stats[("", "Aggregated")]["Failure Count"]) == 0
+    assert joined == 6                          # every user joined once, with the token
+    # a REP carries {"ok": true, "n": 300} from a responder or {"ok": true} from oneself
+    assert float(stats[("fleximq", "REQ")]["Average Content Size"]) > 0
+
+
+def test_wrong_token_is_a_reported_failure(tmp_path):
+    with FlexiMQBrokerThread(tokens=["tok"]) as b:
+        proc = _run_locust(b.address, tmp_path / "run", users=2, duration="2s",
+                           extra_env={"FRAMETAP_FLEXIMQ_TOKEN": "nope"})
+    assert proc.returncode == 1, proc.stderr[-2000:]   # Locust: 1 when requests failed
+    stats = _stats(tmp_path / "run")
+    join = stats[("fleximq", "JOIN")]
+    assert int(join["Failure Count"]) > 0 and int(join["Failure Count"]) == \
+        int(join["Request Count"])
