@@ -580,6 +580,8 @@ cdef class FrameParser:
             self.ev_text = t.text
             self.ev_text_len = t.len
             _ctext_drop(t, self)
+        elif self.ctext_cap:               # evicted, or sent before recording began
+            ev.corr_fmt = CORR_NONE
         self._emit(&ev)
 
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1:

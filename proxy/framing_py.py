@@ -683,6 +683,8 @@ class FrameParser:
             ev.cid = self.ctext[i][3]
             ev.corr_fmt = CORR_NONE if ev.cid is None else CORR_STR
             self._ctext_drop(i)
+        elif self.ctext:                    # evicted, or sent before recording began
+            ev.corr_fmt = CORR_NONE
         self._emit(ev)
 
     # ---- string correlation ids kept for timeout rows (_framing.pxd, CorrText) ----
