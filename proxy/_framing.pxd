@@ -152,8 +152,6 @@ cdef struct DirState:
     uint8_t res[RESOURCE_MAX]
     uint8_t* attrs           # add_attr(): (u16 klen, key, u16 vlen, value)... (heap, lazy)
     Py_ssize_t alen
-    int cid_len              # set_corr_str(): bytes in cid (only when recording)
-    uint8_t cid[CORR_STR_MAX]
 
 
 # A request's string correlation id, kept while recording so that its timeout row can
@@ -163,7 +161,9 @@ cdef struct CorrText:
     int16_t slot             # its opcode slot; -1: the entry is free
     int8_t dir               # the direction it travelled
     int8_t none              # 1: the request's row has no correlation id (null)
-    int32_t len
+    int16_t refs             # pending requests with this (dir, slot, key): PINGs that
+                             # share a timestamp (answer()/timeout: one less; 0: free)
+    int16_t len
     uint8_t text[CORR_STR_MAX]
 
 
@@ -320,6 +320,8 @@ cdef class FrameParser:
     cdef CorrText* ctext
     cdef Py_ssize_t ctext_cap
     cdef Py_ssize_t ctext_len
+    cdef int cid_len[2]                 # set_corr_str(): per direction, bytes in cid (kept
+    cdef uint8_t cid[2][CORR_STR_MAX]   # outside DirState: the counting path's layout stays)
     cdef const uint8_t* ev_text         # _timeout(): the text of the event being emitted
     cdef Py_ssize_t ev_text_len
 
@@ -453,23 +455,23 @@ cdef inline void set_corr_str(FrameParser self, int d, const uint8_t* pre, Py_ss
     if not self.recording or not s.open:
         return
     if n < 0:
-        s.cid_len = -1
+        self.cid_len[d] = -1
     else:
         if pn < 0:
             pn = 0
         if pn > CORR_STR_MAX:
             pn = CORR_STR_MAX
-        memcpy(s.cid, pre, pn)
+        memcpy(&self.cid[d][0], pre, pn)
         m = n
         if m > CORR_STR_MAX - pn:
             m = CORR_STR_MAX - pn
             while m > 0 and (p[m] & 0xC0) == 0x80:    # not inside a UTF-8 character
                 m -= 1
-        memcpy(s.cid + pn, p, m)
-        s.cid_len = <int>(pn + m)
+        memcpy(&self.cid[d][pn], p, m)
+        self.cid_len[d] = <int>(pn + m)
     if rec.kind == K_REQUEST and rec.corr_fmt != CORR_NONE and rec.corr_fmt != CORR_STR:
         self._ctext_keep(d, rec)
-    rec.corr_fmt = CORR_STR if s.cid_len >= 0 else CORR_NONE
+    rec.corr_fmt = CORR_STR if self.cid_len[d] >= 0 else CORR_NONE
 
 
 cdef inline int add_attr(FrameParser self, int d, const uint8_t* k, Py_ssize_t kn,
@@ -718,8 +720,6 @@ cdef inline void answer(FrameParser self, int d, int64_t status, int outcome) no
         rec.corr = p.key
         rec.corr_hi = p.aux if not p.flags & P_FIFO else -1
         rec.corr_fmt = _corr_fmt(rec.corr_hi)
-        if self.ctext_len:                 # its kept string id is no longer needed
-            _ctext_drop(self._ctext_find(1 if p.flags & P_S2C else 0, p.slot, p.key), self)
     if not p.flags & P_EXPIRED:
         dt = self.now_ns - p.t_ns
         if dt < 0:
@@ -777,8 +777,10 @@ cdef inline void _pending_set(Pending* p, int64_t t_ns, uint64_t key, int slot,
 
 cdef inline void _ctext_drop(CorrText* t, FrameParser self) noexcept:
     if t is not NULL:
-        t.slot = -1
-        self.ctext_len -= 1
+        t.refs -= 1
+        if t.refs <= 0:
+            t.slot = -1
+            self.ctext_len -= 1
 
 
 cdef inline Py_ssize_t _ctext_index(int d, int slot, int64_t key, Py_ssize_t cap) noexcept:

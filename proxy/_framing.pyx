@@ -587,7 +587,6 @@ cdef class FrameParser:
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1:
         """set_corr_str() on a request: keep its text for the request's timeout row
         (only called while recording)."""
-        cdef DirState* s = &self.st[d]
         cdef CorrText* old = self.ctext
         cdef CorrText* t
         cdef Py_ssize_t i, old_cap = self.ctext_cap, new_cap
@@ -611,12 +610,17 @@ cdef class FrameParser:
         t = &self.ctext[_ctext_index(d, rec.slot, rec.corr, self.ctext_cap)]
         if t.slot < 0:
             self.ctext_len += 1
-        t.key = rec.corr                   # a newer id evicts an older one
+        if t.slot == rec.slot and t.key == rec.corr and t.dir == d:
+            if t.refs < 32767:
+                t.refs += 1                # another pending request with this identity
+        else:
+            t.refs = 1                     # a free entry, or a newer id evicts an older one
+        t.key = rec.corr
         t.slot = rec.slot
         t.dir = <int8_t>d
-        t.none = s.cid_len < 0
-        t.len = s.cid_len if s.cid_len > 0 else 0
-        memcpy(t.text, s.cid, t.len)
+        t.none = self.cid_len[d] < 0
+        t.len = self.cid_len[d] if self.cid_len[d] > 0 else 0
+        memcpy(t.text, &self.cid[d][0], t.len)
         return 0
 
     cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept:
@@ -643,8 +647,13 @@ cdef class FrameParser:
             alen = s.alen
             same_frame = s.rows > 1        # entry() rows after the first: same resource
             if rec.corr_fmt == CORR_STR:
-                cid = &s.cid[0]
-                cid_len = s.cid_len
+                cid = &self.cid[rec.direction & 1][0]
+                cid_len = self.cid_len[rec.direction & 1]
+            if self.ctext_len and rec.req_slot >= 0 and rec.latency_ns >= 0:
+                # a response answered its request in time: the request's kept string id
+                # is no longer needed (a response travels the other way)
+                _ctext_drop(self._ctext_find(1 - (rec.direction & 1), rec.req_slot,
+                                             rec.corr), self)
         elif rec.corr_fmt == CORR_STR:     # a timeout row: its request's kept text
             cid = self.ev_text
             cid_len = self.ev_text_len

@@ -310,7 +310,7 @@ class FrameParser:
         self.fifo_limit = DEFAULT_FIFO_LIMIT
         self.fifo_seq = 0
         self.map = {}           # (tag, key) -> Pending
-        self.ctext = None       # kept string ids: [(dir, slot, key, text)] (set_corr_str)
+        self.ctext = None       # kept string ids: [[dir, slot, key, text, refs]] (set_corr_str)
         self.ctext_len = 0
         self.map_limit = DEFAULT_MAP_LIMIT
         self.hold = [False, False]
@@ -656,8 +656,6 @@ class FrameParser:
             rec.corr = p.key
             rec.corr_hi = p.aux if not p.fifo else -1
             rec.corr_fmt = _corr_fmt(rec.corr_hi)
-            if self.ctext_len:
-                self._ctext_drop(self._ctext_find(p.dir, p.slot, p.key))
         if not p.expired:
             dt = max(0, self.now_ns - p.t_ns)
             if rec is not None:
@@ -702,21 +700,28 @@ class FrameParser:
                     self.ctext[i] = e
             cap = new_cap
         i = ctext_index(d, rec.slot, rec.corr, cap)
-        if self.ctext[i] is None:
+        e = self.ctext[i]
+        if e is None:
             self.ctext_len += 1
-        self.ctext[i] = (d, rec.slot, rec.corr & _U64, rec.cid)
+        refs = 1
+        if e is not None and e[:3] == [d, rec.slot, rec.corr & _U64]:
+            refs = min(e[4] + 1, 32767)     # another pending request with this identity
+        self.ctext[i] = [d, rec.slot, rec.corr & _U64, rec.cid, refs]
 
     def _ctext_find(self, d, slot, key):
         if not self.ctext:
             return -1
         i = ctext_index(d, slot, key, len(self.ctext))
         e = self.ctext[i]
-        return i if e is not None and e[:3] == (d, slot, key & _U64) else -1
+        return i if e is not None and e[:3] == [d, slot, key & _U64] else -1
 
     def _ctext_drop(self, i):
         if i >= 0:
-            self.ctext[i] = None
-            self.ctext_len -= 1
+            e = self.ctext[i]
+            e[4] -= 1
+            if e[4] <= 0:
+                self.ctext[i] = None
+                self.ctext_len -= 1
 
     @property
     def tracer(self):
@@ -738,6 +743,9 @@ class FrameParser:
     def _emit(self, rec):
         if self.log is None and self._tracer is None:
             return
+        if self.ctext_len and rec.req_slot >= 0 and rec.latency_ns >= 0 and rec.kind != K_EVENT:
+            # a response answered its request in time: its kept string id is not needed
+            self._ctext_drop(self._ctext_find(1 - rec.direction, rec.req_slot, rec.corr))
         row = self._record_dict(rec)
         if self.log is not None:
             self.log.append(row, self.log_route)
