@@ -155,7 +155,7 @@ cdef struct DirState:
 
 
 # A request's string correlation id, kept while recording so that its timeout row can
-# carry it (FrameParser.ctext: a direct-mapped table, docs/design.md, "Frame log").
+# carry it (CorrState.ctext: a direct-mapped table, docs/design.md, "Frame log").
 cdef struct CorrText:
     int64_t key              # the request's Pending.key
     int16_t slot             # its opcode slot; -1: the entry is free
@@ -165,6 +165,18 @@ cdef struct CorrText:
                              # share a timestamp (answer()/timeout: one less; 0: free)
     int16_t len
     uint8_t text[CORR_STR_MAX]
+
+
+# A connection's string-id state (FrameParser.cs), allocated by the first set_corr_str()
+# while recording: kept off the FrameParser object, whose layout the counting path uses.
+cdef struct CorrState:
+    CorrText* ctext          # kept texts of pending requests, direct-mapped (NULL: none yet)
+    Py_ssize_t cap
+    Py_ssize_t len
+    const uint8_t* ev_text   # _timeout(): the text of the event being emitted
+    Py_ssize_t ev_text_len
+    int cid_len[2]           # set_corr_str(): per direction, the current row's text
+    uint8_t cid[2][CORR_STR_MAX]
 
 
 # Every per-route counter the hot path bumps, in one C struct inside RouteStats: parsers
@@ -313,17 +325,12 @@ cdef class FrameParser:
     cdef public Py_ssize_t fifo_limit
     cdef int64_t fifo_seq               # requests pushed so far (1-based correlation ids)
 
-    # String correlation ids of pending requests (set_corr_str), kept only while
-    # recording, for their timeout rows: direct-mapped on (direction, slot, key), grown
-    # while at most half full up to CORR_TEXT_SLOTS (then a newer id evicts an older
-    # one, whose timeout row then has a null correlation_id).  NULL until first used.
-    cdef CorrText* ctext
-    cdef Py_ssize_t ctext_cap
-    cdef Py_ssize_t ctext_len
-    cdef int cid_len[2]                 # set_corr_str(): per direction, bytes in cid (kept
-    cdef uint8_t cid[2][CORR_STR_MAX]   # outside DirState: the counting path's layout stays)
-    cdef const uint8_t* ev_text         # _timeout(): the text of the event being emitted
-    cdef Py_ssize_t ev_text_len
+    # String correlation ids (set_corr_str), only while recording: the rows' texts and
+    # those of pending requests, for their timeout rows (direct-mapped on (direction,
+    # slot, key), grown while at most half full up to CORR_TEXT_SLOTS, then a newer id
+    # evicts an older one, whose timeout row then has a null correlation_id).  NULL
+    # until first used.
+    cdef CorrState* cs
 
     cpdef Py_ssize_t feed(self, int direction, object data) except -1
     cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
@@ -341,6 +348,7 @@ cdef class FrameParser:
     cdef int _map_grow(self) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept
+    cdef CorrState* _corr_state(self) noexcept
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
     cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept
 
@@ -452,26 +460,32 @@ cdef inline void set_corr_str(FrameParser self, int d, const uint8_t* pre, Py_ss
     cdef DirState* s = &self.st[d]
     cdef FrameRecord* rec = &s.rec
     cdef Py_ssize_t m
+    cdef CorrState* cs
     if not self.recording or not s.open:
         return
+    cs = self.cs
+    if cs is NULL:
+        cs = self._corr_state()
+        if cs is NULL:                     # out of memory: the row keeps its integer id
+            return
     if n < 0:
-        self.cid_len[d] = -1
+        cs.cid_len[d] = -1
     else:
         if pn < 0:
             pn = 0
         if pn > CORR_STR_MAX:
             pn = CORR_STR_MAX
-        memcpy(&self.cid[d][0], pre, pn)
+        memcpy(&cs.cid[d][0], pre, pn)
         m = n
         if m > CORR_STR_MAX - pn:
             m = CORR_STR_MAX - pn
             while m > 0 and (p[m] & 0xC0) == 0x80:    # not inside a UTF-8 character
                 m -= 1
-        memcpy(&self.cid[d][pn], p, m)
-        self.cid_len[d] = <int>(pn + m)
+        memcpy(&cs.cid[d][pn], p, m)
+        cs.cid_len[d] = <int>(pn + m)
     if rec.kind == K_REQUEST and rec.corr_fmt != CORR_NONE and rec.corr_fmt != CORR_STR:
         self._ctext_keep(d, rec)
-    rec.corr_fmt = CORR_STR if self.cid_len[d] >= 0 else CORR_NONE
+    rec.corr_fmt = CORR_STR if cs.cid_len[d] >= 0 else CORR_NONE
 
 
 cdef inline int add_attr(FrameParser self, int d, const uint8_t* k, Py_ssize_t kn,
@@ -780,7 +794,7 @@ cdef inline void _ctext_drop(CorrText* t, FrameParser self) noexcept:
         t.refs -= 1
         if t.refs <= 0:
             t.slot = -1
-            self.ctext_len -= 1
+            self.cs.len -= 1
 
 
 cdef inline Py_ssize_t _ctext_index(int d, int slot, int64_t key, Py_ssize_t cap) noexcept:

@@ -297,7 +297,9 @@ cdef class FrameParser:
         PyMem_Free(self.st[1].hbuf)
         PyMem_Free(self.st[0].attrs)
         PyMem_Free(self.st[1].attrs)
-        PyMem_Free(self.ctext)
+        if self.cs is not NULL:
+            PyMem_Free(self.cs.ctext)
+            PyMem_Free(self.cs)
 
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
@@ -555,6 +557,7 @@ cdef class FrameParser:
         """Request p will never be answered in time: count it, emit its event row."""
         cdef FrameRecord ev
         cdef CorrText* t
+        cdef CorrState* cs
         p.flags |= P_EXPIRED
         self.c.timeouts[p.slot] += 1
         self.c.in_flight -= 1
@@ -574,42 +577,52 @@ cdef class FrameParser:
         ev.direction = 1 if p.flags & P_S2C else 0
         ev.kind = K_EVENT
         ev.outcome = OUTCOME_NONE
-        t = self._ctext_find(ev.direction, p.slot, p.key) if self.ctext_len else NULL
+        cs = self.cs
+        t = self._ctext_find(ev.direction, p.slot, p.key) if cs is not NULL and cs.len else NULL
         if t is not NULL:                  # the request's string id (set_corr_str)
             ev.corr_fmt = CORR_NONE if t.none else CORR_STR
-            self.ev_text = t.text
-            self.ev_text_len = t.len
+            cs.ev_text = t.text
+            cs.ev_text_len = t.len
             _ctext_drop(t, self)
-        elif self.ctext_cap:               # evicted, or sent before recording began
+        elif cs is not NULL and cs.cap:    # evicted, or sent before recording began
             ev.corr_fmt = CORR_NONE
         self._emit(&ev)
+
+    cdef CorrState* _corr_state(self) noexcept:
+        """set_corr_str()'s state, allocated on first use (NULL: out of memory)."""
+        if self.cs is NULL:
+            self.cs = <CorrState*>PyMem_Malloc(sizeof(CorrState))
+            if self.cs is not NULL:
+                memset(self.cs, 0, sizeof(CorrState))
+        return self.cs
 
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1:
         """set_corr_str() on a request: keep its text for the request's timeout row
         (only called while recording)."""
-        cdef CorrText* old = self.ctext
+        cdef CorrState* cs = self.cs
+        cdef CorrText* old = cs.ctext
         cdef CorrText* t
-        cdef Py_ssize_t i, old_cap = self.ctext_cap, new_cap
-        if (self.ctext_len + 1) * 2 > self.ctext_cap and self.ctext_cap < CORR_TEXT_SLOTS:
-            new_cap = self.ctext_cap * 2 if self.ctext_cap else 16
+        cdef Py_ssize_t i, old_cap = cs.cap, new_cap
+        if (cs.len + 1) * 2 > cs.cap and cs.cap < CORR_TEXT_SLOTS:
+            new_cap = cs.cap * 2 if cs.cap else 16
             t = <CorrText*>PyMem_Malloc(new_cap * sizeof(CorrText))
             if t is NULL:
                 raise MemoryError()
             for i in range(new_cap):
                 t[i].slot = -1
-            self.ctext = t
-            self.ctext_cap = new_cap
-            self.ctext_len = 0
+            cs.ctext = t
+            cs.cap = new_cap
+            cs.len = 0
             for i in range(old_cap):       # in index order, as the twin does
                 if old[i].slot >= 0:
-                    t = &self.ctext[_ctext_index(old[i].dir, old[i].slot, old[i].key, new_cap)]
+                    t = &cs.ctext[_ctext_index(old[i].dir, old[i].slot, old[i].key, new_cap)]
                     if t.slot < 0:
-                        self.ctext_len += 1
+                        cs.len += 1
                     t[0] = old[i]
             PyMem_Free(old)
-        t = &self.ctext[_ctext_index(d, rec.slot, rec.corr, self.ctext_cap)]
+        t = &cs.ctext[_ctext_index(d, rec.slot, rec.corr, cs.cap)]
         if t.slot < 0:
-            self.ctext_len += 1
+            cs.len += 1
         if t.slot == rec.slot and t.key == rec.corr and t.dir == d:
             if t.refs < 32767:
                 t.refs += 1                # another pending request with this identity
@@ -618,16 +631,17 @@ cdef class FrameParser:
         t.key = rec.corr
         t.slot = rec.slot
         t.dir = <int8_t>d
-        t.none = self.cid_len[d] < 0
-        t.len = self.cid_len[d] if self.cid_len[d] > 0 else 0
-        memcpy(t.text, &self.cid[d][0], t.len)
+        t.none = cs.cid_len[d] < 0
+        t.len = cs.cid_len[d] if cs.cid_len[d] > 0 else 0
+        memcpy(t.text, &cs.cid[d][0], t.len)
         return 0
 
     cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept:
         cdef CorrText* t
-        if self.ctext_cap == 0:
+        cdef CorrState* cs = self.cs
+        if cs is NULL or cs.cap == 0:
             return NULL
-        t = &self.ctext[_ctext_index(d, slot, key, self.ctext_cap)]
+        t = &cs.ctext[_ctext_index(d, slot, key, cs.cap)]
         if t.slot == slot and t.key == key and t.dir == d:
             return t
         return NULL
@@ -646,17 +660,18 @@ cdef class FrameParser:
             attrs = s.attrs
             alen = s.alen
             same_frame = s.rows > 1        # entry() rows after the first: same resource
-            if rec.corr_fmt == CORR_STR:
-                cid = &self.cid[rec.direction & 1][0]
-                cid_len = self.cid_len[rec.direction & 1]
-            if self.ctext_len and rec.req_slot >= 0 and rec.latency_ns >= 0:
+            if rec.corr_fmt == CORR_STR and self.cs is not NULL:
+                cid = &self.cs.cid[rec.direction & 1][0]
+                cid_len = self.cs.cid_len[rec.direction & 1]
+            if (self.cs is not NULL and self.cs.len and rec.req_slot >= 0
+                    and rec.latency_ns >= 0):
                 # a response answered its request in time: the request's kept string id
                 # is no longer needed (a response travels the other way)
                 _ctext_drop(self._ctext_find(1 - (rec.direction & 1), rec.req_slot,
                                              rec.corr), self)
-        elif rec.corr_fmt == CORR_STR:     # a timeout row: its request's kept text
-            cid = self.ev_text
-            cid_len = self.ev_text_len
+        elif rec.corr_fmt == CORR_STR and self.cs is not NULL:   # a timeout row: its
+            cid = self.cs.ev_text                                 # request's kept text
+            cid_len = self.cs.ev_text_len
         if self.log is not None:
             self.log.append(rec, self.conn_id, self.log_route, res, res_len, attrs, alen,
                             same_frame, cid, cid_len)
@@ -664,7 +679,7 @@ cdef class FrameParser:
             return
         try:
             row = self._record_dict(rec, res, res_len, attrs, alen)
-            if rec.corr_fmt == CORR_STR:
+            if rec.corr_fmt == CORR_STR and cid is not NULL:
                 row["correlation_id"] = cid[:cid_len].decode("utf-8", "replace")
             self._tracer(row)
         except Exception:
