@@ -348,9 +348,6 @@ cdef class FrameParser:
     cdef int _map_grow(self) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept
-    cdef CorrState* _corr_state(self) noexcept
-    cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
-    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept
 
     # ---- protocol hooks -------------------------------------------------------
     # on_header: called once per frame at a frame boundary with `avail` (>= need)
@@ -365,6 +362,10 @@ cdef class FrameParser:
 
     cdef int fail(self, int d, int reason, str message) except -1
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1
+    # string correlation ids (set_corr_str), recording only
+    cdef CorrState* _corr_state(self) noexcept
+    cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
+    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept
 
 
 # ==== The calls parsers make (inline: compiled into each parser, no vtable) ==========
