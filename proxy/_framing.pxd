@@ -16,6 +16,8 @@
 #   take(d, tag, key) / take_fifo(d) + answer(d, status, outcome)   a response
 #   entry(d)                                           one more row for multi-entry frames
 #   set_resource(d, p, n) / add_attr(d, k, kn, v, vn)  frame-log resource and attrs
+#   set_corr_str(d, pre, pn, p, n)                     a string correlation id (after
+#                                                      expect()/answer(); see below)
 # Timeouts (request_timeout, connection closed, limits) are settled by the core.
 #
 # State transitions (instead of writing DirState fields):
@@ -43,6 +45,9 @@ cdef enum:
     HEADER_LIMIT = 65536     # default header_limit: most header bytes a parser may want
     RESOURCE_MAX = 256       # frame-log resource bytes kept per frame (longer: truncated)
     ATTRS_MAX = 4096         # frame-log attrs bytes per frame (further pairs are dropped)
+    CORR_STR_MAX = 128       # set_corr_str(): bytes of a string correlation id kept (longer:
+                             # cut at a UTF-8 character boundary, framing_common.clip_corr)
+    CORR_TEXT_SLOTS = 1024   # most string ids a connection keeps for its timeout rows
     OUTCOME_OK = 0
     OUTCOME_ERROR = 1
     OUTCOME_NONE = -1
@@ -60,6 +65,7 @@ cdef enum:
     CORR_INT = 1             # str(corr) as unsigned 64-bit        (corr_hi == -1)
     CORR_PAIR = 2            # "%d:%d" % (corr_hi, corr)            (corr_hi >= 0: Stream publishes)
     CORR_SINT = 3            # str(corr) as signed 64-bit          (corr_hi == -2: RocketMQ opaque)
+    CORR_STR = 4             # set_corr_str()'s text; in a LogRecord, corr = its arena offset
     CORR_HI_SIGNED = -2
 
 # Error reasons (frametap_protocol_errors_total{reason}); names in framing_common.REASONS,
@@ -77,7 +83,8 @@ cdef enum Reason:
     R_BAD_BODY = 9
     R_HEADER_TOO_LARGE = 10
     R_PARSER_ERROR = 11
-    N_REASONS = 12
+    R_HEADER_RULE = 12       # per-type header rules broken (required/forbidden fields)
+    N_REASONS = 13
 
 cdef enum:
     P_EXPIRED = 1            # Pending.flags: counted as a timeout; the late answer is not observed
@@ -145,6 +152,31 @@ cdef struct DirState:
     uint8_t res[RESOURCE_MAX]
     uint8_t* attrs           # add_attr(): (u16 klen, key, u16 vlen, value)... (heap, lazy)
     Py_ssize_t alen
+
+
+# A request's string correlation id, kept while recording so that its timeout row can
+# carry it (CorrState.ctext: a direct-mapped table, docs/design.md, "Frame log").
+cdef struct CorrText:
+    int64_t key              # the request's Pending.key
+    int16_t slot             # its opcode slot; -1: the entry is free
+    int8_t dir               # the direction it travelled
+    int8_t none              # 1: the request's row has no correlation id (null)
+    int16_t refs             # pending requests with this (dir, slot, key): PINGs that
+                             # share a timestamp (answer()/timeout: one less; 0: free)
+    int16_t len
+    uint8_t text[CORR_STR_MAX]
+
+
+# A connection's string-id state (FrameParser.cs), allocated by the first set_corr_str()
+# while recording: kept off the FrameParser object, whose layout the counting path uses.
+cdef struct CorrState:
+    CorrText* ctext          # kept texts of pending requests, direct-mapped (NULL: none yet)
+    Py_ssize_t cap
+    Py_ssize_t len
+    const uint8_t* ev_text   # _timeout(): the text of the event being emitted
+    Py_ssize_t ev_text_len
+    int cid_len[2]           # set_corr_str(): per direction, the current row's text
+    uint8_t cid[2][CORR_STR_MAX]
 
 
 # Every per-route counter the hot path bumps, in one C struct inside RouteStats: parsers
@@ -247,7 +279,8 @@ cdef class FrameLogBuffer:
     cdef int last_dir
     cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
                      const uint8_t* res, Py_ssize_t res_len,
-                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame) noexcept
+                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame,
+                     const uint8_t* cid, Py_ssize_t cid_len) noexcept
     cdef int _next_chunk(self) noexcept
     cdef void _chunk_full(self) noexcept
 
@@ -292,6 +325,13 @@ cdef class FrameParser:
     cdef public Py_ssize_t fifo_limit
     cdef int64_t fifo_seq               # requests pushed so far (1-based correlation ids)
 
+    # String correlation ids (set_corr_str), only while recording: the rows' texts and
+    # those of pending requests, for their timeout rows (direct-mapped on (direction,
+    # slot, key), grown while at most half full up to CORR_TEXT_SLOTS, then a newer id
+    # evicts an older one, whose timeout row then has a null correlation_id).  NULL
+    # until first used.
+    cdef CorrState* cs
+
     cpdef Py_ssize_t feed(self, int direction, object data) except -1
     cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
                           Py_ssize_t n) except -1
@@ -322,6 +362,10 @@ cdef class FrameParser:
 
     cdef int fail(self, int d, int reason, str message) except -1
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1
+    # string correlation ids (set_corr_str), recording only
+    cdef CorrState* _corr_state(self) noexcept
+    cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
+    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept
 
 
 # ==== The calls parsers make (inline: compiled into each parser, no vtable) ==========
@@ -404,6 +448,45 @@ cdef inline void set_resource(FrameParser self, int d, const uint8_t* p, Py_ssiz
         n = RESOURCE_MAX
     memcpy(s.res, p, n)
     s.res_len = <int>n
+
+
+cdef inline void set_corr_str(FrameParser self, int d, const uint8_t* pre, Py_ssize_t pn,
+                              const uint8_t* p, Py_ssize_t n) noexcept:
+    """The frame's frame-log `correlation_id` as text: the prefix (pn bytes, may be 0)
+    then n bytes of UTF-8, at most CORR_STR_MAX in all (cut at a character boundary);
+    n < 0: the row has no correlation id (null).  Call it after expect()/answer(): it
+    replaces the integer id those set for the row, while requests are still matched
+    by their integer key.  On a request (a frame that expect()ed) the text is also
+    kept for the request's timeout row.  Copied only while recording."""
+    cdef DirState* s = &self.st[d]
+    cdef FrameRecord* rec = &s.rec
+    cdef Py_ssize_t m
+    cdef CorrState* cs
+    if not self.recording or not s.open:
+        return
+    cs = self.cs
+    if cs is NULL:
+        cs = self._corr_state()
+        if cs is NULL:                     # out of memory: the row keeps its integer id
+            return
+    if n < 0:
+        cs.cid_len[d] = -1
+    else:
+        if pn < 0:
+            pn = 0
+        if pn > CORR_STR_MAX:
+            pn = CORR_STR_MAX
+        memcpy(&cs.cid[d][0], pre, pn)
+        m = n
+        if m > CORR_STR_MAX - pn:
+            m = CORR_STR_MAX - pn
+            while m > 0 and (p[m] & 0xC0) == 0x80:    # not inside a UTF-8 character
+                m -= 1
+        memcpy(&cs.cid[d][pn], p, m)
+        cs.cid_len[d] = <int>(pn + m)
+    if rec.kind == K_REQUEST and rec.corr_fmt != CORR_NONE and rec.corr_fmt != CORR_STR:
+        self._ctext_keep(d, rec)
+    rec.corr_fmt = CORR_STR if cs.cid_len[d] >= 0 else CORR_NONE
 
 
 cdef inline int add_attr(FrameParser self, int d, const uint8_t* k, Py_ssize_t kn,
@@ -705,6 +788,20 @@ cdef inline void _pending_set(Pending* p, int64_t t_ns, uint64_t key, int slot,
     p.slot = <int16_t>slot
     p.aux = aux
     p.flags = (P_FIFO if fifo else 0) | (P_S2C if d else 0)
+
+
+cdef inline void _ctext_drop(CorrText* t, FrameParser self) noexcept:
+    if t is not NULL:
+        t.refs -= 1
+        if t.refs <= 0:
+            t.slot = -1
+            self.cs.len -= 1
+
+
+cdef inline Py_ssize_t _ctext_index(int d, int slot, int64_t key, Py_ssize_t cap) noexcept:
+    # framing_py.ctext_index: the same bits in the twin
+    cdef uint64_t z = (<uint64_t>key ^ (<uint64_t>(slot * 2 + d) << 48)) * 0x9E3779B97F4A7C15ULL
+    return <Py_ssize_t>((z >> 32) & <uint64_t>(cap - 1))
 
 
 cdef inline int8_t _corr_fmt(int32_t corr_hi) noexcept:

@@ -35,7 +35,8 @@ REASON_IDS = {"bad_magic": R_BAD_MAGIC, "bad_version": R_BAD_VERSION,
               "truncated_frame": R_TRUNCATED, "in_flight_overflow": R_OVERFLOW,
               "response_mismatch": R_MISMATCH, "bad_header": R_BAD_HEADER,
               "unknown_command": R_UNKNOWN, "bad_body": R_BAD_BODY,
-              "header_too_large": R_HEADER_TOO_LARGE, "parser_error": R_PARSER_ERROR}
+              "header_too_large": R_HEADER_TOO_LARGE, "parser_error": R_PARSER_ERROR,
+              "header_rule": R_HEADER_RULE}
 KIND_IDS = {"request": K_REQUEST, "response": K_RESPONSE, "oneway": K_ONEWAY,
             "event": K_EVENT}
 
@@ -296,6 +297,9 @@ cdef class FrameParser:
         PyMem_Free(self.st[1].hbuf)
         PyMem_Free(self.st[0].attrs)
         PyMem_Free(self.st[1].attrs)
+        if self.cs is not NULL:
+            PyMem_Free(self.cs.ctext)
+            PyMem_Free(self.cs)
 
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
@@ -552,6 +556,8 @@ cdef class FrameParser:
     cdef void _timeout(self, Pending* p, int tag) noexcept:
         """Request p will never be answered in time: count it, emit its event row."""
         cdef FrameRecord ev
+        cdef CorrText* t
+        cdef CorrState* cs
         p.flags |= P_EXPIRED
         self.c.timeouts[p.slot] += 1
         self.c.in_flight -= 1
@@ -571,14 +577,82 @@ cdef class FrameParser:
         ev.direction = 1 if p.flags & P_S2C else 0
         ev.kind = K_EVENT
         ev.outcome = OUTCOME_NONE
+        cs = self.cs
+        t = self._ctext_find(ev.direction, p.slot, p.key) if cs is not NULL and cs.len else NULL
+        if t is not NULL:                  # the request's string id (set_corr_str)
+            ev.corr_fmt = CORR_NONE if t.none else CORR_STR
+            cs.ev_text = t.text
+            cs.ev_text_len = t.len
+            _ctext_drop(t, self)
+        elif cs is not NULL and cs.cap:    # evicted, or sent before recording began
+            ev.corr_fmt = CORR_NONE
         self._emit(&ev)
+
+    cdef CorrState* _corr_state(self) noexcept:
+        """set_corr_str()'s state, allocated on first use (NULL: out of memory)."""
+        if self.cs is NULL:
+            self.cs = <CorrState*>PyMem_Malloc(sizeof(CorrState))
+            if self.cs is not NULL:
+                memset(self.cs, 0, sizeof(CorrState))
+        return self.cs
+
+    cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1:
+        """set_corr_str() on a request: keep its text for the request's timeout row
+        (only called while recording)."""
+        cdef CorrState* cs = self.cs
+        cdef CorrText* old = cs.ctext
+        cdef CorrText* t
+        cdef Py_ssize_t i, old_cap = cs.cap, new_cap
+        if (cs.len + 1) * 2 > cs.cap and cs.cap < CORR_TEXT_SLOTS:
+            new_cap = cs.cap * 2 if cs.cap else 16
+            t = <CorrText*>PyMem_Malloc(new_cap * sizeof(CorrText))
+            if t is NULL:
+                raise MemoryError()
+            for i in range(new_cap):
+                t[i].slot = -1
+            cs.ctext = t
+            cs.cap = new_cap
+            cs.len = 0
+            for i in range(old_cap):       # in index order, as the twin does
+                if old[i].slot >= 0:
+                    t = &cs.ctext[_ctext_index(old[i].dir, old[i].slot, old[i].key, new_cap)]
+                    if t.slot < 0:
+                        cs.len += 1
+                    t[0] = old[i]
+            PyMem_Free(old)
+        t = &cs.ctext[_ctext_index(d, rec.slot, rec.corr, cs.cap)]
+        if t.slot < 0:
+            cs.len += 1
+        if t.slot == rec.slot and t.key == rec.corr and t.dir == d:
+            if t.refs < 32767:
+                t.refs += 1                # another pending request with this identity
+        else:
+            t.refs = 1                     # a free entry, or a newer id evicts an older one
+        t.key = rec.corr
+        t.slot = rec.slot
+        t.dir = <int8_t>d
+        t.none = cs.cid_len[d] < 0
+        t.len = cs.cid_len[d] if cs.cid_len[d] > 0 else 0
+        memcpy(t.text, &cs.cid[d][0], t.len)
+        return 0
+
+    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept:
+        cdef CorrText* t
+        cdef CorrState* cs = self.cs
+        if cs is NULL or cs.cap == 0:
+            return NULL
+        t = &cs.ctext[_ctext_index(d, slot, key, cs.cap)]
+        if t.slot == slot and t.key == key and t.dir == d:
+            return t
+        return NULL
 
     cdef void _emit(self, FrameRecord* rec) noexcept:
         """Hand one finished record to the frame log (and the tracer, in tests)."""
         cdef DirState* s = &self.st[rec.direction & 1]
         cdef const uint8_t* res = NULL
         cdef const uint8_t* attrs = NULL
-        cdef Py_ssize_t res_len = -1, alen = 0
+        cdef const uint8_t* cid = NULL
+        cdef Py_ssize_t res_len = -1, alen = 0, cid_len = -1
         cdef bint same_frame = 0
         if rec is &s.rec:                  # a frame's row (timeout events have neither)
             res = &s.res[0]
@@ -586,13 +660,28 @@ cdef class FrameParser:
             attrs = s.attrs
             alen = s.alen
             same_frame = s.rows > 1        # entry() rows after the first: same resource
+            if rec.corr_fmt == CORR_STR and self.cs is not NULL:
+                cid = &self.cs.cid[rec.direction & 1][0]
+                cid_len = self.cs.cid_len[rec.direction & 1]
+            if (self.cs is not NULL and self.cs.len and rec.req_slot >= 0
+                    and rec.latency_ns >= 0):
+                # a response answered its request in time: the request's kept string id
+                # is no longer needed (a response travels the other way)
+                _ctext_drop(self._ctext_find(1 - (rec.direction & 1), rec.req_slot,
+                                             rec.corr), self)
+        elif rec.corr_fmt == CORR_STR and self.cs is not NULL:   # a timeout row: its
+            cid = self.cs.ev_text                                 # request's kept text
+            cid_len = self.cs.ev_text_len
         if self.log is not None:
             self.log.append(rec, self.conn_id, self.log_route, res, res_len, attrs, alen,
-                            same_frame)
+                            same_frame, cid, cid_len)
         if self._tracer is None:
             return
         try:
-            self._tracer(self._record_dict(rec, res, res_len, attrs, alen))
+            row = self._record_dict(rec, res, res_len, attrs, alen)
+            if rec.corr_fmt == CORR_STR and cid is not NULL:
+                row["correlation_id"] = cid[:cid_len].decode("utf-8", "replace")
+            self._tracer(row)
         except Exception:
             pass
 
@@ -891,7 +980,8 @@ cdef class FrameLogBuffer:
 
     cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
                      const uint8_t* res, Py_ssize_t res_len,
-                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame) noexcept:
+                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame,
+                     const uint8_t* cid, Py_ssize_t cid_len) noexcept:
         cdef LogChunk* c
         cdef LogRecord* out
         cdef Py_ssize_t extra = 0, need
@@ -903,7 +993,9 @@ cdef class FrameLogBuffer:
             self.dropped[route] += 1
             return
         c = &self.chunks[self.cur]
-        if (res_len >= 0 and same_frame and alen <= 0 and self.last_res >= 0
+        if rec.corr_fmt != CORR_STR:
+            cid_len = -1
+        if (res_len >= 0 and same_frame and alen <= 0 and cid_len < 0 and self.last_res >= 0
                 and self.last_conn == conn_id and self.last_dir == rec.direction):
             # another row of the frame whose resource this chunk holds already (a
             # Stream Publish: a row per publishing id): point at that copy
@@ -913,6 +1005,8 @@ cdef class FrameLogBuffer:
             extra += 2 + res_len
         if alen > 0:
             extra += 2 + alen
+        if cid_len >= 0:
+            extra += 2 + cid_len
         if extra and c.alen + extra > c.acap:
             need = c.acap * 2 if c.acap else 65536
             while need < c.alen + extra:
@@ -962,6 +1056,14 @@ cdef class FrameLogBuffer:
             c.arena[c.alen + 1] = <uint8_t>alen
             memcpy(c.arena + c.alen + 2, attrs, alen)
             c.alen += 2 + alen
+        if cid_len >= 0:                   # a string correlation id: corr = its offset
+            out.r.corr = c.alen
+            c.arena[c.alen] = <uint8_t>(cid_len >> 8)
+            c.arena[c.alen + 1] = <uint8_t>cid_len
+            memcpy(c.arena + c.alen + 2, cid, cid_len)
+            c.alen += 2 + cid_len
+        elif out.r.corr_fmt == CORR_STR:
+            out.r.corr_fmt = CORR_NONE
         c.n += 1
         self.appended[route] += 1
         if c.n == self.chunk_records:
@@ -1021,13 +1123,16 @@ cdef class FrameLogBuffer:
         cdef LogRecord* r
         cdef FrameRecord* f
         cdef const uint8_t* a
-        cdef Py_ssize_t rbytes = 0
+        cdef Py_ssize_t rbytes = 0, cbytes = 0
         # count attribute pairs and resource bytes first (sizes the arrays; rows of one
         # frame share one arena copy of their resource)
         for j in range(n):
             if c.recs[j].r.resource >= 0:
                 a = c.arena + c.recs[j].r.resource
                 rbytes += (a[0] << 8) | a[1]
+            if c.recs[j].r.corr_fmt == CORR_STR:
+                a = c.arena + c.recs[j].r.corr
+                cbytes += (a[0] << 8) | a[1]
             if c.recs[j].r.attrs >= 0:
                 a = c.arena + c.recs[j].r.attrs
                 alen = (a[0] << 8) | a[1]
@@ -1045,7 +1150,7 @@ cdef class FrameLogBuffer:
         skey = bytearray(n * 8); skey_v = bytearray(nb)
         fbytes = bytearray(n * 8); hbytes = bytearray(n * 8); pbytes = bytearray(n * 8)
         msgs = bytearray(n * 8); lat = bytearray(n * 8); lat_v = bytearray(nb)
-        corr_off = bytearray((n + 1) * 4); corr_data = bytearray(n * 32 + 1)
+        corr_off = bytearray((n + 1) * 4); corr_data = bytearray(n * 32 + cbytes + 1)
         corr_v = bytearray(nb)
         res_off = bytearray((n + 1) * 4); res_data = bytearray(rbytes + 1); res_v = bytearray(nb)
         map_off = bytearray((n + 1) * 4); map_v = bytearray(nb)
@@ -1135,6 +1240,11 @@ cdef class FrameLogBuffer:
                     p_cdat[cpos] = 58
                     cpos += 1
                     cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
+                    _setbit(v_corr, j)
+                elif f.corr_fmt == CORR_STR:
+                    a = c.arena + f.corr
+                    m = (a[0] << 8) | a[1]
+                    cpos += _utf8_copy(p_cdat + cpos, a + 2, m)
                     _setbit(v_corr, j)
                 p_coff[j + 1] = <int32_t>cpos
                 if f.resource >= 0:

@@ -30,10 +30,13 @@ REASONS = (
     "bad_body",            # 9: body fields inconsistent with the frame size
     "header_too_large",    # 10: a header longer than the route's header limit
     "parser_error",        # 11: the parser raised (contained by the relay; connection closed)
+    "header_rule",         # 12: a well-formed header breaks the protocol's per-type rules
+                           #     (fields required or forbidden for the message type; frame
+                           #     forwarded)
 )
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
     R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE, \
-    R_PARSER_ERROR = range(12)
+    R_PARSER_ERROR, R_HEADER_RULE = range(13)
 
 #: Frame kinds (frame log ``kind``), by the ids of _framing.pxd's K_* enum.
 KINDS = ("request", "response", "oneway", "event")
@@ -50,6 +53,19 @@ _U64 = (1 << 64) - 1
 
 RESOURCE_MAX = 256      # frame-log resource bytes kept per frame
 ATTRS_MAX = 4096        # frame-log attrs bytes per frame (key + value + 4 per pair)
+CORR_STR_MAX = 128      # bytes of a string correlation id kept (set_corr_str)
+CORR_TEXT_SLOTS = 1024  # string ids a connection keeps for its timeout rows, at most
+
+
+def clip_corr(text: bytes) -> bytes:
+    """A string correlation id as the frame log keeps it: at most CORR_STR_MAX bytes,
+    cut at a UTF-8 character boundary (clients that log the same ids use this too)."""
+    if len(text) <= CORR_STR_MAX:
+        return text
+    m = CORR_STR_MAX
+    while m > 0 and text[m] & 0xC0 == 0x80:
+        m -= 1
+    return text[:m]
 
 
 def record_dict(stats, conn_id, r, resource=None, attrs=None):
@@ -63,6 +79,8 @@ def record_dict(stats, conn_id, r, resource=None, attrs=None):
         cid = "%d:%d" % (r["corr_hi"], corr)
     elif fmt == 3:
         cid = str(corr - (1 << 64) if corr >> 63 else corr)
+    elif fmt == 4:
+        cid = r.get("cid")         # set_corr_str()'s text (the twin's Record.cid)
     else:
         cid = None
     status_name = stats.status_namer or str

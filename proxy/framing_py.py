@@ -9,16 +9,23 @@ and a fuzzer asserts they agree on every counter and record.
 import time
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
+from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip_corr, BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
                                   UNKNOWN_LABELS,
                                   R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
-                                  K_EVENT, OUTCOME_NONE, record_dict)
+                                  K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict)
 
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
-CORR_NONE, CORR_INT, CORR_PAIR, CORR_SINT = 0, 1, 2, 3
+CORR_NONE, CORR_INT, CORR_PAIR, CORR_SINT, CORR_STR = 0, 1, 2, 3, 4
+_U64 = (1 << 64) - 1
+
+
+def ctext_index(d, slot, key, cap):
+    """_framing.pxd's _ctext_index: where a kept string id lives in a table of cap."""
+    z = ((key & _U64) ^ ((slot * 2 + d) << 48)) * 0x9E3779B97F4A7C15 & _U64
+    return (z >> 32) & (cap - 1)
 CORR_HI_SIGNED = -2
 
 
@@ -259,7 +266,7 @@ class Record:
     """One frame-log row (the twin of _framing.pxd's FrameRecord)."""
     __slots__ = ("t_ns", "frame_bytes", "header_bytes", "messages", "latency_ns", "corr",
                  "status", "opcode", "corr_hi", "resource", "attrs", "slot", "req_slot",
-                 "direction", "kind", "outcome", "corr_fmt", "has_status", "abytes")
+                 "direction", "kind", "outcome", "corr_fmt", "has_status", "abytes", "cid")
 
     def __init__(self, t_ns, d, slot, kind, opcode, frame_bytes, header_bytes):
         self.t_ns = t_ns
@@ -281,6 +288,7 @@ class Record:
         self.outcome = OUTCOME_NONE
         self.corr_fmt = CORR_NONE
         self.has_status = False
+        self.cid = None          # str (set_corr_str)
 
 
 class FrameParser:
@@ -302,6 +310,8 @@ class FrameParser:
         self.fifo_limit = DEFAULT_FIFO_LIMIT
         self.fifo_seq = 0
         self.map = {}           # (tag, key) -> Pending
+        self.ctext = None       # kept string ids: [[dir, slot, key, text, refs]] (set_corr_str)
+        self.ctext_len = 0
         self.map_limit = DEFAULT_MAP_LIMIT
         self.hold = [False, False]
         self.captured = [None, None]
@@ -666,7 +676,52 @@ class FrameParser:
         ev.corr_hi = p.aux if not p.fifo else -1
         ev.corr_fmt = _corr_fmt(ev.corr_hi)
         ev.req_slot = p.slot
+        i = self._ctext_find(p.dir, p.slot, p.key) if self.ctext_len else -1
+        if i >= 0:                          # the request's string id (set_corr_str)
+            ev.cid = self.ctext[i][3]
+            ev.corr_fmt = CORR_NONE if ev.cid is None else CORR_STR
+            self._ctext_drop(i)
+        elif self.ctext:                    # evicted, or sent before recording began
+            ev.corr_fmt = CORR_NONE
         self._emit(ev)
+
+    # ---- string correlation ids kept for timeout rows (_framing.pxd, CorrText) ----
+
+    def _ctext_keep(self, d, rec):
+        cap = len(self.ctext) if self.ctext else 0
+        if (self.ctext_len + 1) * 2 > cap and cap < CORR_TEXT_SLOTS:
+            new_cap = cap * 2 if cap else 16
+            old, self.ctext, self.ctext_len = self.ctext or [], [None] * new_cap, 0
+            for e in old:                   # in index order, as the compiled core does
+                if e is not None:
+                    i = ctext_index(e[0], e[1], e[2], new_cap)
+                    if self.ctext[i] is None:
+                        self.ctext_len += 1
+                    self.ctext[i] = e
+            cap = new_cap
+        i = ctext_index(d, rec.slot, rec.corr, cap)
+        e = self.ctext[i]
+        if e is None:
+            self.ctext_len += 1
+        refs = 1
+        if e is not None and e[:3] == [d, rec.slot, rec.corr & _U64]:
+            refs = min(e[4] + 1, 32767)     # another pending request with this identity
+        self.ctext[i] = [d, rec.slot, rec.corr & _U64, rec.cid, refs]
+
+    def _ctext_find(self, d, slot, key):
+        if not self.ctext:
+            return -1
+        i = ctext_index(d, slot, key, len(self.ctext))
+        e = self.ctext[i]
+        return i if e is not None and e[:3] == [d, slot, key & _U64] else -1
+
+    def _ctext_drop(self, i):
+        if i >= 0:
+            e = self.ctext[i]
+            e[4] -= 1
+            if e[4] <= 0:
+                self.ctext[i] = None
+                self.ctext_len -= 1
 
     @property
     def tracer(self):
@@ -688,6 +743,9 @@ class FrameParser:
     def _emit(self, rec):
         if self.log is None and self._tracer is None:
             return
+        if self.ctext_len and rec.req_slot >= 0 and rec.latency_ns >= 0 and rec.kind != K_EVENT:
+            # a response answered its request in time: its kept string id is not needed
+            self._ctext_drop(self._ctext_find(1 - rec.direction, rec.req_slot, rec.corr))
         row = self._record_dict(rec)
         if self.log is not None:
             self.log.append(row, self.log_route)
@@ -706,6 +764,23 @@ class FrameParser:
         """The frame's frame-log ``resource`` (bytes, UTF-8; at most RESOURCE_MAX kept)."""
         if self.recording:
             self.st[d].rec.resource = bytes(data[:RESOURCE_MAX]).decode("utf-8", "replace")
+
+    def set_corr_str(self, d, data, prefix=b""):
+        """The frame's frame-log ``correlation_id`` as text: prefix + data (bytes, UTF-8,
+        clipped by framing_common.clip_corr); data None: no correlation id (null).  After
+        expect()/answer(); on a request also kept for its timeout row."""
+        if not self.recording:
+            return
+        s = self.st[d]
+        if not s.open:
+            return
+        rec = s.rec
+        was = rec.corr_fmt
+        rec.cid = (None if data is None else
+                   clip_corr(bytes(prefix) + bytes(data)).decode("utf-8", "replace"))
+        rec.corr_fmt = CORR_NONE if data is None else CORR_STR
+        if rec.kind == K_REQUEST and was != CORR_NONE and was != CORR_STR:
+            self._ctext_keep(d, rec)
 
     def add_attr(self, d, key, value):
         """One frame-log ``attrs`` entry (bytes, bytes) for the current frame."""

@@ -94,18 +94,19 @@ def test_files_hold_exactly_what_the_parsers_recorded(pkg, conv, fmt, tmp_path):
                 assert have == value, (impl[0], key, got, want)
 
 
-def test_native_columns_match_the_twin_across_many_chunks(tmp_path):
-    """Many chunks, correlation ids of every format, resources with hostile bytes."""
+@pytest.mark.parametrize("pkg", ["rabbitmq_stream", "fleximq"])
+def test_native_columns_match_the_twin_across_many_chunks(tmp_path, pkg):
+    """Many chunks, correlation ids of every format (fleximq: string ids, timeout rows
+    included), resources with hostile bytes."""
     if not HAVE_C:
         pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
-    pkg = "rabbitmq_stream"
     convs = [c for c in PROTOCOLS[pkg].conversations() if c.records]
     assert any(r.get("resource") for c in convs for r in c.records)
     for conv in convs:
         for chunk in (2, 3, 64):               # rows of one frame across chunk boundaries
             results = {}
             for impl in impls(pkg):
-                out = tmp_path / f"{conv.name}-{chunk}-{impl[0]}"
+                out = tmp_path / f"{pkg}-{conv.name}-{chunk}-{impl[0]}"
                 traced, rows, _ = logged_run(impl, pkg, conv, str(out), chunk_records=chunk)
                 results[impl[0]] = [dict(r, ts_ns=None, latency_ns=r["latency_ns"] is not None)
                                     for r in events_sorted(rows)]

@@ -44,3 +44,40 @@ cdef class ResourceProbe(FrameParser):
             add_attr(self, 0, <const uint8_t*><char*>k, len(k), <const uint8_t*><char*>v, len(v))
         self.st[0].open = 0
         self._emit(&self.st[0].rec)
+
+
+from proxy._framing cimport (K_REQUEST, K_RESPONSE, OUTCOME_OK, expect, take, answer,
+                             set_corr_str)
+
+
+cdef class CorrProbe(FrameParser):
+    """Requests and responses with string correlation ids, driven from Python (the
+    set_corr_str test; its twin is tests/test_corr_str.py's PyCorrProbe)."""
+
+    def __init__(self, RouteStats stats):
+        self.header_size = 5
+        FrameParser.__init__(self, stats, 1 << 20, 30.0, None)
+
+    cdef _text(self, int d, text, bytes prefix):
+        cdef bytes t
+        if text is None:
+            set_corr_str(self, d, NULL, 0, NULL, -1)
+        else:
+            t = text
+            set_corr_str(self, d, <const uint8_t*><char*>prefix, len(prefix),
+                         <const uint8_t*><char*>t, len(t))
+
+    def request(self, int d, key, text, bytes prefix=b""):
+        begin(self, d, self.stats.slot_for(1), K_REQUEST, 10, 5)
+        expect(self, d, 0, key, -1)
+        self._text(d, text, prefix)
+        self.st[d].open = 0
+        self._emit(&self.st[d].rec)
+
+    def response(self, int d, key, text, bytes prefix=b""):
+        take(self, d, 0, key)
+        begin(self, d, self.stats.slot_for(2), K_RESPONSE, 10, 5)
+        answer(self, d, 0, OUTCOME_OK)
+        self._text(d, text, prefix)
+        self.st[d].open = 0
+        self._emit(&self.st[d].rec)

@@ -16,9 +16,9 @@ from libc.string cimport memcpy
 
 from proxy._framing cimport (FrameParser, RouteStats, OUTCOME_OK, OUTCOME_ERROR, K_REQUEST,
                              K_RESPONSE, K_ONEWAY, R_BAD_HEADER, R_BAD_VERSION,
-                             R_HEADER_TOO_LARGE, R_TOO_LARGE, R_UNKNOWN)
-from proxy._framing cimport (want_header, protocol_error, begin, add_messages, set_corr,
-                             expect, take, answer, set_resource, add_attr)
+                             R_HEADER_TOO_LARGE, R_TOO_LARGE, R_UNKNOWN, R_HEADER_RULE)
+from proxy._framing cimport (want_header, protocol_error, begin, add_messages,
+                             expect, take, answer, set_resource, add_attr, set_corr_str)
 from proxy._wire cimport be32, be64, le64
 from proxy.protocols.fleximq import header as _header
 from proxy.protocols.fleximq.names import opcode_name, status_name
@@ -66,9 +66,6 @@ cdef enum:
     I_MAP = 4
     I_EXT = 5
     I_OTHER = 6        # nil, bool, float
-
-# Header-rule violations (§2.2.3, §7.3.1) are counted under this reason (parser_py.py).
-cdef int R_HEADER_RULE = R_BAD_HEADER
 
 # per type: the keys a header must have / may have (header.REQUIRED / ALLOWED)
 cdef int REQUIRED[10]
@@ -800,6 +797,7 @@ cdef class FlexiMQParser(FrameParser):
         if (t == T_REQ and s.rr_id_len >= 0) or t == T_JOIN:
             begin(self, d, slot, K_REQUEST, total, hb)
             expect(self, d, d if t == T_REQ else TAG_JOIN + d, key, -1)
+            set_corr_str(self, d, NULL, 0, s.rr_id, s.rr_id_len)     # reqrep.id, or null
         elif t == T_REP:
             if s.rr_id_len >= 0:
                 req = take(self, d, 1 - d, key)
@@ -814,8 +812,7 @@ cdef class FlexiMQParser(FrameParser):
             else:
                 status = s.status
             answer(self, d, status, OUTCOME_OK if 200 <= status <= 299 else OUTCOME_ERROR)
-            if req < 0 and s.rr_id_len >= 0:
-                set_corr(self, d, key, -1)
+            set_corr_str(self, d, NULL, 0, s.rr_id, s.rr_id_len)
         elif t == T_PING and s.has_ts:
             if not self.ping_valid[d] or self.ping_ts[d] != s.ts:
                 self.ping_valid[d] = True
@@ -827,6 +824,8 @@ cdef class FlexiMQParser(FrameParser):
                 self.ping_sent[d] += 1
             begin(self, d, slot, K_REQUEST, total, hb)
             expect(self, d, TAG_PING + d + 2 * k, s.ts, -1)
+            if self.recording:
+                self._ping_corr(d, s.ts)
         elif t == T_PONG:
             if s.has_ts:
                 k = 0
@@ -837,8 +836,8 @@ cdef class FlexiMQParser(FrameParser):
                 req = take(self, d, TAG_PING + 1 - d + 2 * k, s.ts)
             begin(self, d, slot, K_RESPONSE, total, hb)
             answer(self, d, 200, OUTCOME_OK)
-            if req < 0 and s.has_ts:
-                set_corr(self, d, s.ts, -1)
+            if s.has_ts and self.recording:
+                self._ping_corr(d, s.ts)
         else:
             begin(self, d, slot, K_ONEWAY, total, hb)
         if t == T_REQ or t == T_REP or t == T_NOTIF or t == T_BCAST or t == T_PUB:
@@ -849,6 +848,12 @@ cdef class FlexiMQParser(FrameParser):
             self._record(d, cid, s)
         return 0
 
+    cdef int _ping_corr(self, int d, uint64_t ts) except -1:
+        """A PING/PONG row's correlation_id: ``ping:<timestamp>`` (names.log_correlation_id)."""
+        cdef uint8_t buf[20]
+        set_corr_str(self, d, b"ping:", 5, buf, put_dec(buf, ts))
+        return 0
+
     cdef int _client_attr(self, int d, uint32_t cid) except -1:
         cdef uint8_t buf[12]
         add_attr(self, d, b"client_id", 9, buf, put_dec(buf, cid))
@@ -856,7 +861,8 @@ cdef class FlexiMQParser(FrameParser):
 
     cdef int _record(self, int d, uint32_t cid, Hdr* s) except -1:
         """Frame-log resource (topic, else routing[0].path) and attrs (the base header's
-        ClientID, the routing targets, the reqrep.id).  Never anything from ``auth``."""
+        ClientID, the routing targets; the reqrep.id is the row's correlation_id).  Never
+        anything from ``auth``."""
         cdef uint8_t buf[MAX_TARGETS * 11]
         cdef Py_ssize_t n = 0
         cdef int k
@@ -872,6 +878,4 @@ cdef class FlexiMQParser(FrameParser):
                     n += 1
                 n += put_dec(buf + n, s.targets[k])
             add_attr(self, d, b"targets", 7, buf, n)
-        if s.rr_id_len >= 0:
-            add_attr(self, d, b"reqrep_id", 9, s.rr_id, s.rr_id_len)
         return 0

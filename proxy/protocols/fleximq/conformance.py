@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from proxy.conformance import C2S, S2C, Conversation, Garbage
 from proxy.protocols.fleximq import codec
 from proxy.protocols.fleximq.codec import JOIN, REQ, REP, NOTIF, BCAST, PUB, SUB, PING, encode
-from proxy.protocols.fleximq.names import id_key
 
 U1, U2, U3 = "01H2XQMGPE7ZPXXNKQD9XE8S6R", "01H2XQMGPE7ZPXXNKQD9XE8S6S", "01H2XQMGPE7ZPXXNKQD9XE8S6T"
 JOIN_ID = "01H2XQMGPE7ZPXXNKQD9XE8S60"
@@ -16,7 +15,9 @@ TOKEN = "never-logged-token-42"
 
 
 def cid(rid):
-    return str(id_key(rid.encode()))
+    """A JOIN/REQ/REP row's correlation_id: the reqrep.id itself (matching uses
+    names.id_key, the frame log shows the text)."""
+    return rid
 
 
 # A requester's connection: JOIN with token auth (and a reqrep id, as DESIGN allows),
@@ -103,26 +104,24 @@ def conversations():
             "unmatched": 0, "in_flight": 0, "errors": {}, "timeouts": {}},
         records=[
             {"direction": "c2s", "opcode_name": "JOIN", "kind": "request",
-             "correlation_id": cid(JOIN_ID), "attrs": {"client_id": "0",
-                                                       "reqrep_id": JOIN_ID}},
+             "correlation_id": cid(JOIN_ID), "attrs": {"client_id": "0"}},
             {"direction": "s2c", "opcode_name": "REP", "kind": "response",
              "request_opcode_name": "JOIN", "status": "200", "outcome": "ok",
-             "correlation_id": cid(JOIN_ID), "attrs": {"client_id": "1000",
-                                                       "reqrep_id": JOIN_ID}},
+             "correlation_id": cid(JOIN_ID), "attrs": {"client_id": "1000"}},
             {"opcode_name": "REQ", "kind": "request", "correlation_id": cid(U1),
              "resource": "/api/users", "messages": 1,
-             "attrs": {"client_id": "1000", "targets": "1001", "reqrep_id": U1}},
+             "attrs": {"client_id": "1000", "targets": "1001"}},
             {"opcode_name": "REQ", "correlation_id": cid(U2), "resource": "/api/orders"},
-            {"opcode_name": "PING", "kind": "request", "correlation_id": "1703123456789",
+            {"opcode_name": "PING", "kind": "request", "correlation_id": "ping:1703123456789",
              "resource": None, "attrs": {"client_id": "1000"}},
-            {"opcode_name": "PONG", "kind": "response", "correlation_id": "1703123456789",
+            {"opcode_name": "PONG", "kind": "response", "correlation_id": "ping:1703123456789",
              "request_opcode_name": "PING", "status": "200"},
             {"opcode_name": "REP", "correlation_id": cid(U2), "status": "404",
              "outcome": "error", "request_opcode_name": "REQ"},
             {"opcode_name": "REP", "correlation_id": cid(U1), "status": "200",
              "outcome": "ok", "request_opcode_name": "REQ", "latency_ns": True},
-            {"direction": "s2c", "opcode_name": "PING", "correlation_id": "1703123456790"},
-            {"direction": "c2s", "opcode_name": "PONG", "correlation_id": "1703123456790",
+            {"direction": "s2c", "opcode_name": "PING", "correlation_id": "ping:1703123456790"},
+            {"direction": "c2s", "opcode_name": "PONG", "correlation_id": "ping:1703123456790",
              "request_opcode_name": "PING"},
             {"opcode_name": "SUB", "kind": "oneway", "resource": "news"},
             {"opcode_name": "PUB", "kind": "oneway", "resource": "news",
@@ -135,8 +134,9 @@ def conversations():
         "responder", RESPONDER,
         counters={"responses": {("JOIN", "201"): 1, ("REQ", "200"): 1}, "unmatched": 0,
                   "errors": {}, "in_flight": 0},
-        records=[{"opcode_name": "JOIN", "correlation_id": "0"},
-                 {"opcode_name": "REP", "request_opcode_name": "JOIN", "status": "201"},
+        records=[{"opcode_name": "JOIN", "correlation_id": None},     # no reqrep: no id
+                 {"opcode_name": "REP", "request_opcode_name": "JOIN", "status": "201",
+                  "correlation_id": None},
                  {"direction": "s2c", "opcode_name": "REQ", "kind": "request",
                   "correlation_id": cid(U3)},
                  {"direction": "c2s", "opcode_name": "REP", "request_opcode_name": "REQ",
@@ -145,18 +145,19 @@ def conversations():
         "same-timestamp-pings", SAME_TS,
         counters={"responses": {("PING", "200"): 2}, "unmatched": 1, "in_flight": 0,
                   "timeouts": {}},
-        records=[{"opcode_name": "PING", "correlation_id": "42"},
-                 {"opcode_name": "PING", "correlation_id": "42"},
-                 {"opcode_name": "PONG", "correlation_id": "42", "latency_ns": True},
-                 {"opcode_name": "PONG", "correlation_id": "42", "latency_ns": True},
-                 {"opcode_name": "PONG", "correlation_id": "42", "latency_ns": None}])
+        records=[{"opcode_name": "PING", "correlation_id": "ping:42"},
+                 {"opcode_name": "PING", "correlation_id": "ping:42"},
+                 {"opcode_name": "PONG", "correlation_id": "ping:42", "latency_ns": True},
+                 {"opcode_name": "PONG", "correlation_id": "ping:42", "latency_ns": True},
+                 {"opcode_name": "PONG", "correlation_id": "ping:42", "latency_ns": None}])
     violations = Conversation(
         "header-rules", VIOLATIONS,
         counters={
-            # rules: 2 entries, BCAST routing, SUB status, no timestamp, empty NOTIF,
-            # PUB without topic, REP typed request, reqrep string (type + rule), routing
-            # string (type), no client_id; undecodable: 2
-            "errors": {("c2s", "bad_header"): 13, ("c2s", "bad_version"): 1,
+            # header_rule: 2 entries, BCAST routing, SUB status, no timestamp, empty
+            # NOTIF, PUB without topic, REP typed request, reqrep string, no client_id;
+            # bad_header: reqrep string and routing string (types), undecodable: 2
+            "errors": {("c2s", "header_rule"): 9, ("c2s", "bad_header"): 4,
+                       ("c2s", "bad_version"): 1,
                        ("c2s", "unknown_command"): 1},
             "responses": {("REQ", "602"): 1},     # unmatched REPs count no response
             "unmatched": 2,
@@ -168,7 +169,7 @@ def conversations():
     bad_join = Conversation(
         "join-with-client-id",
         [(C2S, encode(JOIN, 5, {})), (S2C, encode(REP, 1000, {"status": 400}))],
-        counters={"errors": {("c2s", "bad_header"): 1}, "responses": {("JOIN", "400"): 1},
+        counters={"errors": {("c2s", "header_rule"): 1}, "responses": {("JOIN", "400"): 1},
                   "unmatched": 0},
         records=[{"opcode_name": "JOIN", "attrs": {"client_id": "5"}},
                  {"opcode_name": "REP", "status": "400", "outcome": "error"}])
@@ -179,7 +180,36 @@ def conversations():
         counters={"errors": {}, "responses": {("JOIN", "200"): 1}},
         records=[{"opcode_name": "JOIN", "resource": None, "attrs": {"client_id": "0"}},
                  {"opcode_name": "REP", "status": "200"}])
-    return [requester, responder, same_ts, violations, bad_join, secrets]
+    # Requests never answered: their timeout rows (close(), and the older of two REQs
+    # with the same id) carry the request's own correlation_id text.
+    unanswered = Conversation(
+        "unanswered-timeouts",
+        [(C2S, codec.join()),
+         (C2S, codec.req(1000, 1001, U1, "/a")),
+         (C2S, codec.ping(1000, 7, 30)),
+         (C2S, codec.ping(1000, 7, 30)),              # same timestamp: two pending
+         (S2C, codec.req(1001, 1000, U2, "/b")),
+         (S2C, codec.pong(1, 7)),                     # answers the first only
+         (C2S, codec.req(1000, 1001, U1, "/a"))],
+        counters={"timeouts": {"JOIN": 1, "REQ": 3, "PING": 1}, "unmatched": 0,
+                  "in_flight": 0, "responses": {("PING", "200"): 1}},
+        records=[{"opcode_name": "JOIN", "kind": "request", "correlation_id": None},
+                 {"opcode_name": "REQ", "kind": "request", "correlation_id": U1},
+                 {"opcode_name": "PING", "kind": "request", "correlation_id": "ping:7"},
+                 {"opcode_name": "PING", "kind": "request", "correlation_id": "ping:7"},
+                 {"direction": "s2c", "opcode_name": "REQ", "correlation_id": U2},
+                 {"direction": "s2c", "opcode_name": "PONG", "correlation_id": "ping:7",
+                  "request_opcode_name": "PING", "latency_ns": True},
+                 {"direction": "c2s", "kind": "event", "status": "timeout",
+                  "request_opcode_name": "REQ", "correlation_id": U1},
+                 {"opcode_name": "REQ", "kind": "request", "correlation_id": U1},
+                 {"kind": "event", "request_opcode_name": "JOIN", "correlation_id": None},
+                 {"kind": "event", "request_opcode_name": "REQ", "correlation_id": U1},
+                 {"kind": "event", "request_opcode_name": "PING",
+                  "correlation_id": "ping:7"},
+                 {"direction": "s2c", "kind": "event", "request_opcode_name": "REQ",
+                  "correlation_id": U2}])
+    return [requester, responder, same_ts, violations, bad_join, secrets, unanswered]
 
 
 def _prefix(version=1, mtype=1, client_id=0, hlen=0, plen=0, reserved=b"\0" * 16):
@@ -219,7 +249,7 @@ def requests(n):
 
 # ---- random conversations -------------------------------------------------------------
 
-_IDS = ["a", "b", U1, "", "\u00e9t\u00e9"]
+_IDS = ["a", "b", U1, "", "\u00e9t\u00e9", "\u00e9" * 70]     # the last: clipped to 128 bytes
 _TS = [0, 1, 1703123456789, (1 << 64) - 1]
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1),
                     st.text(max_size=6), st.binary(max_size=4),

@@ -1,6 +1,7 @@
 """fleximq names and limits shared by the parsers, the codec and the tests
 (docs/design.md, "fleximq")."""
 
+from proxy.framing_common import clip_corr
 from proxy.protocols.fleximq.header import TYPE_NAMES
 
 PREFIX = 34                    # version, type, client_id, reserved, header/payload lengths
@@ -38,8 +39,8 @@ _M = 0xFFFFFFFFFFFFFFFF
 def id_key(rid: bytes) -> int:
     """The 64-bit correlation key of a ``reqrep.id`` (its UTF-8 bytes, 8 at a time as
     little-endian words, the last zero-padded, multiplied in and folded, then a final
-    mix): the frame log's ``correlation_id`` of a JOIN/REQ/REP is ``str(id_key(id))``
-    (the core keeps integer ids only; see docs/design.md, "fleximq")."""
+    mix): requests are matched by it; the frame log shows the id itself
+    (log_correlation_id; docs/design.md, "fleximq")."""
     h = 0xCBF29CE484222325 ^ len(rid)
     for i in range(0, len(rid), 8):
         h = ((h ^ int.from_bytes(rid[i:i + 8], "little")) * 0x9E3779B97F4A7C15) & _M
@@ -50,10 +51,12 @@ def id_key(rid: bytes) -> int:
 
 
 def log_correlation_id(rid=None, ping_ts=None):
-    """What the proxy writes as ``correlation_id`` for a request with this reqrep.id
-    (str or bytes), or for a PING with this timestamp: clients write the same."""
+    """What the proxy writes as ``correlation_id`` for a JOIN/REQ/REP with this
+    reqrep.id (str or bytes): the id itself (at most 128 bytes, framing_common.clip_corr),
+    or for a PING/PONG with this timestamp: ``ping:<timestamp>``.  Clients write the
+    same, so the analysis joins the two views on it."""
     if ping_ts is not None:
-        return str(ping_ts)
+        return "ping:%d" % ping_ts
     if isinstance(rid, str):
         rid = rid.encode()
-    return str(id_key(rid))
+    return clip_corr(rid).decode("utf-8", "replace")

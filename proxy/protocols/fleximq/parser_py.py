@@ -4,7 +4,7 @@ The header is summarized with ``msgpack`` (header.summarize), which the compiled
 parser's in-place scanner must agree with.
 """
 
-from proxy.framing_common import (R_BAD_HEADER, R_BAD_VERSION, R_HEADER_TOO_LARGE,
+from proxy.framing_common import (R_BAD_HEADER, R_BAD_VERSION, R_HEADER_TOO_LARGE, R_HEADER_RULE,
                                   R_TOO_LARGE, R_UNKNOWN, K_REQUEST, K_RESPONSE, K_ONEWAY,
                                   OUTCOME_OK, OUTCOME_ERROR)
 from proxy.framing_py import FrameParser
@@ -14,9 +14,6 @@ from proxy.protocols.fleximq.names import (PREFIX, MAX_HEADER_BYTES, MAX_FRAME_B
                                            VERSION, INVALID_STATUS, TAG_JOIN, TAG_PING,
                                            PING_DUP_MAX, opcode_name, status_name, id_key)
 
-# Header-rule violations (§2.2.3, §7.3.1) are counted under this reason.  The kit's
-# reasons are a fixed core table; a reason of their own needs one appended there.
-R_HEADER_RULE = R_BAD_HEADER
 MESSAGE_TYPES = (REQ, REP, NOTIF, BCAST, PUB)     # frames that carry one message
 
 
@@ -75,6 +72,7 @@ class FlexiMQParser(FrameParser):
         if (t == REQ and s.rr_id is not None) or t == JOIN:
             self.begin(d, slot, K_REQUEST, total, hb)
             self.expect(d, d if t == REQ else TAG_JOIN + d, key, -1)
+            self.set_corr_str(d, s.rr_id)                        # reqrep.id, or null
         elif t == REP:
             req = -1
             if s.rr_id is not None:
@@ -90,8 +88,7 @@ class FlexiMQParser(FrameParser):
             else:
                 status = s.status
             self.answer(d, status, OUTCOME_OK if 200 <= status <= 299 else OUTCOME_ERROR)
-            if req < 0 and s.rr_id is not None:
-                self.set_corr(d, key, -1)
+            self.set_corr_str(d, s.rr_id)
         elif t == PING and s.has_ts:
             p = self.pings[d]
             if p[0] != s.ts:
@@ -101,6 +98,8 @@ class FlexiMQParser(FrameParser):
                 p[1] += 1
             self.begin(d, slot, K_REQUEST, total, hb)
             self.expect(d, TAG_PING + d + 2 * k, s.ts, -1)
+            if self.recording:
+                self.set_corr_str(d, b"%d" % s.ts, b"ping:")
         elif t == PONG:
             req = -1
             if s.has_ts:
@@ -112,8 +111,8 @@ class FlexiMQParser(FrameParser):
                 req = self.take(d, TAG_PING + 1 - d + 2 * k, s.ts)
             self.begin(d, slot, K_RESPONSE, total, hb)
             self.answer(d, 200, OUTCOME_OK)
-            if req < 0 and s.has_ts:
-                self.set_corr(d, s.ts, -1)
+            if s.has_ts and self.recording:
+                self.set_corr_str(d, b"%d" % s.ts, b"ping:")
         else:
             self.begin(d, slot, K_ONEWAY, total, hb)
         if t in MESSAGE_TYPES:
@@ -125,7 +124,8 @@ class FlexiMQParser(FrameParser):
 
     def _record(self, d, cid, s):
         """Frame-log resource (topic, else routing[0].path) and attrs (the base header's
-        ClientID, the routing targets, the reqrep.id).  Never anything from ``auth``."""
+        ClientID, the routing targets; the reqrep.id is the row's correlation_id).  Never
+        anything from ``auth``."""
         if s.topic is not None:
             self.set_resource(d, s.topic)
         elif s.path is not None:
@@ -133,5 +133,3 @@ class FlexiMQParser(FrameParser):
         self.add_attr(d, b"client_id", b"%d" % cid)
         if s.targets:
             self.add_attr(d, b"targets", b",".join(b"%d" % c for c in s.targets))
-        if s.rr_id is not None:
-            self.add_attr(d, b"reqrep_id", s.rr_id)
