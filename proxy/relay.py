@@ -11,11 +11,13 @@ side aborts the other.
 import asyncio
 import itertools
 import logging
+import os
 import random
 import socket
 import time
 
 from proxy import protocols
+from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
 from proxy.framing import RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
 
@@ -74,15 +76,17 @@ WRITE_LOW = 64 * 1024
 class Route:
     """One listener, its upstream, its counters and its live connections."""
 
-    def __init__(self, cfg, loop=None):
+    def __init__(self, cfg, loop=None, reserve=None):
         self.cfg = cfg
+        self.reserve = reserve         # proxy.acceptor.FdReserve kept for the admin endpoint
+        self.acceptors = []
+        self.accept_errors = {}        # reason -> accepts that ran out of descriptors
         self.loop = loop or asyncio.get_event_loop()
         self.protocol = protocols.load(cfg.protocol)
         self.parser_class = self.protocol.load_parser()
         self.stats = RouteStats(cfg.name, cfg.protocol)
         self.max_frame_bytes = cfg.max_frame_bytes or self.protocol.max_frame_bytes
         self.connections = set()
-        self.server = None
         self._sweeper = None
         self.log = LogLimiter(cfg.name)
         self.closed_counts = {}        # (by, reason) -> connections closed that way
@@ -93,13 +97,37 @@ class Route:
     @property
     def address(self):
         """(host, port) actually bound (port 0 in the config picks a free one)."""
-        return self.server.sockets[0].getsockname()[:2]
+        return self.acceptors[0].sock.getsockname()[:2]
 
     async def start(self):
         host, port = self.cfg.listen
-        self.server = await self.loop.create_server(
-            lambda: ClientSide(self), host, port, reuse_address=True, backlog=1024)
+        # frametap accepts by itself so that running out of descriptors pauses and counts
+        # instead of dropping clients (docs/design.md, "File descriptors")
+        self.acceptors = [Acceptor(self.loop, sock, self._accepted, self._accept_error,
+                                   self.reserve, spare=True, name=f"route {self.cfg.name}")
+                          for sock in listen_sockets(host, port)]
         self._sweeper = self.loop.create_task(self._sweep())
+
+    def _accepted(self, sock, spare_fd):
+        self.loop.create_task(self._attach(sock, [spare_fd]))
+
+    async def _attach(self, sock, spare):
+        """Hand an accepted socket to the loop; ``spare`` holds the descriptor reserved
+        for its upstream side (ClientSide takes it)."""
+        try:
+            await self.loop.connect_accepted_socket(lambda: ClientSide(self, spare.pop()),
+                                                    sock)
+        except Exception as exc:           # the client reset before it was set up
+            log.debug("route %s: accepted connection lost: %s", self.cfg.name, exc)
+            sock.close()
+        finally:
+            while spare:
+                os.close(spare.pop())
+
+    def _accept_error(self, reason):
+        self.accept_errors[reason] = self.accept_errors.get(reason, 0) + 1
+        self.log.warning("route %s: out of file descriptors (%s): not accepting for a "
+                         "moment", self.cfg.name, reason)
 
     def new_parser(self, local_address):
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
@@ -143,8 +171,8 @@ class Route:
                 log.exception("route %s: timeout sweep failed", self.cfg.name)
 
     def stop_accepting(self):
-        if self.server is not None:
-            self.server.close()
+        for acceptor in self.acceptors:
+            acceptor.close()
 
     async def drain(self, timeout, force=None):
         """Wait for open connections to finish, up to ``timeout`` (or until ``force``,
@@ -171,8 +199,9 @@ class Route:
 class ClientSide(asyncio.Protocol):
     """The accepted client connection; owns the upstream side and the parser."""
 
-    def __init__(self, route):
+    def __init__(self, route, spare_fd=None):
         self.route = route
+        self.spare_fd = spare_fd     # held for the upstream socket (proxy.acceptor)
         self.transport = None
         self.upstream = None         # UpstreamSide once connected
         self.parser = None
@@ -195,6 +224,7 @@ class ClientSide(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = format_peer(peer)
         if len(route.connections) >= route.cfg.max_connections:
+            self.drop_spare()
             route.stats.conn_rejected += 1
             route.log.warning("route %s: connection from %s rejected: %d connections open "
                         "(max_connections)", route.cfg.name, self.peer, len(route.connections))
@@ -211,13 +241,24 @@ class ClientSide(asyncio.Protocol):
         transport.pause_reading()          # nothing to relay to until upstream is up
         self.connect_task = route.loop.create_task(self._connect())
 
+    def drop_spare(self):
+        """Give back the descriptor held for the upstream socket."""
+        if self.spare_fd is not None:
+            os.close(self.spare_fd)
+            self.spare_fd = None
+
+    def take_spare(self):
+        fd, self.spare_fd = self.spare_fd, None
+        return fd
+
     async def _connect(self):
         route = self.route
         host, port = route.cfg.upstream
         started = time.perf_counter()
         try:
             _, upstream = await asyncio.wait_for(
-                route.loop.create_connection(lambda: UpstreamSide(self), host, port),
+                connect_upstream(route.loop, lambda: UpstreamSide(self), host, port,
+                                 self.take_spare()),   # the descriptor held since accept
                 route.cfg.connect_timeout)
         except asyncio.CancelledError:
             return
@@ -377,6 +418,7 @@ class ClientSide(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self.drop_spare()
         self.route.count_close(by, reason)
         if self.connect_task is not None and not self.connect_task.done() and (
                 abort or not self.early):
