@@ -10,6 +10,7 @@ import signal
 from proxy.acceptor import FdReserve
 from proxy.admin import AdminServer
 from proxy.errors import ConfigError
+from proxy.framing import set_pending_budget
 from proxy.metrics import make_registry
 from proxy.relay import Route
 
@@ -82,6 +83,7 @@ class ProxyApp:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
+        set_pending_budget(getattr(self.config, "max_pending_bytes", 256 << 20))
         fd_limit = raise_fd_limit()
         self.reserve = FdReserve()
         self.reserve.fill()

@@ -116,6 +116,10 @@ class FrametapCollector(Collector):
                 aerr.add_metric([s["route"], reason], v)
         yield from (frames, fbytes, msgs, raw, dur, resp, inflight, timeouts, unmatched, perr,
                     active, total, rejected, closed, aerr, cfail, cdur)
+        from proxy.framing import pending_bytes
+        yield GaugeMetricFamily("frametap_pending_bytes", "Memory of every connection's "
+                                "pending-request tables (against [proxy] max_pending_bytes)",
+                                value=pending_bytes())
         yield from self._framelog_metrics([s["route"] for s in snaps])
 
     def _framelog_metrics(self, routes):
