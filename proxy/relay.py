@@ -81,6 +81,7 @@ class Route:
         self.reserve = reserve         # proxy.acceptor.FdReserve kept for the admin endpoint
         self.acceptors = []
         self.accept_errors = {}        # reason -> accepts that ran out of descriptors
+        self._accept_logged = -1e9     # monotonic time of the last such log line
         self.loop = loop or asyncio.get_event_loop()
         self.protocol = protocols.load(cfg.protocol)
         self.parser_class = self.protocol.load_parser()
@@ -126,8 +127,12 @@ class Route:
 
     def _accept_error(self, reason):
         self.accept_errors[reason] = self.accept_errors.get(reason, 0) + 1
-        self.log.warning("route %s: out of file descriptors (%s): not accepting for a "
-                         "moment", self.cfg.name, reason)
+        now = time.monotonic()
+        if now - self._accept_logged >= 10.0:  # the listener retries every 0.1 s: one line
+            self._accept_logged = now          # per 10 s, the counter has every one
+            log.warning("route %s: out of file descriptors (%s): clients wait in the "
+                        "backlog (%d such accepts so far)", self.cfg.name, reason,
+                        sum(self.accept_errors.values()))
 
     def new_parser(self, local_address):
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
