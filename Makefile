@@ -33,6 +33,7 @@ soak: $(STAMP)
 	$(BIN)/python bench/fuzz_twins.py $(FUZZ_ARGS)
 	$(BIN)/python bench/soak.py flood $(FLOOD_ARGS)
 	$(BIN)/python bench/soak.py blackhole $(BLACKHOLE_ARGS)
+	$(BIN)/python bench/soak.py proxyfuzz $(PROXYFUZZ_ARGS)
 	command -v valgrind >/dev/null && $(BIN)/python bench/callgrind_parsers.py || true
 
 clean:

@@ -17,7 +17,15 @@ blackhole
     ``--budget`` (max_pending_bytes) + 64 MiB, the overflow counted, and the FlyMQ
     client's p50 / p99 / max latency.
 
+proxyfuzz
+    ``--frames`` mutated frames per protocol (bench/fuzz_twins.py's corpus and mutations)
+    sent by ``--workers`` clients through a running proxy with one route per protocol, in
+    front of upstreams that read and never answer; each case (1-8 frames) on a connection
+    of its own, so a mutated length cannot swallow the next case. Reports the frames sent, the proxy's
+    RSS growth after a warm-up and the tracebacks in its log (must be 0).
+
     python bench/soak.py flood [--connections N]
+    python bench/soak.py proxyfuzz [--frames N] [--workers N]
     python bench/soak.py blackhole [--seconds S] [--stream N] [--routeinfo N] [--budget BYTES]
 """
 
@@ -28,6 +36,7 @@ import asyncio
 import json
 import os
 import resource
+import select
 import socket
 import struct
 import subprocess
@@ -88,7 +97,7 @@ def wait_port(port, proc, what, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited: {proc.stderr.read() if proc.stderr else ''}")
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), 0.5).close()
             return
@@ -98,8 +107,13 @@ def wait_port(port, proc, what, timeout=30):
 
 
 def start(cmd, port, what, nofile=NOFILE, **kw):
+    # the log goes to a file: a pipe nobody reads until the end fills up (64 KiB) and
+    # then blocks the process on its next log line
+    import tempfile
+    log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, preexec_fn=lambda: _raise_nofile(nofile),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+                            stdout=subprocess.DEVNULL, stderr=log, text=True, **kw)
+    proc.log = log
     wait_port(port, proc, what)
     return proc
 
@@ -107,11 +121,12 @@ def start(cmd, port, what, nofile=NOFILE, **kw):
 def stop(proc):
     proc.terminate()
     try:
-        _out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
-        _out, err = proc.communicate()
-    return err
+        proc.wait()
+    proc.log.seek(0)
+    return proc.log.read()
 
 
 class Scraper(threading.Thread):
@@ -239,6 +254,7 @@ class BlackHole(threading.Thread):
                     pass
             except OSError:
                 pass
+            writer.close()                       # the client's FIN: close, as servers do
 
         async def main():
             server = await asyncio.start_server(swallow, sock=self.sock)
@@ -378,6 +394,78 @@ upstream = "127.0.0.1:{fly_port}"
     }
 
 
+def proxyfuzz(args, tmp):
+    import random
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fuzz_twins import _corpus, _mutate
+    from proxy import protocols
+    _raise_nofile()
+    hole = BlackHole()
+    hole.start()
+    specs = list(protocols.specs())
+    ports = {s.name: free_port() for s in specs}
+    admin = free_port()
+    cfg = Path(tmp) / "fuzz.toml"
+    cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n' + "".join(
+        f'\n[[routes]]\nname = "{n}"\nprotocol = "{n}"\nlisten = "127.0.0.1:{p}"\n'
+        f'upstream = "127.0.0.1:{hole.port}"\nrequest_timeout = 2\n'
+        for n, p in ports.items()))
+    proxy = start(FRAMETAP + ["proxy", "-c", str(cfg), "--log-level", "warning"],
+                  admin, "proxy")
+    corpora = {s.name: _corpus(s) for s in specs}
+    sent = {n: 0 for n in ports}
+    lock = threading.Lock()
+    warm = [None]
+
+    def worker(seed, name):
+        rng = random.Random(seed)
+        corpus = corpora[name]
+        while True:
+            with lock:
+                if sent[name] >= args.frames:
+                    break
+            picks = [rng.choice(corpus) for _ in range(rng.randrange(1, 9))]
+            data = b"".join(_mutate(rng, f) if rng.random() < 0.5 else f for _d, f in picks)
+            try:                                 # one case per connection: a mutated
+                with socket.create_connection(   # length cannot swallow the next case
+                        ("127.0.0.1", ports[name]), 5) as sock:
+                    sock.sendall(data)
+            except OSError:
+                pass                             # the proxy closed it first: fine
+            with lock:
+                sent[name] += len(picks)
+                if warm[0] is None and sum(sent.values()) >= 50_000:
+                    warm[0] = rss_bytes(proxy.pid)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i, n))
+               for n in ports for i in range(args.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(3)                                # let the sweeps settle
+    end_rss = rss_bytes(proxy.pid)
+    text = scrape(admin)
+    err = stop(proxy)
+    return {
+        "frames_sent": sent, "seconds": round(time.perf_counter() - t0, 1),
+        "proxy_rss_after_warmup_mb": round((warm[0] or 0) / 2**20, 1),
+        "proxy_rss_end_mb": round(end_rss / 2**20, 1),
+        "rss_growth_mb": round((end_rss - (warm[0] or end_rss)) / 2**20, 1),
+        "pending_bytes_end": metric(text, "frametap_pending_bytes"),
+        "frames_parsed_c2s": {n: metric(text, "frametap_frames_total", route=n,
+                                        direction="c2s") for n in ports},
+        "connections": {n: metric(text, "frametap_connections_total", route=n)
+                        for n in ports},
+        "connections_still_open": {n: metric(text, "frametap_connections_active", route=n)
+                                   for n in ports},
+        "protocol_errors": {n: metric(text, "frametap_protocol_errors_total", route=n)
+                            for n in ports},
+        "tracebacks": err.count("Traceback"),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -394,11 +482,17 @@ def main(argv=None) -> int:
     b.add_argument("--stream-rate", type=int, default=0,
                    help="publishing ids per second per Stream connection (0: flat out)")
     b.add_argument("--budget", type=int, default=256 * 2**20)
+    z = sub.add_parser("proxyfuzz", help="mutated frames through a running proxy")
+    z.add_argument("--frames", type=int, default=1_000_000, help="per protocol")
+    z.add_argument("--workers", type=int, default=4, help="clients per protocol")
     args = ap.parse_args(argv)
+    import tempfile
     if args.what == "flood":
         result = flood(args)
+    elif args.what == "proxyfuzz":
+        with tempfile.TemporaryDirectory() as tmp:
+            result = proxyfuzz(args, tmp)
     else:
-        import tempfile
         with tempfile.TemporaryDirectory() as tmp:
             result = blackhole(args, tmp)
     print(json.dumps(result, indent=2))
