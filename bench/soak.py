@@ -269,6 +269,24 @@ def _routeinfo(opaque):
                           b'"version":433}' % opaque)
 
 
+def _fly_latency(port, stop_at, results):
+    """Child process: FlyMQ LIST_TOPICS round trips, one every millisecond, until
+    ``stop_at`` (monotonic); puts the list of round-trip times (s) on ``results``."""
+    lat = []
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while time.monotonic() < stop_at:
+        t = time.perf_counter()
+        s.sendall(LIST_TOPICS)
+        got = b""
+        while len(got) < 8 or len(got) < 8 + struct.unpack(">I", got[4:8])[0]:
+            got += s.recv(65536)
+        lat.append(time.perf_counter() - t)
+        time.sleep(0.001)
+    s.close()
+    results.put(lat)
+
+
 def blackhole(args, tmp):
     from proxy.protocols.rabbitmq_stream.samples import publish
     _raise_nofile()
@@ -346,31 +364,25 @@ upstream = "127.0.0.1:{fly_port}"
         sent["routeinfo"] = opaque
         s.close()
 
-    lat = []
-
-    def fly_client():
-        s = socket.create_connection(("127.0.0.1", ports["fly"]))
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        while time.monotonic() < stop_at:
-            t = time.perf_counter()
-            s.sendall(LIST_TOPICS)
-            got = b""
-            while len(got) < 8 or len(got) < 8 + struct.unpack(">I", got[4:8])[0]:
-                got += s.recv(65536)
-            lat.append(time.perf_counter() - t)
-            time.sleep(0.001)
-        s.close()
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    # the latency client runs in a process of its own: in this one it would wait for the
+    # GIL behind the publisher threads and measure that instead of the proxy
+    fly = ctx.Process(target=_fly_latency, args=(ports["fly"], stop_at, results))
+    fly.start()
 
     threads = [threading.Thread(target=sample_rss)] + \
         [threading.Thread(target=stream_client) for _ in range(args.stream)] + \
-        [threading.Thread(target=rocket_client), threading.Thread(target=fly_client)]
+        [threading.Thread(target=rocket_client)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    lat = sorted(results.get(timeout=60))
+    fly.join(10)
     text = scrape(admin)
     err = stop(proxy) + stop(server)
-    lat.sort()
 
     def pct(q):
         return round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3, 3) if lat else None

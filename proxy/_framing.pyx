@@ -789,12 +789,12 @@ cdef class FrameParser:
             if self.st[d].open:
                 self.st[d].open = 0
                 self._emit(&self.st[d].rec)
-        for i in range(self.fifo_len):
+        for i in range(self._fifo_first_live(), self.fifo_len):
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if not p.flags & P_EXPIRED:
                 self._timeout(p, 0)
         self.fifo_len = 0
-        i = self.map_head
+        i = self.map_live                      # the expired ones were counted already
         while i >= 0:
             p = &self.map[i].p
             if not p.flags & P_EXPIRED:
@@ -820,15 +820,22 @@ cdef class FrameParser:
         """Forget every pending request without counting it as a timeout (the upstream
         was never reached: the relay counts that as a connect failure)."""
         cdef Py_ssize_t i
-        for i in range(self.fifo_len):
+        for i in range(self._fifo_first_live(), self.fifo_len):
             if not self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].flags & P_EXPIRED:
                 self.c.in_flight -= 1
-        i = self.map_head
+        i = self.map_live                      # only the live ones are in flight
         while i >= 0:
             if not self.map[i].p.flags & P_EXPIRED:
                 self.c.in_flight -= 1
             i = self.map[i].next
         self._forget_all()
+
+    def _fifo_first_live(self):
+        """Offset of the first FIFO entry expire() has not counted (those before it are
+        expired: close() and abandon() skip them)."""
+        if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
+            return min(self.fifo_live - self.fifo[self.fifo_head].key, self.fifo_len)
+        return 0
 
     @property
     def pending_capacity(self):

@@ -779,8 +779,14 @@ class FrameParser:
     # ---- lifecycle ------------------------------------------------------------
 
     def _pending(self):
-        yield from self.fifo[self.fifo_head:]
-        yield from self.map_dead.values()
+        """The requests not yet counted as timeouts may be among these: the FIFO from
+        its first unexpired entry, and the live map (close() and abandon() walk no
+        more, as the compiled core)."""
+        fifo, head = self.fifo, self.fifo_head
+        i = head
+        if head < len(fifo) and self.fifo_live > fifo[head].key:
+            i = min(head + self.fifo_live - fifo[head].key, len(fifo))
+        yield from fifo[i:]
         yield from self.map.values()
 
     def expire(self, now=0):
