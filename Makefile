@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frametap-installed
 SOURCES := pyproject.toml setup.py $(shell find proxy -name '*.pyx' -o -name '*.pxd')
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench soak install clean
 
 install: $(STAMP)
 
@@ -27,6 +27,15 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_bench.py $(BENCH_ARGS)
 	$(BIN)/python bench/framelog_bench.py
 	$(BIN)/python bench/protocol_benches.py
+
+# Issue 8's hostile-network figures: fuzzing both parser twins (10 M mutated frames per
+# protocol), 10,000 idle connections on one route, upstreams that never answer.
+soak: $(STAMP)
+	$(BIN)/python bench/fuzz_twins.py $(FUZZ_ARGS)
+	$(BIN)/python bench/soak.py flood $(FLOOD_ARGS)
+	$(BIN)/python bench/soak.py blackhole $(BLACKHOLE_ARGS)
+	$(BIN)/python bench/soak.py proxyfuzz $(PROXYFUZZ_ARGS)
+	command -v valgrind >/dev/null && $(BIN)/python bench/callgrind_parsers.py || true
 
 clean:
 	rm -rf $(VENV) build *.egg-info

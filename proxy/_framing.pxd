@@ -99,9 +99,11 @@ cdef struct Pending:         # 24 bytes
     uint8_t flags            # P_*
     uint8_t spare
 
-cdef struct MapEntry:        # 32 bytes; the key is p.key
+cdef struct MapEntry:        # 40 bytes; the key is p.key
     int32_t tag              # namespace of key (protocol-defined: direction, publisher id)
     int32_t used             # 1 when the entry holds a pending request
+    int32_t prev             # the entries in the order their requests were read (the
+    int32_t next             # oldest first): neighbours' indexes, -1 at either end
     Pending p
 
 # One frame-log row, filled by the recording calls (docs/design.md, "Frame log").  Strings
@@ -311,11 +313,17 @@ cdef class FrameParser:
     cdef list captured                  # per direction: bytearray of the frame being captured
 
     # Correlation by key (RabbitMQ Stream, RocketMQ...): open addressing, linear
-    # probing, backward-shift deletion; at most map_limit pending entries.
+    # probing, backward-shift deletion; at most map_limit pending entries.  The entries
+    # are also linked in the order their requests were read: the expired ones first
+    # (map_head..), then the live ones (map_live..map_tail), so expiry walks only what
+    # expires and a full map evicts its oldest expired entry.
     cdef MapEntry* map
     cdef Py_ssize_t map_cap             # power of two
     cdef Py_ssize_t map_len
     cdef public Py_ssize_t map_limit
+    cdef int32_t map_head               # oldest entry, -1 none
+    cdef int32_t map_tail               # newest entry, -1 none
+    cdef int32_t map_live               # oldest entry not yet expired, -1 none
 
     # FIFO of requests awaiting their responses (ring buffer, at most fifo_limit)
     cdef Pending* fifo
@@ -324,6 +332,8 @@ cdef class FrameParser:
     cdef Py_ssize_t fifo_cap            # power of two (indexes wrap with & (fifo_cap - 1))
     cdef public Py_ssize_t fifo_limit
     cdef int64_t fifo_seq               # requests pushed so far (1-based correlation ids)
+    cdef int64_t fifo_live              # sequence number of the oldest request expire() has
+                                        # not counted (those before it are expired)
 
     # String correlation ids (set_corr_str), only while recording: the rows' texts and
     # those of pending requests, for their timeout rows (direct-mapped on (direction,
@@ -346,6 +356,10 @@ cdef class FrameParser:
     cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
                            const uint8_t* attrs, Py_ssize_t alen)
     cdef int _map_grow(self) except -1
+    cdef int _map_resize(self, Py_ssize_t new_cap) except -1
+    cdef int _fifo_grow(self) except -1
+    cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1
+    cdef int _shrink(self) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept
 
@@ -600,6 +614,65 @@ cdef inline void set_status(FrameParser self, int d, int64_t status, int outcome
     rec.outcome = <int8_t>outcome
 
 
+cdef inline void _map_unlink(FrameParser self, Py_ssize_t i) noexcept:
+    """Take entry i out of the request-order list."""
+    cdef MapEntry* e = &self.map[i]
+    if self.map_live == i:
+        self.map_live = e.next
+    if e.prev >= 0:
+        self.map[e.prev].next = e.next
+    else:
+        self.map_head = e.next
+    if e.next >= 0:
+        self.map[e.next].prev = e.prev
+    else:
+        self.map_tail = e.prev
+
+
+cdef inline void _map_append(FrameParser self, Py_ssize_t i) noexcept:
+    """Entry i (a live request) becomes the newest."""
+    cdef MapEntry* e = &self.map[i]
+    e.prev = self.map_tail
+    e.next = -1
+    if self.map_tail >= 0:
+        self.map[self.map_tail].next = <int32_t>i
+    else:
+        self.map_head = <int32_t>i
+    self.map_tail = <int32_t>i
+    if self.map_live < 0:
+        self.map_live = <int32_t>i
+
+
+cdef inline void _map_remove(FrameParser self, Py_ssize_t i) noexcept:
+    """Delete entry i: unlink it, then backward-shift deletion (keeps probe chains
+    intact without tombstones), fixing the links of every entry moved."""
+    cdef Py_ssize_t j, k, mask = self.map_cap - 1
+    cdef MapEntry* e
+    _map_unlink(self, i)
+    j = i
+    while True:
+        j = (j + 1) & mask
+        if not self.map[j].used:
+            break
+        k = _mix(self.map[j].tag, <uint64_t>self.map[j].p.key) & mask
+        if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
+            self.map[i] = self.map[j]
+            e = &self.map[i]               # entry j now lives at i
+            if e.prev >= 0:
+                self.map[e.prev].next = <int32_t>i
+            else:
+                self.map_head = <int32_t>i
+            if e.next >= 0:
+                self.map[e.next].prev = <int32_t>i
+            else:
+                self.map_tail = <int32_t>i
+            if self.map_live == j:
+                self.map_live = <int32_t>i
+            i = j
+    self.map[i].used = 0
+    self.map_len -= 1
+
+
 cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
     """The current frame is a request answered by key (tag = namespace)."""
     cdef Py_ssize_t i, mask
@@ -607,8 +680,9 @@ cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32
     cdef FrameRecord* rec = &self.st[d].rec
     set_corr(self, d, <int64_t>key, corr_hi)
     if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit:
-        self._map_grow()                   # keeps the table at most half full
-    if self.map_cap == 0:                  # map_limit <= 0: nothing is tracked
+        self._map_grow()                   # keeps the table at most half full (budget
+                                           # permitting: see set_pending_budget)
+    if self.map_cap == 0:                  # map_limit <= 0 or no budget: nothing is tracked
         _count_error(self.c, d, R_OVERFLOW)
         return 0
     mask = self.map_cap - 1
@@ -621,27 +695,38 @@ cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32
                 self._timeout(&e.p, tag)
             self.c.in_flight += 1
             _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
+            _map_unlink(self, i)            # a new request: the newest entry
+            _map_append(self, i)
             return 0
         i = (i + 1) & mask
-    if self.map_len >= self.map_limit:
-        _count_error(self.c, d, R_OVERFLOW)    # bounded: drop, and say so
-        return 0
+    if self.map_len >= self.map_limit or (self.map_len + 1) * 2 > self.map_cap:
+        # full (the limit, or the budget refused to grow): the oldest expired entry
+        # makes room, else the request is dropped, and counted
+        if self.map_head < 0 or self.map_head == self.map_live:
+            _count_error(self.c, d, R_OVERFLOW)
+            return 0
+        _map_remove(self, self.map_head)
+        i = _mix(tag, key) & mask
+        while self.map[i].used:
+            i = (i + 1) & mask
     e = &self.map[i]
     e.used = 1
     e.tag = tag
     self.map_len += 1
     self.c.in_flight += 1
     _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
+    _map_append(self, i)
     return 0
 
 
 cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
     """The current frame is a request answered in order; aux comes back in take_fifo()."""
     cdef Pending* p
-    cdef Py_ssize_t i, newcap
     self.fifo_seq += 1
     set_corr(self, d, self.fifo_seq, -1)
-    if self.fifo_len >= self.fifo_limit:
+    if self.fifo_len == self.fifo_cap and self.fifo_len < self.fifo_limit:
+        self._fifo_grow()                  # the pending budget may refuse
+    if self.fifo_len >= self.fifo_limit or self.fifo_len == self.fifo_cap:
         # Too many unanswered requests: give up on the oldest (a timeout).
         p = &self.fifo[self.fifo_head]
         self.fifo_head = (self.fifo_head + 1) & (self.fifo_cap - 1)
@@ -649,17 +734,6 @@ cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
         if not p.flags & P_EXPIRED:
             self._timeout(p, 0)
         _count_error(self.c, d, R_OVERFLOW)
-    if self.fifo_len == self.fifo_cap:
-        newcap = self.fifo_cap * 2
-        p = <Pending*>PyMem_Malloc(newcap * sizeof(Pending))
-        if p is NULL:
-            raise MemoryError()
-        for i in range(self.fifo_len):
-            p[i] = self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
-        PyMem_Free(self.fifo)
-        self.fifo = p
-        self.fifo_head = 0
-        self.fifo_cap = newcap
     p = &self.fifo[(self.fifo_head + self.fifo_len) & (self.fifo_cap - 1)]
     _pending_set(p, self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, 1, d)
     self.fifo_len += 1
@@ -670,7 +744,7 @@ cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
 cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcept:
     """Remove the request pending under (tag, key) for answer(); returns its opcode
     slot, or -1 when there is none (answer() then counts an unmatched response)."""
-    cdef Py_ssize_t i, j, k, mask
+    cdef Py_ssize_t i, mask
     cdef MapEntry* e
     cdef DirState* s = &self.st[d]
     s.taken = NULL
@@ -687,18 +761,7 @@ cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcep
         i = (i + 1) & mask
     s.held = e.p
     s.taken = &s.held
-    # backward-shift deletion keeps probe chains intact without tombstones
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if not self.map[j].used:
-            break
-        k = _mix(self.map[j].tag, <uint64_t>self.map[j].p.key) & mask
-        if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
-            self.map[i] = self.map[j]
-            i = j
-    self.map[i].used = 0
-    self.map_len -= 1
+    _map_remove(self, i)
     return s.held.slot
 
 

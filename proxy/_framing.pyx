@@ -47,6 +47,29 @@ cdef inline int64_t monotonic_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+# Memory of every connection's pending-request state (map and FIFO capacity), against the
+# process's budget ([proxy] max_pending_bytes, docs/design.md "Pending requests").
+cdef int64_t _pending_bytes = 0
+cdef int64_t _pending_budget = 1LL << 62
+
+
+def set_pending_budget(int64_t budget):
+    """Most bytes all connections' pending-request tables may hold together; a table
+    that would grow past it stays as it is (the request is dropped and counted as
+    in_flight_overflow, or a full map evicts its oldest expired entry)."""
+    global _pending_budget
+    _pending_budget = budget
+
+
+def pending_bytes():
+    """Bytes the pending-request tables of this process hold now."""
+    return _pending_bytes
+
+
+def pending_budget():
+    return _pending_budget
+
+
 def now_ns():
     """The clock the parsers use (CLOCK_MONOTONIC, ns) — for expire() callers."""
     return monotonic_ns()
@@ -278,12 +301,15 @@ cdef class FrameParser:
     """
 
     def __cinit__(self, RouteStats stats, *args, **kwargs):
+        global _pending_bytes
         self.stats = stats
         self.c = &stats.c
         self.fifo_cap = 8
         self.fifo = <Pending*>PyMem_Malloc(self.fifo_cap * sizeof(Pending))
         if self.fifo is NULL:
             raise MemoryError()
+        _pending_bytes += self.fifo_cap * sizeof(Pending)
+        self.map_head = self.map_tail = self.map_live = -1
         self.fifo_limit = DEFAULT_FIFO_LIMIT
         self.map_limit = DEFAULT_MAP_LIMIT
         self.header_limit = HEADER_LIMIT
@@ -291,6 +317,10 @@ cdef class FrameParser:
         memset(self.st, 0, sizeof(self.st))
 
     def __dealloc__(self):
+        global _pending_bytes
+        if self.fifo is not NULL:
+            _pending_bytes -= self.fifo_cap * sizeof(Pending)
+        _pending_bytes -= self.map_cap * sizeof(MapEntry)
         PyMem_Free(self.fifo)
         PyMem_Free(self.map)
         PyMem_Free(self.st[0].hbuf)
@@ -712,48 +742,127 @@ cdef class FrameParser:
     # ---- correlation map ------------------------------------------------------
 
     cdef int _map_grow(self) except -1:
+        """Double the table (64 entries first); 1 when the pending budget refuses."""
+        return self._map_resize(self.map_cap * 2 if self.map_cap else 64)
+
+    cdef int _map_resize(self, Py_ssize_t new_cap) except -1:
+        """Rehash into ``new_cap`` slots (0 frees the table; the map must be empty then),
+        keeping the request order; 1 when growing would pass the pending budget."""
+        global _pending_bytes
         cdef Py_ssize_t old_cap = self.map_cap, i, j, mask
+        cdef int32_t prev = -1, live = -1
         cdef MapEntry* old = self.map
-        cdef Py_ssize_t new_cap = old_cap * 2 if old_cap else 64
-        self.map = <MapEntry*>PyMem_Malloc(new_cap * sizeof(MapEntry))
-        if self.map is NULL:
-            self.map = old
-            raise MemoryError()
-        memset(self.map, 0, new_cap * sizeof(MapEntry))
-        self.map_cap = new_cap
+        cdef MapEntry* new
+        if new_cap > old_cap and _pending_bytes + (new_cap - old_cap) * <int64_t>sizeof(
+                MapEntry) > _pending_budget:
+            return 1
+        new = NULL
+        if new_cap:
+            new = <MapEntry*>PyMem_Malloc(new_cap * sizeof(MapEntry))
+            if new is NULL:
+                raise MemoryError()
+            memset(new, 0, new_cap * sizeof(MapEntry))
         mask = new_cap - 1
-        for i in range(old_cap):
-            if old[i].used:
-                j = _mix(old[i].tag, <uint64_t>old[i].p.key) & mask
-                while self.map[j].used:
-                    j = (j + 1) & mask
-                self.map[j] = old[i]
+        i = self.map_head
+        self.map_head = self.map_tail = -1
+        while i >= 0:                          # oldest first: the order is kept
+            j = _mix(old[i].tag, <uint64_t>old[i].p.key) & mask
+            while new[j].used:
+                j = (j + 1) & mask
+            new[j] = old[i]
+            new[j].prev = prev
+            new[j].next = -1
+            if prev >= 0:
+                new[prev].next = <int32_t>j
+            else:
+                self.map_head = <int32_t>j
+            if i == self.map_live:
+                live = <int32_t>j
+            prev = <int32_t>j
+            i = old[i].next
+        self.map_tail = prev
+        self.map_live = live
         PyMem_Free(old)
+        self.map = new
+        self.map_cap = new_cap
+        _pending_bytes += (new_cap - old_cap) * <int64_t>sizeof(MapEntry)
+        return 0
+
+    cdef int _fifo_grow(self) except -1:
+        """Double the FIFO ring; 1 when the pending budget refuses."""
+        return self._fifo_resize(self.fifo_cap * 2)
+
+    cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1:
+        global _pending_bytes
+        cdef Py_ssize_t i
+        cdef Pending* p
+        if new_cap > self.fifo_cap and _pending_bytes + (new_cap - self.fifo_cap) * \
+                <int64_t>sizeof(Pending) > _pending_budget:
+            return 1
+        p = <Pending*>PyMem_Malloc(new_cap * sizeof(Pending))
+        if p is NULL:
+            raise MemoryError()
+        for i in range(self.fifo_len):
+            p[i] = self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
+        PyMem_Free(self.fifo)
+        _pending_bytes += (new_cap - self.fifo_cap) * <int64_t>sizeof(Pending)
+        self.fifo = p
+        self.fifo_head = 0
+        self.fifo_cap = new_cap
+        return 0
+
+    cdef int _shrink(self) except -1:
+        """After a burst: tables at most 1/8 full are halved or more (map load at most
+        1/4 afterwards, FIFO at most half full); never below 64 / 8 entries."""
+        cdef Py_ssize_t cap
+        if self.map_cap > 64 and self.map_len * 8 <= self.map_cap:
+            cap = 64
+            while cap < self.map_len * 4:
+                cap *= 2
+            self._map_resize(cap)
+        if self.fifo_cap > 8 and self.fifo_len * 8 <= self.fifo_cap:
+            cap = 8
+            while cap < self.fifo_len * 2:
+                cap *= 2
+            self._fifo_resize(cap)
         return 0
 
     # ---- lifecycle ------------------------------------------------------------
 
     def expire(self, int64_t now=0):
-        """Count requests older than request_timeout as timeouts; returns how many."""
+        """Count requests older than request_timeout as timeouts; returns how many.
+        Walks only what expires (both tables are in request order), then shrinks
+        tables a burst left mostly empty."""
         cdef Py_ssize_t i
         cdef Pending* p
         cdef int n = 0
         if now == 0:
             now = monotonic_ns()
         self.now_ns = now
-        for i in range(self.fifo_len):
+        # the expired requests are a prefix of the FIFO, whose sequence numbers are
+        # consecutive: start at the first one not yet expired
+        i = 0
+        if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
+            i = self.fifo_live - self.fifo[self.fifo_head].key
+        while i < self.fifo_len:
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
-            if p.flags & P_EXPIRED:
-                continue
             if now - p.t_ns < self.timeout_ns:
                 break                    # FIFO: everything after is younger
-            self._timeout(p, 0)
-            n += 1
-        for i in range(self.map_cap):
-            p = &self.map[i].p
-            if self.map[i].used and not p.flags & P_EXPIRED and now - p.t_ns >= self.timeout_ns:
-                self._timeout(p, self.map[i].tag)
+            if not p.flags & P_EXPIRED:
+                self._timeout(p, 0)
                 n += 1
+            i += 1
+        self.fifo_live = self.fifo_seq + 1 if i == self.fifo_len else (
+            self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].key)
+        while self.map_live >= 0:
+            i = self.map_live
+            p = &self.map[i].p
+            if now - p.t_ns < self.timeout_ns:
+                break                    # request order: everything after is younger
+            self._timeout(p, self.map[i].tag)
+            self.map_live = self.map[i].next
+            n += 1
+        self._shrink()
         return n
 
     def close(self):
@@ -769,36 +878,58 @@ cdef class FrameParser:
             if self.st[d].open:
                 self.st[d].open = 0
                 self._emit(&self.st[d].rec)
-        for i in range(self.fifo_len):
+        for i in range(self._fifo_first_live(), self.fifo_len):
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if not p.flags & P_EXPIRED:
                 self._timeout(p, 0)
         self.fifo_len = 0
-        for i in range(self.map_cap):
+        i = self.map_live                      # the expired ones were counted already
+        while i >= 0:
             p = &self.map[i].p
-            if self.map[i].used and not p.flags & P_EXPIRED:
+            if not p.flags & P_EXPIRED:
                 self._timeout(p, self.map[i].tag)
-            self.map[i].used = 0
-        self.map_len = 0
+            i = self.map[i].next
+        self._forget_all()
         if self.error is None:
             for d in range(2):
                 if self.st[d].have > 0 or self.st[d].remaining > 0:
                     _count_error(self.c, d, R_TRUNCATED)
 
+    def _forget_all(self):
+        """Empty both tables and give their memory back (a closed connection)."""
+        self.fifo_len = 0
+        self.fifo_head = 0
+        self.map_len = 0
+        self.map_head = self.map_tail = self.map_live = -1
+        self._map_resize(0)
+        if self.fifo_cap > 8:
+            self._fifo_resize(8)
+
     def abandon(self):
         """Forget every pending request without counting it as a timeout (the upstream
         was never reached: the relay counts that as a connect failure)."""
         cdef Py_ssize_t i
-        for i in range(self.fifo_len):
+        for i in range(self._fifo_first_live(), self.fifo_len):
             if not self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].flags & P_EXPIRED:
                 self.c.in_flight -= 1
-        self.fifo_len = 0
-        for i in range(self.map_cap):
-            if self.map[i].used:
-                if not self.map[i].p.flags & P_EXPIRED:
-                    self.c.in_flight -= 1
-                self.map[i].used = 0
-        self.map_len = 0
+        i = self.map_live                      # only the live ones are in flight
+        while i >= 0:
+            if not self.map[i].p.flags & P_EXPIRED:
+                self.c.in_flight -= 1
+            i = self.map[i].next
+        self._forget_all()
+
+    def _fifo_first_live(self):
+        """Offset of the first FIFO entry expire() has not counted (those before it are
+        expired: close() and abandon() skip them)."""
+        if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
+            return min(self.fifo_live - self.fifo[self.fifo_head].key, self.fifo_len)
+        return 0
+
+    @property
+    def pending_capacity(self):
+        """(map slots, FIFO slots) allocated now (tests: tables shrink after a burst)."""
+        return self.map_cap, self.fifo_cap
 
     @property
     def bytes_fed(self):

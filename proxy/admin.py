@@ -8,6 +8,8 @@ gets 404/405, oversized or slow requests are cut off.
 import asyncio
 import logging
 
+from proxy.acceptor import Acceptor, listen_sockets
+
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("frametap.admin")
@@ -17,23 +19,51 @@ READ_TIMEOUT = 10.0
 
 
 class AdminServer:
-    def __init__(self, registry, is_ready, host="127.0.0.1", port=9400):
+    """``reserve`` (proxy.acceptor.FdReserve): descriptors the routes leave alone, spent
+    here when an accept hits the fd limit so that /metrics still answers there."""
+
+    def __init__(self, registry, is_ready, host="127.0.0.1", port=9400, reserve=None):
         self.registry = registry
         self.is_ready = is_ready       # callable -> bool
         self.host, self.port = host, port
-        self.server = None
+        self.reserve = reserve
+        self.acceptors = []
+        self.loop = None
 
     @property
     def address(self):
-        return self.server.sockets[0].getsockname()[:2]
+        return self.acceptors[0].sock.getsockname()[:2]
 
     async def start(self):
-        self.server = await asyncio.start_server(self._handle, self.host, self.port,
-                                                 reuse_address=True)
+        self.loop = asyncio.get_running_loop()
+        self.acceptors = [Acceptor(self.loop, sock, self._accepted, reserve=self.reserve,
+                                   name="admin")
+                          for sock in listen_sockets(self.host, self.port)]
 
     def close(self):
-        if self.server is not None:
-            self.server.close()
+        for acceptor in self.acceptors:
+            acceptor.close()
+
+    def _accepted(self, sock):
+        self.loop.create_task(self._serve(sock))
+
+    async def _serve(self, sock):
+        reader = asyncio.StreamReader(limit=MAX_REQUEST * 2)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            transport, _ = await self.loop.connect_accepted_socket(lambda: protocol, sock)
+        except (OSError, RuntimeError):
+            sock.close()
+            return
+        writer = asyncio.StreamWriter(transport, protocol, reader, self.loop)
+        try:
+            await self._handle(reader, writer)
+            await writer.wait_closed()
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            if self.reserve is not None:
+                self.reserve.fill()    # what a scrape at the limit spent comes back
 
     async def _handle(self, reader, writer):
         try:

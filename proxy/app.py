@@ -7,9 +7,11 @@ import logging
 import resource
 import signal
 
+from proxy.acceptor import FdReserve
 from proxy.addresses import format_address
 from proxy.admin import AdminServer
 from proxy.errors import ConfigError
+from proxy.framing import set_pending_budget
 from proxy.metrics import make_registry
 from proxy.relay import Route
 
@@ -76,13 +78,17 @@ class ProxyApp:
         self._stop = None
         self._force = None
         self.framelog = None           # proxy.framelog.FrameLog when [framelog] is set
+        self.reserve = None            # descriptors kept for /metrics at the fd limit
 
     async def start(self):
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
-        self.routes = [Route(rc, loop) for rc in self.config.routes]
+        set_pending_budget(getattr(self.config, "max_pending_bytes", 256 << 20))
         fd_limit = raise_fd_limit()
+        self.reserve = FdReserve()
+        self.reserve.fill()
+        self.routes = [Route(rc, loop, self.reserve) for rc in self.config.routes]
         if fd_limit is not None:
             wanted = sum(rc.max_connections for rc in self.config.routes)
             capacity = connection_capacity(fd_limit)
@@ -93,7 +99,7 @@ class ProxyApp:
         if self.config.admin_listen is not None:
             host, port = self.config.admin_listen
             self.admin = AdminServer(make_registry(lambda: self.routes, lambda: self.framelog),
-                                     lambda: self.ready, host, port)
+                                     lambda: self.ready, host, port, self.reserve)
             await self._bind(self.admin.start(), self._key("admin.listen"), (host, port))
         for i, route in enumerate(self.routes):
             await self._bind(route.start(), self._key(f"routes[{i}].listen"), route.cfg.listen)
@@ -155,6 +161,8 @@ class ProxyApp:
                      self.framelog.sink.directory, sum(self.framelog.dropped().values()))
         if self.admin is not None:
             self.admin.close()
+        if self.reserve is not None:
+            self.reserve.close()
 
     async def run(self):
         """start(); wait for SIGTERM/SIGINT; shutdown()."""

@@ -10,10 +10,13 @@ NO_EXTENSIONS = bool(os.environ.get("FRAMETAP_NO_EXTENSIONS"))
 
 if NO_EXTENSIONS:
     from proxy.framing_py import RouteStats, FrameParser, FrameLogBuffer, now_ns  # noqa: F401
+    from proxy.framing_py import (set_pending_budget, pending_bytes,  # noqa: F401
+                                  pending_budget)
 else:
     try:
         from proxy._framing import (RouteStats, FrameParser, FrameLogBuffer,  # noqa: F401
-                                     now_ns)
+                                     now_ns, set_pending_budget, pending_bytes,
+                                     pending_budget)
     except ImportError as exc:  # pragma: no cover - build problem
         raise ImportError(
             "frametap's compiled extensions are missing (%s); build them with "
@@ -23,4 +26,4 @@ else:
 HAVE_EXTENSIONS = not NO_EXTENSIONS
 
 __all__ = ["RouteStats", "FrameParser", "FrameLogBuffer", "now_ns", "NO_EXTENSIONS",
-           "HAVE_EXTENSIONS"]
+           "HAVE_EXTENSIONS", "set_pending_budget", "pending_bytes", "pending_budget"]

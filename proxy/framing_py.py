@@ -12,6 +12,7 @@ from proxy.errors import frame_error_class
 from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip_corr, BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
+                                  MAP_ENTRY_BYTES, PENDING_BYTES, MAP_MIN_CAP, FIFO_MIN_CAP,
                                   UNKNOWN_LABELS,
                                   R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
                                   K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict)
@@ -27,6 +28,24 @@ def ctext_index(d, slot, key, cap):
     z = ((key & _U64) ^ ((slot * 2 + d) << 48)) * 0x9E3779B97F4A7C15 & _U64
     return (z >> 32) & (cap - 1)
 CORR_HI_SIGNED = -2
+
+
+# The process's pending-request memory (twin of _framing's): tables are accounted by
+# their capacity in the compiled core's units, against [proxy] max_pending_bytes.
+_pending = {"bytes": 0, "budget": 1 << 62}
+
+
+def set_pending_budget(budget):
+    """Twin of _framing.set_pending_budget."""
+    _pending["budget"] = int(budget)
+
+
+def pending_bytes():
+    return _pending["bytes"]
+
+
+def pending_budget():
+    return _pending["budget"]
 
 
 def _corr_fmt(corr_hi):
@@ -309,7 +328,12 @@ class FrameParser:
         self.fifo_head = 0
         self.fifo_limit = DEFAULT_FIFO_LIMIT
         self.fifo_seq = 0
-        self.map = {}           # (tag, key) -> Pending
+        self.fifo_live = 0      # sequence number of the oldest request not yet expired
+        self.fifo_cap = FIFO_MIN_CAP   # the compiled core's ring size (budget accounting)
+        _pending["bytes"] += FIFO_MIN_CAP * PENDING_BYTES
+        self.map = {}           # (tag, key) -> Pending, live ones, in request order
+        self.map_dead = {}      # expired ones, in request order (evicted first when full)
+        self.map_cap = 0        # the compiled core's table size (budget accounting)
         self.ctext = None       # kept string ids: [[dir, slot, key, text, refs]] (set_corr_str)
         self.ctext_len = 0
         self.map_limit = DEFAULT_MAP_LIMIT
@@ -594,14 +618,40 @@ class FrameParser:
         rec.has_status = True
         rec.outcome = outcome
 
+    def _map_resize(self, cap):
+        if cap > self.map_cap and _pending["bytes"] + (cap - self.map_cap) * \
+                MAP_ENTRY_BYTES > _pending["budget"]:
+            return 1
+        _pending["bytes"] += (cap - self.map_cap) * MAP_ENTRY_BYTES
+        self.map_cap = cap
+        return 0
+
+    def _fifo_resize(self, cap):
+        if cap > self.fifo_cap and _pending["bytes"] + (cap - self.fifo_cap) * \
+                PENDING_BYTES > _pending["budget"]:
+            return 1
+        _pending["bytes"] += (cap - self.fifo_cap) * PENDING_BYTES
+        self.fifo_cap = cap
+        return 0
+
     def expect(self, d, tag, key, corr_hi):
         self.set_corr(d, key, corr_hi)
         k = (tag, key)
-        old = self.map.get(k)
+        n = len(self.map) + len(self.map_dead)
+        if (n + 1) * 2 > self.map_cap and n < self.map_limit:
+            self._map_resize(self.map_cap * 2 if self.map_cap else MAP_MIN_CAP)
+        if self.map_cap == 0:
+            self.stats.error(d, R_OVERFLOW)
+            return 0
+        old = self.map.pop(k, None)
         if old is None:
-            if len(self.map) >= self.map_limit:
-                self.stats.error(d, R_OVERFLOW)
-                return 0
+            old = self.map_dead.pop(k, None)
+        if old is None:
+            if n >= self.map_limit or (n + 1) * 2 > self.map_cap:
+                if not self.map_dead:
+                    self.stats.error(d, R_OVERFLOW)
+                    return 0
+                del self.map_dead[next(iter(self.map_dead))]   # the oldest expired
         elif not old.expired:
             self._timeout(old)
         self.stats.in_flight += 1
@@ -611,7 +661,10 @@ class FrameParser:
     def expect_fifo(self, d, aux):
         self.fifo_seq += 1
         self.set_corr(d, self.fifo_seq, -1)
-        if len(self.fifo) - self.fifo_head >= self.fifo_limit:
+        n = len(self.fifo) - self.fifo_head
+        if n == self.fifo_cap and n < self.fifo_limit:
+            self._fifo_resize(self.fifo_cap * 2)
+        if n >= self.fifo_limit or n == self.fifo_cap:
             p = self.fifo[self.fifo_head]
             self.fifo_head += 1
             if not p.expired:
@@ -626,6 +679,8 @@ class FrameParser:
 
     def take(self, d, tag, key):
         p = self.map.pop((tag, key), None)
+        if p is None:
+            p = self.map_dead.pop((tag, key), None)
         self.st[d].taken = p
         return -1 if p is None else p.slot
 
@@ -799,25 +854,74 @@ class FrameParser:
     # ---- lifecycle ------------------------------------------------------------
 
     def _pending(self):
-        yield from self.fifo[self.fifo_head:]
+        """The requests not yet counted as timeouts may be among these: the FIFO from
+        its first unexpired entry, and the live map (close() and abandon() walk no
+        more, as the compiled core)."""
+        fifo, head = self.fifo, self.fifo_head
+        i = head
+        if head < len(fifo) and self.fifo_live > fifo[head].key:
+            i = min(head + self.fifo_live - fifo[head].key, len(fifo))
+        yield from fifo[i:]
         yield from self.map.values()
 
     def expire(self, now=0):
         now = now or monotonic_ns()
         self.now_ns = now
         n = 0
-        for p in self.fifo[self.fifo_head:]:
-            if p.expired:
-                continue
+        fifo, head = self.fifo, self.fifo_head
+        i = head
+        if head < len(fifo) and self.fifo_live > fifo[head].key:
+            i = head + self.fifo_live - fifo[head].key
+        while i < len(fifo):
+            p = fifo[i]
             if now - p.t_ns < self.timeout_ns:
                 break
-            self._timeout(p)
-            n += 1
-        for p in list(self.map.values()):
-            if not p.expired and now - p.t_ns >= self.timeout_ns:
+            if not p.expired:
                 self._timeout(p)
                 n += 1
+            i += 1
+        self.fifo_live = self.fifo_seq + 1 if i == len(fifo) else fifo[i].key
+        gone = []
+        for k, p in self.map.items():          # request order: stop at the first young
+            if now - p.t_ns < self.timeout_ns:
+                break
+            gone.append(k)
+        for k in gone:
+            p = self.map.pop(k)
+            self._timeout(p)
+            self.map_dead[k] = p
+            n += 1
+        self._shrink()
         return n
+
+    def _shrink(self):
+        n = len(self.map) + len(self.map_dead)
+        if self.map_cap > MAP_MIN_CAP and n * 8 <= self.map_cap:
+            cap = MAP_MIN_CAP
+            while cap < n * 4:
+                cap *= 2
+            self._map_resize(cap)
+        n = len(self.fifo) - self.fifo_head
+        if self.fifo_cap > FIFO_MIN_CAP and n * 8 <= self.fifo_cap:
+            cap = FIFO_MIN_CAP
+            while cap < n * 2:
+                cap *= 2
+            self._fifo_resize(cap)
+
+    def _forget_all(self):
+        self.fifo = []
+        self.fifo_head = 0
+        self.map = {}
+        self.map_dead = {}
+        self._map_resize(0)
+        if self.fifo_cap > FIFO_MIN_CAP:
+            self._fifo_resize(FIFO_MIN_CAP)
+
+    def __del__(self):
+        try:
+            _pending["bytes"] -= self.fifo_cap * PENDING_BYTES + self.map_cap * MAP_ENTRY_BYTES
+        except AttributeError:                  # __init__ did not finish
+            pass
 
     def close(self):
         if self.closed:
@@ -832,9 +936,7 @@ class FrameParser:
         for p in list(self._pending()):
             if not p.expired:
                 self._timeout(p)
-        self.fifo = []
-        self.fifo_head = 0
-        self.map = {}
+        self._forget_all()
         if self.error is None:
             for d in range(2):
                 if self.st[d].hdr or self.st[d].remaining > 0:
@@ -844,9 +946,11 @@ class FrameParser:
         for p in list(self._pending()):
             if not p.expired:
                 self.stats.in_flight -= 1
-        self.fifo = []
-        self.fifo_head = 0
-        self.map = {}
+        self._forget_all()
+
+    @property
+    def pending_capacity(self):
+        return self.map_cap, self.fifo_cap
 
     @property
     def bytes_fed(self):
@@ -854,7 +958,7 @@ class FrameParser:
 
     @property
     def pending(self):
-        return len(self.fifo) - self.fifo_head + len(self.map)
+        return len(self.fifo) - self.fifo_head + len(self.map) + len(self.map_dead)
 
     def frame_start(self, d):
         return self.st[d].frame_start

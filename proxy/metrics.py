@@ -32,10 +32,12 @@ class FrametapCollector(Collector):
     def collect(self):
         snaps = []
         closes = []
+        accept_errors = []
         for r in self._routes():
             stats = getattr(r, "stats", r)
             snaps.append(stats.snapshot())
             closes.append(dict(getattr(r, "closed_counts", {})))
+            accept_errors.append(dict(getattr(r, "accept_errors", {})))
         rp = ["route", "protocol"]
         frames = CounterMetricFamily("frametap_frames", "Frames seen, by direction and opcode",
                                      labels=rp + ["direction", "opcode"])
@@ -71,6 +73,10 @@ class FrametapCollector(Collector):
         closed = CounterMetricFamily("frametap_connections_closed", "Client connections "
                                      "closed, by who closed them (client, upstream, proxy) "
                                      "and why", labels=["route", "by", "reason"])
+        aerr = CounterMetricFamily("frametap_accept_errors", "Accepts that failed because "
+                                   "the process or system ran out of file descriptors "
+                                   "(the listener pauses briefly; clients wait in the "
+                                   "backlog)", labels=["route", "reason"])
         cfail = CounterMetricFamily("frametap_upstream_connect_failures",
                                     "Upstream connects that failed or timed out", labels=["route"])
         cdur = HistogramMetricFamily("frametap_upstream_connect_duration_seconds",
@@ -105,8 +111,15 @@ class FrametapCollector(Collector):
         for s, counts in zip(snaps, closes):
             for (by, reason), v in counts.items():
                 closed.add_metric([s["route"], by, reason], v)
+        for s, counts in zip(snaps, accept_errors):
+            for reason, v in counts.items():
+                aerr.add_metric([s["route"], reason], v)
         yield from (frames, fbytes, msgs, raw, dur, resp, inflight, timeouts, unmatched, perr,
-                    active, total, rejected, closed, cfail, cdur)
+                    active, total, rejected, closed, aerr, cfail, cdur)
+        from proxy.framing import pending_bytes
+        yield GaugeMetricFamily("frametap_pending_bytes", "Memory of every connection's "
+                                "pending-request tables (against [proxy] max_pending_bytes)",
+                                value=pending_bytes())
         yield from self._framelog_metrics([s["route"] for s in snaps])
 
     def _framelog_metrics(self, routes):

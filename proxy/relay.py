@@ -17,6 +17,7 @@ import socket
 import time
 
 from proxy import protocols
+from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
 from proxy.addresses import UnixAddress, format_address, remove_unix_socket, unix_listener
 from proxy.framing import RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
@@ -80,15 +81,18 @@ WRITE_LOW = 64 * 1024
 class Route:
     """One listener, its upstream, its counters and its live connections."""
 
-    def __init__(self, cfg, loop=None):
+    def __init__(self, cfg, loop=None, reserve=None):
         self.cfg = cfg
+        self.reserve = reserve         # proxy.acceptor.FdReserve kept for the admin endpoint
+        self.acceptors = []
+        self.accept_errors = {}        # reason -> accepts that ran out of descriptors
+        self._accept_logged = -1e9     # monotonic time of the last such log line
         self.loop = loop or asyncio.get_event_loop()
         self.protocol = protocols.load(cfg.protocol)
         self.parser_class = self.protocol.load_parser()
         self.stats = RouteStats(cfg.name, cfg.protocol)
         self.max_frame_bytes = cfg.max_frame_bytes or self.protocol.max_frame_bytes
         self.connections = set()
-        self.server = None
         self._sweeper = None
         self.log = LogLimiter(cfg.name)
         self.closed_counts = {}        # (by, reason) -> connections closed that way
@@ -103,18 +107,46 @@ class Route:
         (a UnixAddress) for a unix: listener."""
         if isinstance(self.cfg.listen, UnixAddress):
             return self.cfg.listen
-        return self.server.sockets[0].getsockname()[:2]
+        return self.acceptors[0].sock.getsockname()[:2]
 
     async def start(self):
+        # frametap accepts by itself so that running out of descriptors pauses and counts
+        # instead of dropping clients (docs/design.md, "File descriptors")
         if isinstance(self.cfg.listen, UnixAddress):
             sock, self.unix_inode = unix_listener(self.cfg.listen)
-            self.server = await self.loop.create_unix_server(lambda: ClientSide(self),
-                                                             sock=sock, backlog=1024)
+            socks = [sock]
         else:
             host, port = self.cfg.listen
-            self.server = await self.loop.create_server(
-                lambda: ClientSide(self), host, port, reuse_address=True, backlog=1024)
+            socks = listen_sockets(host, port)
+        self.acceptors = [Acceptor(self.loop, sock, self._accepted, self._accept_error,
+                                   self.reserve, spare=True, name=f"route {self.cfg.name}")
+                          for sock in socks]
         self._sweeper = self.loop.create_task(self._sweep())
+
+    def _accepted(self, sock, spare_fd):
+        self.loop.create_task(self._attach(sock, [spare_fd]))
+
+    async def _attach(self, sock, spare):
+        """Hand an accepted socket to the loop; ``spare`` holds the descriptor reserved
+        for its upstream side (ClientSide takes it)."""
+        try:
+            await self.loop.connect_accepted_socket(lambda: ClientSide(self, spare.pop()),
+                                                    sock)
+        except Exception as exc:           # the client reset before it was set up
+            log.debug("route %s: accepted connection lost: %s", self.cfg.name, exc)
+            sock.close()
+        finally:
+            while spare:
+                os.close(spare.pop())
+
+    def _accept_error(self, reason):
+        self.accept_errors[reason] = self.accept_errors.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._accept_logged >= 10.0:  # the listener retries every 0.1 s: one line
+            self._accept_logged = now          # per 10 s, the counter has every one
+            log.warning("route %s: out of file descriptors (%s): clients wait in the "
+                        "backlog (%d such accepts so far)", self.cfg.name, reason,
+                        sum(self.accept_errors.values()))
 
     def new_parser(self, local_address):
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
@@ -159,8 +191,8 @@ class Route:
                 log.exception("route %s: timeout sweep failed", self.cfg.name)
 
     def stop_accepting(self):
-        if self.server is not None:
-            self.server.close()
+        for acceptor in self.acceptors:
+            acceptor.close()
         if self.unix_inode is not None:    # fleximq §6.3.1: the socket file goes too
             remove_unix_socket(self.cfg.listen, self.unix_inode)
             self.unix_inode = None
@@ -190,8 +222,9 @@ class Route:
 class ClientSide(asyncio.Protocol):
     """The accepted client connection; owns the upstream side and the parser."""
 
-    def __init__(self, route):
+    def __init__(self, route, spare_fd=None):
         self.route = route
+        self.spare_fd = spare_fd     # held for the upstream socket (proxy.acceptor)
         self.transport = None
         self.upstream = None         # UpstreamSide once connected
         self.parser = None
@@ -214,6 +247,7 @@ class ClientSide(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = format_peer(peer, transport.get_extra_info("sockname"))
         if len(route.connections) >= route.cfg.max_connections:
+            self.drop_spare()
             route.stats.conn_rejected += 1
             route.log.warning("route %s: connection from %s rejected: %d connections open "
                         "(max_connections)", route.cfg.name, self.peer, len(route.connections))
@@ -230,15 +264,27 @@ class ClientSide(asyncio.Protocol):
         transport.pause_reading()          # nothing to relay to until upstream is up
         self.connect_task = route.loop.create_task(self._connect())
 
+    def drop_spare(self):
+        """Give back the descriptor held for the upstream socket."""
+        if self.spare_fd is not None:
+            os.close(self.spare_fd)
+            self.spare_fd = None
+
+    def take_spare(self):
+        fd, self.spare_fd = self.spare_fd, None
+        return fd
+
     async def _connect(self):
         route = self.route
         target = route.cfg.upstream
         started = time.perf_counter()
         try:
             if isinstance(target, UnixAddress):
+                self.drop_spare()              # the descriptor held since accept
                 connect = route.loop.create_unix_connection(lambda: UpstreamSide(self), target)
             else:
-                connect = route.loop.create_connection(lambda: UpstreamSide(self), *target)
+                connect = connect_upstream(route.loop, lambda: UpstreamSide(self), *target,
+                                           self.take_spare())   # held since accept
             _, upstream = await asyncio.wait_for(connect, route.cfg.connect_timeout)
         except asyncio.CancelledError:
             return
@@ -398,6 +444,7 @@ class ClientSide(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self.drop_spare()
         self.route.count_close(by, reason)
         if self.connect_task is not None and not self.connect_task.done() and (
                 abort or not self.early):
@@ -450,7 +497,12 @@ class UpstreamSide(asyncio.Protocol):
         return self.client.upstream_eof_received()
 
     def connection_lost(self, exc):
-        self.client.upstream_lost(exc)
+        client = self.client
+        client.upstream_lost(exc)
+        if client.closed:
+            # break the ClientSide <-> UpstreamSide cycle: both go by reference counting
+            # instead of waiting for the cyclic GC (tens of MB at thousands of connections)
+            client.upstream = None
 
     def pause_writing(self):
         self.client.upstream_pause_writing()

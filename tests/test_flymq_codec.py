@@ -25,6 +25,7 @@ from proxy.protocols.flymq.codec import (
     ListTopicsResponse,
     MetadataRequest,
     MetadataResponse,
+    PartitionInfo,
     ProduceRequest,
     RecordMetadata,
     SubscribeRequest,
@@ -153,10 +154,11 @@ EXAMPLES = [
     FetchResponse([FetchedMessage(10, b"a", b"k1"), FetchedMessage(11, b"", None)], 12),
     FetchResponse([], 0),
     CreateTopicRequest("tópico", 8),
-    CreateTopicResponse(True, "created"),
-    CreateTopicResponse(False, "already exists"),
+    CreateTopicResponse(True),
+    CreateTopicResponse(False),
     MetadataRequest("orders"),
-    MetadataResponse("orders", [0, 5, 2**40]),
+    MetadataResponse("orders", [PartitionInfo(0, 0, 0, 0), PartitionInfo(1, 2, 3, 5),
+                                PartitionInfo(2, -1, 7, 2**40)]),
     MetadataResponse("empty", []),
     SubscribeRequest("orders", "group-1", 3, "commit"),
     SubscribeResponse(1234),
@@ -167,11 +169,12 @@ EXAMPLES = [
     ListTopicsResponse(["a", "bc", "ünï"]),
     ListTopicsResponse([]),
     DeleteTopicRequest("orders"),
-    DeleteTopicResponse(False, "unknown topic"),
+    DeleteTopicResponse(True),
     AuthRequest("alice", "s3cret"),
     AuthResponse(True, "", "alice", ["admin", "producer"]),
-    AuthResponse(False, "invalid username or password", "bob", []),
-    ErrorResponse("unknown opcode 0x99"),
+    AuthResponse(False, "invalid credentials", "", []),
+    ErrorResponse("unknown opcode: 153"),
+    ErrorResponse("invalid auth request: buffer too small", 1),
 ]
 
 
@@ -189,14 +192,23 @@ def test_round_trip_every_message_type(msg):
 def test_every_spec_core_opcode_has_request_and_response_types():
     core = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x70}
     assert core <= set(codec.REQUEST_TYPES)
-    assert core | {ERROR} <= set(codec.RESPONSE_TYPES)
+    assert {codec.RESPONSE_OPCODE[op] for op in core} | {ERROR} <= set(codec.RESPONSE_TYPES)
+    assert codec.RESPONSE_OPCODE[0x70] == 0x71 and codec.RESPONSE_OPCODE[0x07] == 0x07
     covered = {type(m) for m in EXAMPLES}
     assert set(codec.REQUEST_TYPES.values()) <= covered
     assert set(codec.RESPONSE_TYPES.values()) <= covered
 
 
-def test_error_response_layout_is_bool_false_then_string():
-    assert ErrorResponse("no").encode() == b"\x00\x00\x02no"
+def test_error_response_is_plain_text_or_code_and_string():
+    # the real server's WriteError (flags 0) and sendErrorResponse (code + string)
+    assert ErrorResponse("no").encode() == b"no"
+    assert ErrorResponse("no").to_frame() == b"\xaf\x01\xff\x00\x00\x00\x00\x02no"
+    assert ErrorResponse("no", 1).encode() == b"\x00\x00\x00\x01\x00\x02no"
+    assert ErrorResponse("no", 1).to_frame()[3] == 0x01
+    # decoded as the real client's decodeError does: coded when it fits, else plain
+    assert ErrorResponse.decode(b"topic not found") == ErrorResponse("topic not found")
+    assert ErrorResponse.decode(b"\x00\x00\x00\x01\x00\x02no") == ErrorResponse("no", 1)
+    assert ErrorResponse.decode(b"") == ErrorResponse("")
 
 
 def test_auth_request_repr_hides_password():
@@ -209,7 +221,8 @@ def test_empty_key_decodes_as_no_key():
 
 # ---------------------------------------------------------------- bad payloads
 
-@pytest.mark.parametrize("msg", [m for m in EXAMPLES if m.encode()],
+@pytest.mark.parametrize("msg", [m for m in EXAMPLES
+                                 if m.encode() and not isinstance(m, ErrorResponse)],
                          ids=lambda m: type(m).__name__)
 def test_every_truncation_raises_codec_error(msg):
     payload = msg.encode()
@@ -221,7 +234,8 @@ def test_every_truncation_raises_codec_error(msg):
             type(msg).decode(payload[:cut])
 
 
-@pytest.mark.parametrize("msg", [m for m in EXAMPLES if m.KIND == "response"],
+@pytest.mark.parametrize("msg", [m for m in EXAMPLES
+                                 if m.KIND == "response" and not isinstance(m, ErrorResponse)],
                          ids=lambda m: type(m).__name__)
 def test_trailing_bytes_in_a_response_raise_codec_error(msg):
     with pytest.raises(FlyMQCodecError, match="trailing"):
@@ -284,7 +298,7 @@ def test_bad_bool_and_bad_utf8():
     with pytest.raises(FlyMQCodecError, match="bool"):
         CommitResponse.decode(b"\x02")
     with pytest.raises(FlyMQCodecError, match="UTF-8"):
-        DeleteTopicResponse.decode(b"\x01\x00\x02\xff\xfe")
+        ListTopicsResponse.decode(b"\x00\x00\x00\x01\x00\x02\xff\xfe")
 
 
 def test_huge_counts_fail_fast():
@@ -294,7 +308,7 @@ def test_huge_counts_fail_fast():
         ListTopicsResponse.decode(b"\xff\xff\xff\xff")
     with pytest.raises(FlyMQCodecError):
         MetadataResponse.decode(b"\x00\x01t\x7f\xff\xff\xff")
-    with pytest.raises(FlyMQCodecError, match=">= 0"):
+    with pytest.raises(FlyMQCodecError, match="truncated"):
         MetadataResponse.decode(b"\x00\x01t\xff\xff\xff\xff")
 
 
@@ -321,9 +335,9 @@ def test_random_bytes_only_ever_raise_codec_error(data, cls_index):
     # only ERROR tolerates a non-canonical success byte of 0x01. Requests are read as the
     # real server reads them (trailing bytes ignored, a cut FETCH filter dropped): their
     # encoding is a prefix of what was read.
-    if cls is ErrorResponse:
-        data = b"\x00" + data[1:]
-    if cls.KIND == "request":
+    if cls is ErrorResponse:  # any bytes are an error text (the real client's fallback)
+        assert isinstance(msg.message, str)
+    elif cls.KIND == "request":
         assert data.startswith(msg.encode())
     else:
         assert msg.encode() == data

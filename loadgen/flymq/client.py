@@ -145,7 +145,7 @@ class FlyMQClient(common.SocketClient):
             except FlyMQCodecError as exc:
                 text = f"undecodable ERROR response: {exc}"
             raise FlyMQServerError(text, opcode)
-        if resp_opcode != opcode:
+        if resp_opcode != response_cls.OPCODE:  # the request's opcode; AUTH_RESPONSE for AUTH
             self.close()
             raise FlyMQCodecError(
                 f"flymq: expected a {opcode_name(opcode)} response, got opcode "
@@ -180,11 +180,13 @@ class FlyMQClient(common.SocketClient):
                           FetchResponse)
 
     def create_topic(self, topic: str, partitions: int = 1) -> CreateTopicResponse:
-        """CREATE_TOPIC; ``.success`` is false (not an exception) when it already exists."""
+        """CREATE_TOPIC (``.success``; a topic that exists is a success, as on the real
+        server); a refusal raises :class:`FlyMQServerError`."""
         return self._call(CreateTopicRequest(topic, partitions), CreateTopicResponse)
 
     def metadata(self, topic: str) -> MetadataResponse:
-        """METADATA: partition count and per-partition high-water offsets."""
+        """METADATA: per partition id, leader, oldest and newest offset (``.partitions``
+        is the count, ``.high_watermarks`` the newest offsets)."""
         return self._call(MetadataRequest(topic), MetadataResponse)
 
     def subscribe(self, topic: str, group: str, partition: int = 0,
@@ -203,7 +205,8 @@ class FlyMQClient(common.SocketClient):
         return self._call(ListTopicsRequest(), ListTopicsResponse).topics
 
     def delete_topic(self, topic: str) -> DeleteTopicResponse:
-        """DELETE_TOPIC; ``.success`` is false when the topic does not exist."""
+        """DELETE_TOPIC (``.success``; a missing topic is a success, as on the real
+        server)."""
         return self._call(DeleteTopicRequest(topic), DeleteTopicResponse)
 
     def auth(self, user: str, password: str) -> AuthResponse:

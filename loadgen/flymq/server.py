@@ -21,13 +21,19 @@ the core opcodes of the FlyMQ seed document (docs/design.md, "FlyMQ") with the p
   (gzip, also set in the flag values 3 and 7 << 1) means the payload is gzip-compressed and
   is inflated (up to the frame limit) before it is decoded.
 * CREATE_TOPIC / DELETE_TOPIC / LIST_TOPICS / METADATA manage topics; SUBSCRIBE (modes
-  ``earliest``, ``latest``, ``commit``) and COMMIT keep consumer-group offsets.
-* AUTH checks the configured users; with ``require_auth`` every other request before a
-  successful AUTH gets ERROR.
-* Responses echo the request opcode; failures come back as ERROR (0xFF) with the spec's
-  body (bool false + string message). Unknown or unimplemented opcodes get ERROR too.
-* A bad magic byte or a payload length over the limit: one log line, that connection is
-  closed, the server carries on.
+  ``earliest``, ``latest``, ``commit``) and COMMIT keep consumer-group offsets. As in the
+  real broker, creating a topic that exists and deleting one that does not both succeed,
+  and COMMIT stores any (group, topic, partition) (up to ``MAX_COMMITTED`` of them here).
+* AUTH checks the configured users and is answered with AUTH_RESPONSE (0x71); with
+  ``require_auth`` every other request before a successful AUTH gets ERROR.
+* Answers are encoded as the real server encodes them (see
+  :mod:`proxy.protocols.flymq.codec`): responses echo the request opcode (AUTH aside),
+  failures come back as ERROR (0xFF) whose payload is the message's plain text (header
+  flags 0; a malformed AUTH request gets the coded form). Unknown or unimplemented opcodes
+  get ERROR ``unknown opcode: <n>`` / ``unsupported opcode ...``.
+* A bad magic byte, a protocol version other than 0x01 or a payload length over the
+  limit: like the real server (whose header reader refuses all three), no answer — one
+  rate-limited log line, that connection is closed, the server carries on.
 * Service time: each response is held back by a sample of the configured distribution
   (:mod:`loadgen.servicetime`), measured from when the request was read; responses on one
   connection still leave in request order.
@@ -69,11 +75,11 @@ from proxy.protocols.flymq.codec import (
     FlyMQCodecError,
     ListTopicsResponse,
     MetadataResponse,
+    PartitionInfo,
     RecordMetadata,
     REQUEST_TYPES,
     SubscribeResponse,
     decode_header,
-    encode_frame,
 )
 from proxy.protocols.flymq.opcodes import (
     AUTH,
@@ -81,10 +87,10 @@ from proxy.protocols.flymq.opcodes import (
     CONSUME,
     CREATE_TOPIC,
     DELETE_TOPIC,
-    ERROR,
     FETCH,
     HEADER_SIZE,
     LIST_TOPICS,
+    MAGIC,
     MAX_FRAME_BYTES,
     METADATA,
     PRODUCE,
@@ -102,6 +108,7 @@ MAX_PARTITIONS = 1024
 MAX_FETCH_MESSAGES = 10_000
 MAX_FETCH_BYTES = 8 * 1024 * 1024  # keep FETCH responses well under MAX_MESSAGE_SIZE
 MAX_ERROR_TEXT = 1000
+MAX_COMMITTED = 100_000    # (group, topic, partition) offsets kept
 DEFAULT_FETCH_MESSAGES = 10  # FETCH with max_messages <= 0 (the real server's default)
 FILTER_SCAN_LIMIT = 1000     # records a filtered FETCH looks at (the real broker's scanLimit)
 FLAG_GZIP = 0x02             # header flags: payload is gzip-compressed (bits 1-3 = 1 or 3)
@@ -159,6 +166,10 @@ class _FlyMQConnection(ServerConnection):
     def split_frame(self, buf):
         if len(buf) < HEADER_SIZE:
             return None
+        if buf[0] == MAGIC and buf[1] != VERSION:
+            # the real server's header reader refuses it before the length: no answer, close
+            raise FlyMQCodecError(f"flymq: unsupported protocol version 0x{buf[1]:02X} "
+                                  f"(expected 0x{VERSION:02X})", "bad_version")
         _magic, version, opcode, flags, length = decode_header(buf, self.server.max_frame_bytes)
         if len(buf) < HEADER_SIZE + length:
             return None
@@ -166,8 +177,7 @@ class _FlyMQConnection(ServerConnection):
             HEADER_SIZE + length
 
     def frame_received(self, frame, received: float) -> None:
-        resp_opcode, resp_payload = self.server.handle_request(self, *frame)
-        self.send(encode_frame(resp_opcode, resp_payload), self.reply_due(received))
+        self.send(self.server.handle_request(self, *frame), self.reply_due(received))
 
 
 def _normalize_users(users) -> dict[str, tuple[str, list[str]]]:
@@ -235,12 +245,11 @@ class FlyMQServer(ReferenceServer):
     # ------------------------------------------------------------------ requests
 
     def handle_request(self, conn: _FlyMQConnection, version: int, opcode: int,
-                       payload: bytes, flags: int = 0) -> tuple[int, bytes]:
-        """Process one request; returns the response ``(opcode, payload)``."""
+                       payload: bytes, flags: int = 0) -> bytes:
+        """Process one request; returns the whole response frame (header + payload)."""
         self.requests_served += 1
-        if version != VERSION:
-            return self._error(f"unsupported protocol version 0x{version:02X} "
-                               f"(expected 0x{VERSION:02X})")
+        if version != VERSION:  # split_frame closes on it; direct callers get an ERROR
+            return self._error(f"invalid protocol version 0x{version:02X}")
         if flags & FLAG_GZIP:
             try:
                 payload = _gunzip(payload, self.max_frame_bytes)
@@ -250,7 +259,7 @@ class FlyMQServer(ReferenceServer):
         if handler is None:
             name = opcode_name(opcode)
             if name.startswith("unknown_"):
-                return self._error(f"unknown opcode 0x{opcode:02X}")
+                return self._error(f"unknown opcode: {opcode}")  # the real server's words
             return self._error(f"unsupported opcode 0x{opcode:02X} ({name})")
         if self.require_auth and conn.user is None and opcode != AUTH:
             return self._error(f"authentication required before {opcode_name(opcode)}: "
@@ -258,16 +267,20 @@ class FlyMQServer(ReferenceServer):
         try:
             request = REQUEST_TYPES[opcode].decode(payload)
         except FlyMQCodecError as exc:
+            if opcode == AUTH:  # the real server's sendErrorResponse: code 1 + string
+                return ErrorResponse(f"invalid auth request: {exc}"[:MAX_ERROR_TEXT],
+                                     1).to_frame()
             return self._error(f"bad {opcode_name(opcode)} request: {exc}")
         try:
             response = handler(conn, request)
         except _RequestError as exc:
             return self._error(str(exc))
-        return opcode, response.encode()
+        return response.to_frame()
 
     @staticmethod
-    def _error(message: str) -> tuple[int, bytes]:
-        return ERROR, ErrorResponse(message[:MAX_ERROR_TEXT]).encode()
+    def _error(message: str) -> bytes:
+        """ERROR as the real server's WriteError sends it: plain text, flags 0."""
+        return ErrorResponse(message[:MAX_ERROR_TEXT]).to_frame()
 
     def _get_partition(self, topic_name: str, partition: int) -> _Partition:
         topic = self.topics.get(topic_name)
@@ -373,23 +386,20 @@ class FlyMQServer(ReferenceServer):
     def _create_topic(self, conn, req) -> CreateTopicResponse:
         problem = self._check_topic_name(req.topic)
         if problem:
-            return CreateTopicResponse(False, problem)
+            raise _RequestError(problem)
         if req.topic in self.topics:
-            return CreateTopicResponse(False, f"topic {req.topic!r} already exists")
+            return CreateTopicResponse(True)  # idempotent, as in the real broker
         partitions = req.partitions or 1  # the real server's default for 0
         if not 1 <= partitions <= MAX_PARTITIONS:
-            return CreateTopicResponse(
-                False, f"partitions must be 1..{MAX_PARTITIONS}, got {req.partitions}")
+            raise _RequestError(f"partitions must be 1..{MAX_PARTITIONS}, got {req.partitions}")
         self._create(req.topic, partitions)
-        return CreateTopicResponse(True, f"topic {req.topic!r} created with "
-                                         f"{partitions} partition(s)")
+        return CreateTopicResponse(True)
 
     def _delete_topic(self, conn, req) -> DeleteTopicResponse:
-        if self.topics.pop(req.topic, None) is None:
-            return DeleteTopicResponse(False, f"unknown topic {req.topic!r}")
-        for key in [k for k in self.committed if k[1] == req.topic]:
-            del self.committed[key]
-        return DeleteTopicResponse(True, f"topic {req.topic!r} deleted")
+        if self.topics.pop(req.topic, None) is not None:  # a missing topic: success too
+            for key in [k for k in self.committed if k[1] == req.topic]:
+                del self.committed[key]
+        return DeleteTopicResponse(True)
 
     def _list_topics(self, conn, req) -> ListTopicsResponse:
         return ListTopicsResponse(sorted(self.topics))
@@ -398,7 +408,8 @@ class FlyMQServer(ReferenceServer):
         topic = self.topics.get(req.topic)
         if topic is None:
             raise _RequestError(f"unknown topic {req.topic!r}")
-        return MetadataResponse(req.topic, [p.high_watermark for p in topic.partitions])
+        return MetadataResponse(req.topic, [PartitionInfo(i, 0, p.base, p.high_watermark)
+                                            for i, p in enumerate(topic.partitions)])
 
     def _subscribe(self, conn, req) -> SubscribeResponse:
         part = self._get_partition(req.topic, req.partition)
@@ -414,10 +425,10 @@ class FlyMQServer(ReferenceServer):
                             f"(expected one of {', '.join(SUBSCRIBE_MODES)})")
 
     def _commit(self, conn, req) -> CommitResponse:
-        topic = self.topics.get(req.topic)
-        if topic is None or not 0 <= req.partition < len(topic.partitions) or not req.group:
-            return CommitResponse(False)
-        self.committed[(req.group, req.topic, req.partition)] = req.offset
+        key = (req.group, req.topic, req.partition)
+        if key not in self.committed and len(self.committed) >= MAX_COMMITTED:
+            raise _RequestError(f"too many committed offsets ({MAX_COMMITTED})")
+        self.committed[key] = req.offset  # any group/topic/partition, as the real broker
         return CommitResponse(True)
 
     def _auth(self, conn, req) -> AuthResponse:
@@ -428,7 +439,7 @@ class FlyMQServer(ReferenceServer):
             return AuthResponse(True, "", req.username, list(entry[1]))
         self.log_peer(logging.INFO, "flymq server: failed AUTH for user %r from %s",
                       req.username, conn.peer)
-        return AuthResponse(False, "invalid username or password", req.username, [])
+        return AuthResponse(False, "invalid credentials")
 
 
 class FlyMQServerThread(ServerThread):

@@ -129,7 +129,7 @@ class FlyMQUser(RequestReporter, User):
         return client
 
     def _create_topic(self, topic: str) -> None:
-        """CREATE_TOPIC (an "already exists" answer is a normal answer, not a failure)."""
+        """CREATE_TOPIC (a topic that already exists is a success, as on the real server)."""
         with self.timed("CREATE_TOPIC") as req:
             client = self._connect()
             self.on_wire(req, client, resource=topic)
@@ -162,7 +162,7 @@ class FlyMQProducer(FlyMQUser):
         self._rng = random.Random()
         self._pad = bytes(self._rng.choice(_PAD_ALPHABET) for _ in range(4096))
         for topic in self.settings.topics:
-            # success=False ("already exists") is a normal answer, not a failure
+            # a topic that already exists is a success, as on the real server
             self._create_topic(topic)
 
     def _make_value(self, key: bytes, topic: str) -> bytes:

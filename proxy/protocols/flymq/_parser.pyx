@@ -29,6 +29,8 @@ cdef enum:
     OP_PRODUCE = 0x01
     OP_CONSUME = 0x02
     OP_FETCH = 0x07
+    OP_AUTH = 0x70
+    OP_AUTH_RESPONSE = 0x71
     OP_ERROR = 0xFF
     ST_OK = 0
     ST_ERROR = 1
@@ -100,8 +102,9 @@ cdef class FlyMQParser(FrameParser):
             add_messages(self, d, 1)
         elif op == OP_FETCH and length >= 4:
             add_messages(self, d, be32(h + HEADER))
-        if take_fifo(self, d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux:
-            protocol_error(self, d, R_MISMATCH)
+        if take_fifo(self, d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux \
+                and not (op == OP_AUTH_RESPONSE and self.st[d].taken.aux == OP_AUTH):
+            protocol_error(self, d, R_MISMATCH)     # AUTH is answered by AUTH_RESPONSE
         if op == OP_ERROR:
             answer(self, d, ST_ERROR, OUTCOME_ERROR)
         else:

@@ -34,18 +34,27 @@ Compared with the real server
     What the reference server then does with those fields (defaults when absent or zero,
     the filter, gzip-compressed payloads) is described in :mod:`loadgen.flymq.server`.
 
-Layouts the spec gives (PRODUCE, CONSUME, FETCH, CREATE_TOPIC, SUBSCRIBE, AUTH, ERROR) are
-followed exactly. Where it gives none, frametap uses these (same encoding rules):
+    Responses are encoded as the real server encodes them (``EncodeBinary*Response``,
+    ``WriteError``), where they differ from the seed document:
 
-    METADATA      req: string topic
-                  resp: string topic, int32 partition_count,
-                        partition_count x uint64 high-water offset (next offset to write)
+    * FETCH: uint32 count, uint64 next_offset, then per message uint64 offset, bytes key,
+      bytes value;
+    * CREATE_TOPIC, DELETE_TOPIC, COMMIT: one byte 0x01 (failures are ERROR frames);
+    * AUTH: answered with opcode AUTH_RESPONSE (0x71): bool success, string username,
+      uint32 role count + u8-length roles, string error;
+    * ERROR: the message's plain bytes with header flags 0 (a bad AUTH request gets the
+      coded form, int32 code + string message); both decode (:class:`ErrorResponse`);
+    * METADATA (which the real server does not dispatch: it answers "unknown opcode: 4")
+      uses the real code base's ``EncodeBinaryMetadataResponse`` layout: string topic,
+      uint32 count, per partition int32 id, int32 leader, uint64 oldest, uint64 newest.
+
+Layouts the spec gives (PRODUCE, CONSUME, FETCH request, CREATE_TOPIC request, SUBSCRIBE)
+are followed exactly. Where it gives none, frametap uses these (same encoding rules):
+
     COMMIT        req: string topic, string group, int32 partition, uint64 offset
-                  resp: bool success
     LIST_TOPICS   req: empty
                   resp: []string topics
     DELETE_TOPIC  req: string topic
-                  resp: bool success, string message
 
 Keys: the spec encodes "no key" as key length 0, so a decoded empty key is ``None``.
 
@@ -64,6 +73,7 @@ from typing import ClassVar, NamedTuple
 from proxy.errors import FlyMQFrameError
 from proxy.protocols.flymq.opcodes import (
     AUTH,
+    AUTH_RESPONSE,
     COMMIT,
     CONSUME,
     CREATE_TOPIC,
@@ -99,6 +109,7 @@ __all__ = [
     "CreateTopicResponse",
     "MetadataRequest",
     "MetadataResponse",
+    "PartitionInfo",
     "SubscribeRequest",
     "SubscribeResponse",
     "CommitRequest",
@@ -114,6 +125,7 @@ __all__ = [
     "RESPONSE_TYPES",
     "decode_request",
     "decode_response",
+    "RESPONSE_OPCODE",
 ]
 
 
@@ -551,8 +563,9 @@ class FetchedMessage:
 
 @dataclass(slots=True)
 class FetchResponse(_Message):
-    """FETCH response: uint32 count, count x (bytes key, bytes value, uint64 offset),
-    uint64 next_offset."""
+    """FETCH response, in the real server's layout (``EncodeBinaryFetchResponse``):
+    uint32 count, uint64 next_offset, then count x (uint64 offset, bytes key, bytes
+    value). (The seed document puts next_offset last and the offset after each value.)"""
 
     OPCODE: ClassVar[int] = FETCH
     KIND: ClassVar[str] = "response"
@@ -562,24 +575,24 @@ class FetchResponse(_Message):
     def encode(self) -> bytes:
         out = bytearray()
         out += _pack(_U32, len(self.messages), "message_count")
+        out += _pack(_U64, self.next_offset, "next_offset")
         for i, m in enumerate(self.messages):
+            out += _pack(_U64, m.offset, f"messages[{i}].offset")
             _put_bytes(out, m.key, f"messages[{i}].key")
             _put_bytes(out, m.value, f"messages[{i}].value")
-            out += _pack(_U64, m.offset, f"messages[{i}].offset")
-        out += _pack(_U64, self.next_offset, "next_offset")
         return bytes(out)
 
     @classmethod
     def decode(cls, payload) -> "FetchResponse":
         r = cls._reader(payload)
-        n = r.count("message_count", 4 + 4 + 8)
+        n = r.count("message_count", 8 + 4 + 4)
+        next_offset = r.u64("next_offset")
         messages = []
         for i in range(n):
+            offset = r.u64(f"messages[{i}].offset")
             key = r.bytes(f"messages[{i}].key") or None
             value = r.bytes(f"messages[{i}].value")
-            offset = r.u64(f"messages[{i}].offset")
             messages.append(FetchedMessage(offset, value, key))
-        next_offset = r.u64("next_offset")
         r.finish()
         return cls(messages, next_offset)
 
@@ -610,29 +623,27 @@ class CreateTopicRequest(_Message):
 
 
 @dataclass(slots=True)
-class _StatusResponse(_Message):
-    """bool success, string message (CREATE_TOPIC and DELETE_TOPIC responses)."""
+class _SuccessResponse(_Message):
+    """One byte, 0x01 = success (the real server's CREATE_TOPIC, DELETE_TOPIC and COMMIT
+    answers; a failure is an ERROR frame instead)."""
 
-    success: bool
-    message: str = ""
+    success: bool = True
 
     def encode(self) -> bytes:
-        out = bytearray()
-        _put_bool(out, self.success)
-        _put_string(out, self.message, "message")
-        return bytes(out)
+        return b"\x01" if self.success else b"\x00"
 
     @classmethod
     def decode(cls, payload):
         r = cls._reader(payload)
-        result = cls(r.bool("success"), r.string("message"))
+        result = cls(r.bool("success"))
         r.finish()
         return result
 
 
 @dataclass(slots=True)
-class CreateTopicResponse(_StatusResponse):
-    """CREATE_TOPIC response: bool success, string message."""
+class CreateTopicResponse(_SuccessResponse):
+    """CREATE_TOPIC response: bool success (the real server answers 0x01, also for a topic
+    that already exists; failures are ERROR frames)."""
 
     OPCODE: ClassVar[int] = CREATE_TOPIC
     KIND: ClassVar[str] = "response"
@@ -662,45 +673,56 @@ class MetadataRequest(_Message):
 
 
 @dataclass(slots=True)
+class PartitionInfo:
+    """One partition in a METADATA response: id, leader node id, oldest and newest
+    offset (the newest is the offset the next record will get)."""
+
+    id: int
+    leader: int
+    oldest: int
+    newest: int
+
+
+@dataclass(slots=True)
 class MetadataResponse(_Message):
-    """METADATA response (frametap layout): string topic, int32 partition_count, then per
-    partition a uint64 high-water offset (the offset the next record will get)."""
+    """METADATA response in the layout of the real code base's
+    ``EncodeBinaryMetadataResponse``: string topic, uint32 partition_count, then per
+    partition int32 id, int32 leader_id, uint64 oldest_offset, uint64 newest_offset."""
 
     OPCODE: ClassVar[int] = METADATA
     KIND: ClassVar[str] = "response"
     topic: str
-    high_watermarks: list[int]
+    infos: list[PartitionInfo]
 
     @property
     def partitions(self) -> int:
-        return len(self.high_watermarks)
+        return len(self.infos)
+
+    @property
+    def high_watermarks(self) -> list[int]:
+        return [p.newest for p in self.infos]
 
     def encode(self) -> bytes:
         out = bytearray()
         _put_string(out, self.topic, "topic")
-        out += _pack(_I32, len(self.high_watermarks), "partition_count")
-        for i, hw in enumerate(self.high_watermarks):
-            out += _pack(_U64, hw, f"high_watermarks[{i}]")
+        out += _pack(_U32, len(self.infos), "partition_count")
+        for i, p in enumerate(self.infos):
+            out += _pack(_I32, p.id, f"partitions[{i}].id")
+            out += _pack(_I32, p.leader, f"partitions[{i}].leader")
+            out += _pack(_U64, p.oldest, f"partitions[{i}].oldest")
+            out += _pack(_U64, p.newest, f"partitions[{i}].newest")
         return bytes(out)
 
     @classmethod
     def decode(cls, payload) -> "MetadataResponse":
         r = cls._reader(payload)
         topic = r.string("topic")
-        start = r.pos
-        n = r.i32("partition_count")
-        if n < 0:
-            raise FlyMQCodecError(
-                f"flymq: METADATA response partition_count at offset {start} is {n} "
-                f"(expected >= 0)")
-        left = len(r.buf) - r.pos
-        if n * 8 > left:
-            raise FlyMQCodecError(
-                f"flymq: truncated METADATA response payload: {n} partitions need "
-                f"{n * 8} bytes at offset {r.pos}, {left} left")
-        hws = [r.u64(f"high_watermarks[{i}]") for i in range(n)]
+        n = r.count("partition_count", 24)
+        infos = [PartitionInfo(r.i32(f"partitions[{i}].id"), r.i32(f"partitions[{i}].leader"),
+                               r.u64(f"partitions[{i}].oldest"),
+                               r.u64(f"partitions[{i}].newest")) for i in range(n)]
         r.finish()
-        return cls(topic, hws)
+        return cls(topic, infos)
 
 
 # --------------------------------------------------------------------------- SUBSCRIBE 0x05
@@ -793,22 +815,11 @@ class CommitRequest(_Message):
 
 
 @dataclass(slots=True)
-class CommitResponse(_Message):
-    """COMMIT response (frametap layout): bool success."""
+class CommitResponse(_SuccessResponse):
+    """COMMIT response: bool success (the real server always answers 0x01)."""
 
     OPCODE: ClassVar[int] = COMMIT
     KIND: ClassVar[str] = "response"
-    success: bool
-
-    def encode(self) -> bytes:
-        return b"\x01" if self.success else b"\x00"
-
-    @classmethod
-    def decode(cls, payload) -> "CommitResponse":
-        r = cls._reader(payload)
-        result = cls(r.bool("success"))
-        r.finish()
-        return result
 
 
 # --------------------------------------------------------------------------- LIST_TOPICS 0x08
@@ -876,8 +887,9 @@ class DeleteTopicRequest(_Message):
 
 
 @dataclass(slots=True)
-class DeleteTopicResponse(_StatusResponse):
-    """DELETE_TOPIC response (frametap layout): bool success, string message."""
+class DeleteTopicResponse(_SuccessResponse):
+    """DELETE_TOPIC response: bool success (0x01, also for a topic that does not exist, as
+    the real server answers; failures are ERROR frames)."""
 
     OPCODE: ClassVar[int] = DELETE_TOPIC
     KIND: ClassVar[str] = "response"
@@ -910,10 +922,11 @@ class AuthRequest(_Message):
 
 @dataclass(slots=True)
 class AuthResponse(_Message):
-    """AUTH response: bool success, string error ("" on success), string username,
-    []string roles."""
+    """AUTH response, as the real server sends it: opcode AUTH_RESPONSE (0x71, not an
+    echo of AUTH), then bool success, string username, uint32 role count + that many
+    roles each as **u8** length + bytes, string error ("" on success)."""
 
-    OPCODE: ClassVar[int] = AUTH
+    OPCODE: ClassVar[int] = AUTH_RESPONSE
     KIND: ClassVar[str] = "response"
     success: bool
     error: str = ""
@@ -923,44 +936,73 @@ class AuthResponse(_Message):
     def encode(self) -> bytes:
         out = bytearray()
         _put_bool(out, self.success)
-        _put_string(out, self.error, "error")
         _put_string(out, self.username, "username")
         out += _pack(_U32, len(self.roles), "roles count")
         for i, role in enumerate(self.roles):
-            _put_string(out, role, f"roles[{i}]")
+            data = role.encode("utf-8", "surrogateescape") if isinstance(role, str) else None
+            if data is None or len(data) > 0xFF:
+                raise FlyMQCodecError(
+                    f"flymq: roles[{i}] must be a str of at most 255 UTF-8 bytes, "
+                    f"got {role!r}", "encode")
+            out.append(len(data))
+            out += data
+        _put_string(out, self.error, "error")
         return bytes(out)
 
     @classmethod
     def decode(cls, payload) -> "AuthResponse":
         r = cls._reader(payload)
-        result = cls(r.bool("success"), r.string("error"), r.string("username"),
-                     r.string_list("roles"))
+        success = r.bool("success")
+        username = r.string("username")
+        n = r.count("roles count", 1)
+        roles = [r.short_string(f"roles[{i}]") for i in range(n)]
+        error = r.string("error")
         r.finish()
-        return result
+        return cls(success, error, username, roles)
 
 
 # --------------------------------------------------------------------------- ERROR 0xFF
 
 @dataclass(slots=True)
 class ErrorResponse(_Message):
-    """ERROR response: bool success (always false on the wire), string message."""
+    """ERROR response. The real server writes most errors as the message's plain bytes
+    (``WriteError``, header flags 0); a few (a bad AUTH request) as int32 code + string
+    message. ``code`` None is the plain form. Decoding follows the real client
+    (``decodeError``): the coded form when the payload has one, else plain text."""
 
     OPCODE: ClassVar[int] = ERROR
     KIND: ClassVar[str] = "response"
     message: str
+    code: int | None = None
 
     def encode(self) -> bytes:
-        out = bytearray(b"\x00")
+        if self.code is None:
+            try:
+                return self.message.encode("utf-8", "surrogateescape")
+            except (AttributeError, UnicodeEncodeError) as exc:
+                raise FlyMQCodecError(f"flymq: ERROR message must be a str: {exc}",
+                                      "encode") from None
+        out = bytearray(_pack(_I32, self.code, "code"))
         _put_string(out, self.message, "message")
         return bytes(out)
 
+    @property
+    def flags(self) -> int:
+        """Header flags the real server uses: 0 for the plain form, binary for the coded."""
+        return 0 if self.code is None else FLAG_BINARY
+
+    def to_frame(self, flags: int | None = None) -> bytes:
+        return encode_frame(self.OPCODE, self.encode(), self.flags if flags is None else flags)
+
     @classmethod
     def decode(cls, payload) -> "ErrorResponse":
-        r = cls._reader(payload)
-        r.bool("success")  # always false per spec; a true byte is tolerated
-        result = cls(r.string("message"))
-        r.finish()
-        return result
+        data = bytes(payload)
+        if len(data) >= 6:
+            n = _U16.unpack_from(data, 4)[0]
+            if 6 + n <= len(data):
+                return cls(data[6:6 + n].decode("utf-8", "replace"),
+                           _I32.unpack_from(data, 0)[0])
+        return cls(data.decode("utf-8", "replace"))
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -977,6 +1019,9 @@ RESPONSE_TYPES: dict[int, type[_Message]] = {
                 MetadataResponse, SubscribeResponse, CommitResponse, ListTopicsResponse,
                 DeleteTopicResponse, AuthResponse, ErrorResponse)
 }
+#: Request opcode -> the opcode of the real server's answer (itself, except AUTH).
+RESPONSE_OPCODE = {op: op for op in REQUEST_TYPES}
+RESPONSE_OPCODE[AUTH] = AUTH_RESPONSE
 
 
 def decode_request(opcode: int, payload):
@@ -989,7 +1034,8 @@ def decode_request(opcode: int, payload):
 
 
 def decode_response(opcode: int, payload):
-    """Decode a response payload (0xFF gives :class:`ErrorResponse`)."""
+    """Decode a response payload by its own opcode (0xFF gives :class:`ErrorResponse`,
+    0x71 :class:`AuthResponse`)."""
     cls = RESPONSE_TYPES.get(opcode)
     if cls is None:
         raise FlyMQCodecError(

@@ -19,10 +19,11 @@ def produce(value=b"hello", topic=b"test"):
 
 
 def fetch_response(n):
-    body = struct.pack(">I", n)
+    # the real server's layout: count, next_offset, then offset, key, value per message
+    body = struct.pack(">IQ", n, n)
     for i in range(n):
-        body += struct.pack(">I", 0) + struct.pack(">I", 3) + b"abc" + struct.pack(">Q", i)
-    return frame(0x07, body + struct.pack(">Q", n))
+        body += struct.pack(">Q", i) + struct.pack(">I", 0) + struct.pack(">I", 3) + b"abc"
+    return frame(0x07, body)
 
 
 # PRODUCE, FETCH (3 messages), CONSUME, an unknown opcode answered by ERROR, and an
@@ -30,7 +31,7 @@ def fetch_response(n):
 REQUESTS = [produce(), frame(0x07, b"\x00\x04test" + b"\0" * 16), frame(0x02, b"x" * 14),
             frame(0x99, b"?"), frame(0x08)]
 RESPONSES = [frame(0x01, b"r" * 34), fetch_response(3), frame(0x02, b"k" * 12),
-             frame(0xFF, b"\x00\x00\x07unknown"), frame(0x08, b"\0\0\0\0")]
+             frame(0xFF, b"unknown opcode: 153", flags=0), frame(0x08, b"\0\0\0\0")]
 
 
 def conversations():
@@ -77,7 +78,19 @@ def conversations():
                  {"kind": "request", "correlation_id": "3"},
                  {"kind": "event", "opcode_name": "LIST_TOPICS", "correlation_id": "3",
                   "request_opcode_name": "LIST_TOPICS"}])
-    return [pipelined, unanswered, resources()]
+    # The real server answers AUTH with AUTH_RESPONSE (0x71): the answer, not a mismatch.
+    auth_frames = [codec.AuthRequest("alice", "pw").to_frame(),
+                   codec.AuthResponse(True, "", "alice", ["admin"]).to_frame()]
+    auth = Conversation(
+        "auth",
+        [(C2S, auth_frames[0]), (S2C, auth_frames[1])],
+        counters={"frames": {("c2s", "AUTH"): 1, ("s2c", "AUTH_RESPONSE"): 1},
+                  "responses": {("AUTH", "OK"): 1}, "hist": {("AUTH", "ok"): 1},
+                  "errors": {}, "unmatched": 0, "in_flight": 0},
+        records=[{"kind": "request", "opcode_name": "AUTH", "correlation_id": "1"},
+                 {"kind": "response", "opcode_name": "AUTH_RESPONSE", "correlation_id": "1",
+                  "request_opcode_name": "AUTH", "status": "OK", "outcome": "ok"}])
+    return [pipelined, unanswered, resources(), auth]
 
 
 # Frame-log resources: the topic of every topic-naming request (first field, or after
@@ -128,7 +141,7 @@ def requests(n):
     return [frame(0x01, b"%08d" % i) for i in range(n)]
 
 
-_OPS = [0x01, 0x02, 0x03, 0x04, 0x07, 0x08, 0x09, 0x10, 0x30, 0x43, 0x70, 0x99]
+_OPS = [0x01, 0x02, 0x03, 0x04, 0x07, 0x08, 0x09, 0x10, 0x30, 0x43, 0x70, 0x71, 0x99]
 
 
 @st.composite

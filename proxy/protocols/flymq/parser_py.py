@@ -6,7 +6,8 @@ from proxy.framing_common import (C2S, S2C, R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LA
 from proxy.framing_py import FrameParser
 from proxy.protocols.flymq.opcodes import OPCODES as _KNOWN
 from proxy.protocols.flymq.opcodes import (MAGIC, VERSION, HEADER_SIZE, MAX_FRAME_BYTES,
-                                           PRODUCE, CONSUME, FETCH, ERROR, COMPRESSION_MASK,
+                                           PRODUCE, CONSUME, FETCH, ERROR, AUTH,
+                                           AUTH_RESPONSE, COMPRESSION_MASK,
                                            TOPIC_FIELD, opcode_name)
 from proxy.protocols.flymq.status import OK as ST_OK, ERROR as ST_ERROR, status_name
 
@@ -68,8 +69,9 @@ class FlyMQParser(FrameParser):
             self.add_messages(d, 1)
         elif op == FETCH and length >= 4:
             self.add_messages(d, _from_bytes(h[8:12], "big"))
-        if self.take_fifo(d) >= 0 and op != ERROR and op != self.st[d].taken.aux:
-            self.protocol_error(d, R_MISMATCH)
+        if (self.take_fifo(d) >= 0 and op != ERROR and op != self.st[d].taken.aux
+                and not (op == AUTH_RESPONSE and self.st[d].taken.aux == AUTH)):
+            self.protocol_error(d, R_MISMATCH)      # AUTH is answered by AUTH_RESPONSE
         if op == ERROR:
             self.answer(d, ST_ERROR, OUTCOME_ERROR)
         else:

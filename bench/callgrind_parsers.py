@@ -1,0 +1,78 @@
+"""Instructions per frame of the compiled parsers, counted by valgrind's callgrind.
+
+Wall-clock times on a shared, noisy machine say little about a small change to the hot
+path; instruction counts do. For each protocol the parser_bench schedule (4096 requests
+and their 4096 responses, in 64 KiB reads) is fed ``--passes`` times through fresh
+compiled parsers, under callgrind, once with 1 pass and once with 1 + ``--passes``: the
+difference divided by the extra passes is the cost of one pass, free of start-up and
+import costs. Needs ``valgrind`` on PATH.
+
+    python bench/callgrind_parsers.py [--protocol NAME|all] [--passes N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def _feed(protocol: str, passes: int) -> None:
+    """Child: build the schedule, then feed it ``passes`` times."""
+    from parser_bench import FRAMES_PER_SIDE, PAYLOAD, build_schedule
+    from proxy import protocols
+    proto = protocols.load(protocol)
+    samples = proto.load_samples()
+    _desc, reqs, resps = samples.bench_frames(FRAMES_PER_SIDE, PAYLOAD)
+    schedule, _frames = build_schedule(reqs, resps)
+    from proxy._framing import RouteStats
+    parser_cls = proto.load_parser(pure_python=False)
+    stats = RouteStats("bench", protocol)
+    for _ in range(passes):
+        parser = parser_cls(stats, None, 30.0, {})
+        for d, chunk in schedule:
+            parser.feed(d, chunk)
+        parser.close()
+
+
+def _instructions(protocol: str, passes: int) -> int:
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+         sys.executable, __file__, "--child", protocol, str(passes)],
+        capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONHASHSEED="0"))
+    m = re.search(r"Collected\s*:\s*(\d+)", out.stderr)
+    if m is None:
+        raise RuntimeError(f"no callgrind total in:\n{out.stderr[-2000:]}")
+    return int(m.group(1))
+
+
+def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "--child":
+        _feed(argv[1], int(argv[2]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--protocol", default="all")
+    ap.add_argument("--passes", type=int, default=4, help="extra passes measured (4)")
+    args = ap.parse_args(argv)
+    from proxy import protocols
+    names = [s.name for s in protocols.specs()] if args.protocol == "all" else [args.protocol]
+    for name in names:
+        base = _instructions(name, 1)
+        more = _instructions(name, 1 + args.passes)
+        per_pass = (more - base) / args.passes
+        print(f"{name:16s} {per_pass / 8192:8.1f} instructions/frame "
+              f"({per_pass / 1e6:.2f} M per 8192 frames)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

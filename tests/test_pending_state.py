@@ -1,0 +1,209 @@
+"""Pending-request state (issue 8, defect 3; docs/design.md, "Pending requests"), both
+twins: a per-process memory budget ([proxy] max_pending_bytes) that the tables cannot
+grow past (overflow counted), expiry in request order that walks only what expires, a
+full map that makes room by evicting its oldest expired entry, and tables that shrink
+once a burst is over.
+"""
+
+import pytest
+
+from proxy import framing_py
+from proxy.framing_common import MAP_ENTRY_BYTES, PENDING_BYTES
+from proxy.protocols.flymq.conformance import frame as fly_frame
+from proxy.protocols.rabbitmq_stream.samples import publish, publish_confirm
+from tests.parsers import make, parser_impls
+
+STREAM = parser_impls("rabbitmq-stream")
+FLYMQ = parser_impls("flymq")
+SECOND = 1_000_000_000
+
+
+def core(impl):
+    """The framing module (budget functions) of a parser implementation."""
+    if impl[0] is framing_py.RouteStats:
+        return framing_py
+    from proxy import _framing
+    return _framing
+
+
+@pytest.fixture
+def budget():
+    """Set both twins' budgets for one test, then restore them."""
+    mods = {core(i) for i in list(STREAM.values()) + list(FLYMQ.values())}
+    saved = {m: m.pending_budget() for m in mods}
+
+    def set_budget(impl, n):
+        m = core(impl)
+        m.set_pending_budget(m.pending_bytes() + n)   # n more bytes than held now
+        return m
+    yield set_budget
+    for m, b in saved.items():
+        m.set_pending_budget(b)
+
+
+def _overflow(stats):
+    return stats.snapshot()["errors"].get(("c2s", "in_flight_overflow"), 0)
+
+
+def _stream_publishes(parser, first, n, t_ns=None):
+    """n Publish frames (10 ids each) from publishing id ``first``."""
+    for i in range(n):
+        parser.feed(0, publish(first + 10 * i))
+
+
+@pytest.mark.parametrize("name", sorted(STREAM))
+def test_the_budget_caps_the_tables_and_overflow_is_counted(budget, name):
+    impl = STREAM[name]
+    stats, parser = make(impl, "rabbitmq-stream")
+    mod = budget(impl, 64 * 1024)            # 64 KiB for this connection's map
+    before = mod.pending_bytes()
+    _stream_publishes(parser, 0, 500)          # 5000 unconfirmed ids: ~400 KiB unbounded
+    held = mod.pending_bytes() - before
+    assert 0 < held <= 64 * 1024
+    tracked = parser.pending
+    assert tracked == held // MAP_ENTRY_BYTES // 2     # a table is kept at most half full
+    assert _overflow(stats) == 5000 - tracked
+    assert stats.snapshot()["in_flight"] == tracked
+    parser.close()
+    assert mod.pending_bytes() <= before       # a closed connection gives its tables back
+
+
+def test_both_twins_decide_alike_under_the_budget(budget):
+    got = []
+    for name in sorted(STREAM):
+        impl = STREAM[name]
+        stats, parser = make(impl, "rabbitmq-stream")
+        budget(impl, 20_000)
+        _stream_publishes(parser, 0, 300)
+        parser.feed(1, publish_confirm(0, 10))
+        got.append((parser.pending, _overflow(stats), stats.snapshot()["in_flight"],
+                    parser.pending_capacity))
+        parser.close()
+    assert len(set(got)) == 1, got
+
+
+@pytest.mark.parametrize("name", sorted(FLYMQ))
+def test_fifo_growth_stops_at_the_budget(budget, name):
+    impl = FLYMQ[name]
+    stats, parser = make(impl, "flymq")
+    budget(impl, 100 * PENDING_BYTES)
+    for i in range(1000):
+        parser.feed(0, fly_frame(0x08))
+    assert parser.pending_capacity[1] == 64    # 8 -> 16 -> 32 -> 64, not 128
+    assert parser.pending == 64
+    assert _overflow(stats) == 1000 - 64
+    parser.close()
+
+
+@pytest.mark.parametrize("name", sorted(STREAM))
+def test_a_full_map_evicts_its_oldest_expired_entry(name):
+    """An upstream that stopped answering: after request_timeout the old requests are
+    timeouts, and new ones take their places instead of overflowing."""
+    stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
+    parser.map_limit = 100
+    _stream_publishes(parser, 0, 10)           # ids 0..99: the map is full
+    _stream_publishes(parser, 100, 1)          # 10 more: overflow, nothing has expired
+    assert _overflow(stats) == 10
+    assert parser.expire(parser_now(parser) + 2 * SECOND) == 100
+    _stream_publishes(parser, 200, 5)          # 50 new: they replace expired ones
+    assert _overflow(stats) == 10 and parser.pending == 100
+    parser.feed(1, publish_confirm(200, 10))   # the new ones are tracked and answered
+    snap = stats.snapshot()
+    assert snap["hist"][("Publish", "ok")][0] and sum(snap["hist"][("Publish", "ok")][0]) == 10
+    assert snap["timeouts"] == {"Publish": 100}
+    parser.close()
+
+
+def parser_now(parser):
+    """A time after every request fed so far (the parsers read the monotonic clock)."""
+    from proxy.framing import now_ns
+    return now_ns()
+
+
+@pytest.mark.parametrize("name", sorted(STREAM))
+def test_map_expiry_is_in_request_order_and_walks_only_what_expires(name):
+    stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
+    events = []
+    parser.tracer = lambda r: events.append(r) if r["kind"] == "event" else None
+    _stream_publishes(parser, 1000, 3)         # ids 1000..1029, in this order
+    t0 = parser_now(parser)
+    _stream_publishes(parser, 5, 2)            # ids 5..24: read later
+    # the second batch is younger: a sweep just past the first batch's deadline
+    # expires the first batch only, in the order the requests were read
+    n = parser.expire(t0 + SECOND)
+    assert n == 30
+    assert [e["correlation_id"] for e in events] == [f"1:{i}" for i in range(1000, 1030)]
+    assert parser.expire(t0 + SECOND) == 0     # nothing new: nothing walked or counted
+    assert parser.expire(t0 + 10 * SECOND) == 20
+    parser.close()
+
+
+@pytest.mark.parametrize("name", sorted(STREAM))
+def test_tables_shrink_after_a_burst(name):
+    stats, parser = make(STREAM[name], "rabbitmq-stream")
+    _stream_publishes(parser, 0, 2000)         # 20,000 pending ids
+    grown = parser.pending_capacity[0]
+    assert grown >= 40_000
+    for i in range(2000):                      # all confirmed
+        parser.feed(1, publish_confirm(10 * i))
+    assert parser.pending == 0
+    parser.expire()
+    assert parser.pending_capacity[0] == 64
+    parser.close()
+
+
+@pytest.mark.parametrize("name", sorted(FLYMQ))
+def test_fifo_shrinks_after_a_burst(name):
+    stats, parser = make(FLYMQ[name], "flymq")
+    for _ in range(5000):
+        parser.feed(0, fly_frame(0x08))
+    assert parser.pending_capacity[1] == 8192
+    for _ in range(4990):
+        parser.feed(1, fly_frame(0x08, b"\0\0\0\0"))
+    parser.expire()
+    assert parser.pending_capacity[1] == 32 and parser.pending == 10
+    parser.close()
+
+
+def test_the_proxy_enforces_max_pending_bytes_against_a_black_hole_upstream():
+    """[proxy] max_pending_bytes reaches the core: a client pipelining requests to an
+    upstream that reads and never answers cannot grow the tables past it."""
+    import asyncio
+
+    from proxy.app import ProxyApp
+    from proxy.config import config_from_dict
+    from proxy.framing import pending_budget, pending_bytes, set_pending_budget
+    from tests.support import run, sample, wait_for
+    saved = pending_budget()
+
+    async def scenario():
+        async def swallow(reader, writer):
+            while await reader.read(65536):
+                pass
+            writer.close()
+        hole = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        up = hole.sockets[0].getsockname()[1]
+        app = ProxyApp(config_from_dict({
+            "proxy": {"shutdown_timeout": 1.0, "max_pending_bytes": 1 << 20},
+            "routes": [{"name": "hole", "protocol": "flymq", "listen": "127.0.0.1:0",
+                        "upstream": f"127.0.0.1:{up}"}]}))
+        await app.start()
+        try:
+            assert pending_budget() == 1 << 20
+            _, writer = await asyncio.open_connection("127.0.0.1", app.routes[0].address[1])
+            n = 60_000                                # 60k x 24 B would be 1.4 MB of FIFO
+            writer.write(fly_frame(0x08) * n)
+            await writer.drain()
+            await wait_for(lambda: app.routes[0].stats.snapshot()["frames"].get(
+                ("c2s", "LIST_TOPICS"), 0) == n, timeout=20, what="all frames parsed")
+            assert pending_bytes() <= 1 << 20
+            assert sample(app, "frametap_pending_bytes") == pending_bytes()
+            over = sample(app, "frametap_protocol_errors_total", route="hole",
+                          protocol="flymq", direction="c2s", reason="in_flight_overflow")
+            assert over == n - 32768             # the FIFO stopped at 32768 slots (768 KiB)
+            writer.close()
+        finally:
+            await app.shutdown(0)
+            hole.close()
+            set_pending_budget(saved)
+    run(scenario())
