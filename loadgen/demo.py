@@ -7,6 +7,7 @@ Every process it starts is its own child and is stopped on exit, Ctrl-C included
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,11 @@ def demo_protocols():
     proxy/protocols/ with demo settings, a reference server and Locust users."""
     return {spec.name: spec for spec in protocols.specs()
             if spec.demo and spec.server and spec.users}
+
+
+def missing_needs(spec):
+    """The ``(program, hint)`` pairs of ``spec.demo.needs`` not found on PATH."""
+    return [(prog, hint) for prog, hint in spec.demo.needs if shutil.which(prog) is None]
 
 
 def toml_value(value):
@@ -264,6 +270,16 @@ def main(argv=None):
             print(f"frametap demo: --protocols: {p!r} is not available "
                   f"(expected: {', '.join(available)})", file=sys.stderr)
             return 2
+    explicit = args.protocols != ",".join(available)     # the user named them
+    for p in list(chosen):
+        missing = missing_needs(available[p])
+        if missing:
+            what = "; ".join(f"`{prog}` not found ({hint})" for prog, hint in missing)
+            if explicit:
+                print(f"frametap demo: --protocols: {p} needs {what}", file=sys.stderr)
+                return 2
+            print(f"[demo] leaving {p} out: {what}", flush=True)
+            chosen.remove(p)
     if args.seconds < 1 or args.users < 1:
         print("frametap demo: --seconds and --users must be >= 1", file=sys.stderr)
         return 2

@@ -36,13 +36,16 @@ class DemoSpec:
     The demo picks a free port per listener and starts ``frametap serve <name>
     <server_args>`` with ``{server_<listener>}`` replaced by ``127.0.0.1:<port>`` and
     ``{service_time}`` by ``--service-time``. Locust then connects to the proxy route
-    in front of ``locust_listener``.
+    in front of ``locust_listener``. ``needs`` lists ``(program, how to install it)``
+    pairs the server or users must find on PATH; when one is missing the demo leaves the
+    protocol out with one line saying so, instead of failing.
     """
 
     server_args: tuple = ("--listen", "{server_listen}")
     listeners: tuple = ("listen",)
     routes: tuple = (DemoRoute(),)
     locust_listener: str = "listen"
+    needs: tuple = ()
 
 
 @dataclass(frozen=True, eq=False)       # compared and hashed by identity: one per protocol

@@ -14,7 +14,9 @@ PROTOCOL = ProtocolSpec(
     users="loadgen.ttheader.users",
     user_classes=("ThriftUser",),
     demo=DemoSpec(server_args=("--listen", "{server_listen}",
-                               "--service-time", "{service_time}")),
+                               "--service-time", "{service_time}"),
+                  # the service's IDL is compiled by Apache's compiler on first use
+                  needs=(("thrift", "Debian: apt-get install thrift-compiler"),)),
 )
 
 NAME = PROTOCOL.name
