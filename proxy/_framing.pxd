@@ -315,7 +315,8 @@ cdef class FrameParser:
     # ring (map_cap slots) holds the entries' indexes in the order their requests were
     # read, -1 where the request was answered since (take() only marks its slot; the
     # ring is compacted when it fills up): ring_head..ring_live the expired ones,
-    # ring_live..ring_tail the live ones, so expiry walks only what expires (and the
+    # ring_live..ring_tail the live ones (ring_live may lag behind ring_head: take()
+    # moves only the head; readers clamp it), so expiry walks only what expires (and the
     # answered slots among them, once) and a full map evicts its oldest expired entry.
     # Positions count up; the slot is position & (map_cap - 1).
     cdef MapEntry* map
@@ -714,7 +715,10 @@ cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcep
         i = (i + 1) & mask
     s.held = e.p
     s.taken = &s.held
-    self.ring[e.used - 1] = -1             # answered: expire() and eviction skip it
+    if e.used - 1 == (self.ring_head & mask):
+        self.ring_head += 1                # answered in request order: the ring moves on
+    else:
+        self.ring[e.used - 1] = -1         # answered: expire() and eviction skip it
     _map_remove(self, i)
     return s.held.slot
 

@@ -768,6 +768,8 @@ cdef class FrameParser:
                 PyMem_Free(ring)
                 raise MemoryError()
             memset(new, 0, new_cap * sizeof(MapEntry))
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
         mask = new_cap - 1
         for r in range(self.ring_head, self.ring_tail):   # oldest first: the order is kept
             if r == self.ring_live:
@@ -798,11 +800,13 @@ cdef class FrameParser:
         frees less than half, squeeze out the others, in place, keeping the order (the
         map holds at most map_cap / 2 entries, so half the ring frees)."""
         cdef Py_ssize_t mask = self.map_cap - 1
-        cdef int64_t r, w, live = -1
+        cdef int64_t r, w, live = -1, h = self.ring_head, t = self.ring_tail
         cdef int32_t i
+        cdef int32_t* ring = self.ring
         # answers mostly come in request order: dropping the answered head is enough
-        while self.ring_head < self.ring_tail and self.ring[self.ring_head & mask] < 0:
-            self.ring_head += 1
+        while h < t and ring[h & mask] < 0:
+            h += 1
+        self.ring_head = h
         if self.ring_live < self.ring_head:
             self.ring_live = self.ring_head
         if (self.ring_tail - self.ring_head) * 2 <= self.map_cap:
@@ -849,6 +853,8 @@ cdef class FrameParser:
             # full (the limit, or the budget refused to grow): the oldest expired entry
             # makes room, else the request is dropped, and counted
             rmask = self.map_cap - 1
+            if self.ring_live < self.ring_head:
+                self.ring_live = self.ring_head
             while self.ring_head < self.ring_live and self.ring[self.ring_head & rmask] < 0:
                 self.ring_head += 1
             if self.ring_head == self.ring_live:
@@ -935,6 +941,8 @@ cdef class FrameParser:
             i += 1
         self.fifo_live = self.fifo_seq + 1 if i == self.fifo_len else (
             self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].key)
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
         mask = self.map_cap - 1
         while self.ring_live < self.ring_tail:
             i = self.ring[self.ring_live & mask]
@@ -967,6 +975,8 @@ cdef class FrameParser:
             if not p.flags & P_EXPIRED:
                 self._timeout(p, 0)
         self.fifo_len = 0
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
         mask = self.map_cap - 1
         for r in range(self.ring_live, self.ring_tail):   # the expired ones were counted
             i = self.ring[r & mask]
@@ -996,6 +1006,8 @@ cdef class FrameParser:
         for i in range(self._fifo_first_live(), self.fifo_len):
             if not self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].flags & P_EXPIRED:
                 self.c.in_flight -= 1
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
         mask = self.map_cap - 1
         for r in range(self.ring_live, self.ring_tail):   # only the live ones are in flight
             i = self.ring[r & mask]
