@@ -225,7 +225,8 @@ def test_twins_agree_when_answers_overtake_requests_and_the_order_ring_wraps():
     for name in sorted(STREAM):
         stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
         events = []
-        parser.tracer = lambda r: events.append(r["correlation_id"]) if r["kind"] == "event" else None
+        parser.tracer = (lambda r: events.append(r["correlation_id"])
+                         if r["kind"] == "event" else None)
         seen = []
         _stream_publishes(parser, 0, 20)                      # ids 0..199
         parser.feed(1, _confirm(list(range(199, 0, -2))))     # the odd ones, newest first
