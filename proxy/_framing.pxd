@@ -99,11 +99,9 @@ cdef struct Pending:         # 24 bytes
     uint8_t flags            # P_*
     uint8_t spare
 
-cdef struct MapEntry:        # 40 bytes; the key is p.key
+cdef struct MapEntry:        # 32 bytes; the key is p.key
     int32_t tag              # namespace of key (protocol-defined: direction, publisher id)
-    int32_t used             # 1 when the entry holds a pending request
-    int32_t prev             # the entries in the order their requests were read (the
-    int32_t next             # oldest first): neighbours' indexes, -1 at either end
+    int32_t used             # 0: empty; else 1 + the entry's slot in the request ring
     Pending p
 
 # One frame-log row, filled by the recording calls (docs/design.md, "Frame log").  Strings
@@ -313,17 +311,22 @@ cdef class FrameParser:
     cdef list captured                  # per direction: bytearray of the frame being captured
 
     # Correlation by key (RabbitMQ Stream, RocketMQ...): open addressing, linear
-    # probing, backward-shift deletion; at most map_limit pending entries.  The entries
-    # are also linked in the order their requests were read: the expired ones first
-    # (map_head..), then the live ones (map_live..map_tail), so expiry walks only what
-    # expires and a full map evicts its oldest expired entry.
+    # probing, backward-shift deletion; at most map_limit pending entries.  The request
+    # ring (map_cap slots) holds the entries' indexes in the order their requests were
+    # read, -1 where the request was answered since (take() only marks its slot; the
+    # ring is compacted when it fills up): ring_head..ring_live the expired ones,
+    # ring_live..ring_tail the live ones (ring_live may lag behind ring_head: take()
+    # moves only the head; readers clamp it), so expiry walks only what expires (and the
+    # answered slots among them, once) and a full map evicts its oldest expired entry.
+    # Positions count up; the slot is position & (map_cap - 1).
     cdef MapEntry* map
     cdef Py_ssize_t map_cap             # power of two
     cdef Py_ssize_t map_len
     cdef public Py_ssize_t map_limit
-    cdef int32_t map_head               # oldest entry, -1 none
-    cdef int32_t map_tail               # newest entry, -1 none
-    cdef int32_t map_live               # oldest entry not yet expired, -1 none
+    cdef int32_t* ring
+    cdef int64_t ring_head              # oldest request still in the ring
+    cdef int64_t ring_live              # oldest one expire() has not counted
+    cdef int64_t ring_tail              # where the next request goes
 
     # FIFO of requests awaiting their responses (ring buffer, at most fifo_limit)
     cdef Pending* fifo
@@ -360,6 +363,8 @@ cdef class FrameParser:
     cdef int _fifo_grow(self) except -1
     cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1
     cdef int _shrink(self) except -1
+    cdef void _ring_compact(self) noexcept
+    cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept
 
@@ -614,41 +619,21 @@ cdef inline void set_status(FrameParser self, int d, int64_t status, int outcome
     rec.outcome = <int8_t>outcome
 
 
-cdef inline void _map_unlink(FrameParser self, Py_ssize_t i) noexcept:
-    """Take entry i out of the request-order list."""
-    cdef MapEntry* e = &self.map[i]
-    if self.map_live == i:
-        self.map_live = e.next
-    if e.prev >= 0:
-        self.map[e.prev].next = e.next
-    else:
-        self.map_head = e.next
-    if e.next >= 0:
-        self.map[e.next].prev = e.prev
-    else:
-        self.map_tail = e.prev
-
-
-cdef inline void _map_append(FrameParser self, Py_ssize_t i) noexcept:
-    """Entry i (a live request) becomes the newest."""
-    cdef MapEntry* e = &self.map[i]
-    e.prev = self.map_tail
-    e.next = -1
-    if self.map_tail >= 0:
-        self.map[self.map_tail].next = <int32_t>i
-    else:
-        self.map_head = <int32_t>i
-    self.map_tail = <int32_t>i
-    if self.map_live < 0:
-        self.map_live = <int32_t>i
+cdef inline void _ring_push(FrameParser self, Py_ssize_t i) noexcept:
+    """Entry i (a live request) becomes the newest in the request ring."""
+    cdef Py_ssize_t r
+    if self.ring_tail - self.ring_head == self.map_cap:
+        self._ring_compact()               # full: at least half its slots are answered
+    r = <Py_ssize_t>self.ring_tail & (self.map_cap - 1)
+    self.ring[r] = <int32_t>i
+    self.map[i].used = <int32_t>(r + 1)
+    self.ring_tail += 1
 
 
 cdef inline void _map_remove(FrameParser self, Py_ssize_t i) noexcept:
-    """Delete entry i: unlink it, then backward-shift deletion (keeps probe chains
-    intact without tombstones), fixing the links of every entry moved."""
+    """Delete entry i (its ring slot already marked -1): backward-shift deletion keeps
+    probe chains intact without tombstones; a moved entry's ring slot follows it."""
     cdef Py_ssize_t j, k, mask = self.map_cap - 1
-    cdef MapEntry* e
-    _map_unlink(self, i)
     j = i
     while True:
         j = (j + 1) & mask
@@ -657,65 +642,34 @@ cdef inline void _map_remove(FrameParser self, Py_ssize_t i) noexcept:
         k = _mix(self.map[j].tag, <uint64_t>self.map[j].p.key) & mask
         if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
             self.map[i] = self.map[j]
-            e = &self.map[i]               # entry j now lives at i
-            if e.prev >= 0:
-                self.map[e.prev].next = <int32_t>i
-            else:
-                self.map_head = <int32_t>i
-            if e.next >= 0:
-                self.map[e.next].prev = <int32_t>i
-            else:
-                self.map_tail = <int32_t>i
-            if self.map_live == j:
-                self.map_live = <int32_t>i
+            self.ring[self.map[i].used - 1] = <int32_t>i
             i = j
     self.map[i].used = 0
     self.map_len -= 1
 
 
 cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
-    """The current frame is a request answered by key (tag = namespace)."""
+    """The current frame is a request answered by key (tag = namespace).  Inline only
+    the common case, a new key in a table with room; growing, a full table and a key
+    already pending go to FrameParser._expect_key."""
     cdef Py_ssize_t i, mask
     cdef MapEntry* e
-    cdef FrameRecord* rec = &self.st[d].rec
     set_corr(self, d, <int64_t>key, corr_hi)
-    if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit:
-        self._map_grow()                   # keeps the table at most half full (budget
-                                           # permitting: see set_pending_budget)
-    if self.map_cap == 0:                  # map_limit <= 0 or no budget: nothing is tracked
-        _count_error(self.c, d, R_OVERFLOW)
-        return 0
+    if (self.map_len + 1) * 2 > self.map_cap or self.map_len >= self.map_limit:
+        return self._expect_key(d, tag, key, corr_hi)
     mask = self.map_cap - 1
     i = _mix(tag, key) & mask
     while self.map[i].used:                # one probe: the key, or where it goes
         e = &self.map[i]
         if e.tag == tag and <uint64_t>e.p.key == key:
-            # the older request can never be answered now
-            if not e.p.flags & P_EXPIRED:
-                self._timeout(&e.p, tag)
-            self.c.in_flight += 1
-            _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
-            _map_unlink(self, i)            # a new request: the newest entry
-            _map_append(self, i)
-            return 0
+            return self._expect_key(d, tag, key, corr_hi)
         i = (i + 1) & mask
-    if self.map_len >= self.map_limit or (self.map_len + 1) * 2 > self.map_cap:
-        # full (the limit, or the budget refused to grow): the oldest expired entry
-        # makes room, else the request is dropped, and counted
-        if self.map_head < 0 or self.map_head == self.map_live:
-            _count_error(self.c, d, R_OVERFLOW)
-            return 0
-        _map_remove(self, self.map_head)
-        i = _mix(tag, key) & mask
-        while self.map[i].used:
-            i = (i + 1) & mask
     e = &self.map[i]
-    e.used = 1
     e.tag = tag
     self.map_len += 1
     self.c.in_flight += 1
-    _pending_set(&e.p, self.now_ns, key, rec.slot, corr_hi, 0, d)
-    _map_append(self, i)
+    _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
+    _ring_push(self, i)
     return 0
 
 
@@ -761,6 +715,10 @@ cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcep
         i = (i + 1) & mask
     s.held = e.p
     s.taken = &s.held
+    if e.used - 1 == (self.ring_head & mask):
+        self.ring_head += 1                # answered in request order: the ring moves on
+    else:
+        self.ring[e.used - 1] = -1         # answered: expire() and eviction skip it
     _map_remove(self, i)
     return s.held.slot
 

@@ -51,6 +51,8 @@ cdef inline int64_t monotonic_ns() noexcept nogil:
 # process's budget ([proxy] max_pending_bytes, docs/design.md "Pending requests").
 cdef int64_t _pending_bytes = 0
 cdef int64_t _pending_budget = 1LL << 62
+# one map slot: the entry and its request-ring slot (framing_common.MAP_ENTRY_BYTES)
+cdef int64_t _MAP_SLOT_BYTES = sizeof(MapEntry) + sizeof(int32_t)
 
 
 def set_pending_budget(int64_t budget):
@@ -309,7 +311,6 @@ cdef class FrameParser:
         if self.fifo is NULL:
             raise MemoryError()
         _pending_bytes += self.fifo_cap * sizeof(Pending)
-        self.map_head = self.map_tail = self.map_live = -1
         self.fifo_limit = DEFAULT_FIFO_LIMIT
         self.map_limit = DEFAULT_MAP_LIMIT
         self.header_limit = HEADER_LIMIT
@@ -320,9 +321,10 @@ cdef class FrameParser:
         global _pending_bytes
         if self.fifo is not NULL:
             _pending_bytes -= self.fifo_cap * sizeof(Pending)
-        _pending_bytes -= self.map_cap * sizeof(MapEntry)
+        _pending_bytes -= self.map_cap * _MAP_SLOT_BYTES
         PyMem_Free(self.fifo)
         PyMem_Free(self.map)
+        PyMem_Free(self.ring)
         PyMem_Free(self.st[0].hbuf)
         PyMem_Free(self.st[1].hbuf)
         PyMem_Free(self.st[0].attrs)
@@ -747,45 +749,130 @@ cdef class FrameParser:
 
     cdef int _map_resize(self, Py_ssize_t new_cap) except -1:
         """Rehash into ``new_cap`` slots (0 frees the table; the map must be empty then),
-        keeping the request order; 1 when growing would pass the pending budget."""
+        keeping the request order (the new ring holds no answered slots); 1 when growing
+        would pass the pending budget."""
         global _pending_bytes
-        cdef Py_ssize_t old_cap = self.map_cap, i, j, mask
-        cdef int32_t prev = -1, live = -1
+        cdef Py_ssize_t old_cap = self.map_cap, i, j, mask, omask = self.map_cap - 1
+        cdef int64_t r, w = 0, live = -1
         cdef MapEntry* old = self.map
-        cdef MapEntry* new
-        if new_cap > old_cap and _pending_bytes + (new_cap - old_cap) * <int64_t>sizeof(
-                MapEntry) > _pending_budget:
+        cdef MapEntry* new = NULL
+        cdef int32_t* ring = NULL
+        if new_cap > old_cap and _pending_bytes + (new_cap - old_cap) * _MAP_SLOT_BYTES \
+                > _pending_budget:
             return 1
-        new = NULL
         if new_cap:
             new = <MapEntry*>PyMem_Malloc(new_cap * sizeof(MapEntry))
-            if new is NULL:
+            ring = <int32_t*>PyMem_Malloc(new_cap * sizeof(int32_t))
+            if new is NULL or ring is NULL:
+                PyMem_Free(new)
+                PyMem_Free(ring)
                 raise MemoryError()
             memset(new, 0, new_cap * sizeof(MapEntry))
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
         mask = new_cap - 1
-        i = self.map_head
-        self.map_head = self.map_tail = -1
-        while i >= 0:                          # oldest first: the order is kept
+        for r in range(self.ring_head, self.ring_tail):   # oldest first: the order is kept
+            if r == self.ring_live:
+                live = w
+            i = self.ring[r & omask]
+            if i < 0:
+                continue                       # answered since
             j = _mix(old[i].tag, <uint64_t>old[i].p.key) & mask
             while new[j].used:
                 j = (j + 1) & mask
             new[j] = old[i]
-            new[j].prev = prev
-            new[j].next = -1
-            if prev >= 0:
-                new[prev].next = <int32_t>j
-            else:
-                self.map_head = <int32_t>j
-            if i == self.map_live:
-                live = <int32_t>j
-            prev = <int32_t>j
-            i = old[i].next
-        self.map_tail = prev
-        self.map_live = live
+            new[j].used = <int32_t>(w + 1)
+            ring[w] = <int32_t>j
+            w += 1
+        self.ring_head = 0
+        self.ring_tail = w
+        self.ring_live = live if live >= 0 else w
         PyMem_Free(old)
+        PyMem_Free(self.ring)
         self.map = new
+        self.ring = ring
         self.map_cap = new_cap
-        _pending_bytes += (new_cap - old_cap) * <int64_t>sizeof(MapEntry)
+        _pending_bytes += (new_cap - old_cap) * _MAP_SLOT_BYTES
+        return 0
+
+    cdef void _ring_compact(self) noexcept:
+        """The request ring is full: drop the answered slots at its head and, when that
+        frees less than half, squeeze out the others, in place, keeping the order (the
+        map holds at most map_cap / 2 entries, so half the ring frees)."""
+        cdef Py_ssize_t mask = self.map_cap - 1
+        cdef int64_t r, w, live = -1, h = self.ring_head, t = self.ring_tail
+        cdef int32_t i
+        cdef int32_t* ring = self.ring
+        # answers mostly come in request order: dropping the answered head is enough
+        while h < t and ring[h & mask] < 0:
+            h += 1
+        self.ring_head = h
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
+        if (self.ring_tail - self.ring_head) * 2 <= self.map_cap:
+            return
+        w = self.ring_head
+        for r in range(self.ring_head, self.ring_tail):
+            if r == self.ring_live:
+                live = w
+            i = self.ring[r & mask]
+            if i >= 0:
+                self.ring[w & mask] = i
+                self.map[i].used = <int32_t>((w & mask) + 1)
+                w += 1
+        self.ring_live = live if live >= 0 else w
+        self.ring_tail = w
+
+    cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
+        """expect() when the table must grow first, is full, or already holds the key
+        (set_corr() done)."""
+        cdef Py_ssize_t i, mask, rmask
+        cdef MapEntry* e
+        cdef int32_t j
+        if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit:
+            self._map_grow()                   # keeps the table at most half full (budget
+                                               # permitting: see set_pending_budget)
+        if self.map_cap == 0:                  # map_limit <= 0 or no budget: nothing is tracked
+            _count_error(self.c, d, R_OVERFLOW)
+            return 0
+        mask = self.map_cap - 1
+        i = _mix(tag, key) & mask
+        while self.map[i].used:                # one probe: the key, or where it goes
+            e = &self.map[i]
+            if e.tag == tag and <uint64_t>e.p.key == key:
+                # the older request can never be answered now
+                if not e.p.flags & P_EXPIRED:
+                    self._timeout(&e.p, tag)
+                self.c.in_flight += 1
+                _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
+                self.ring[e.used - 1] = -1     # a new request: the newest entry
+                _ring_push(self, i)
+                return 0
+            i = (i + 1) & mask
+        if self.map_len >= self.map_limit or (self.map_len + 1) * 2 > self.map_cap:
+            # full (the limit, or the budget refused to grow): the oldest expired entry
+            # makes room, else the request is dropped, and counted
+            rmask = self.map_cap - 1
+            if self.ring_live < self.ring_head:
+                self.ring_live = self.ring_head
+            while self.ring_head < self.ring_live and self.ring[self.ring_head & rmask] < 0:
+                self.ring_head += 1
+            if self.ring_head == self.ring_live:
+                _count_error(self.c, d, R_OVERFLOW)
+                return 0
+            j = self.ring[self.ring_head & rmask]
+            self.ring[self.ring_head & rmask] = -1
+            self.ring_head += 1
+            _map_remove(self, j)
+            i = _mix(tag, key) & mask
+            while self.map[i].used:
+                i = (i + 1) & mask
+        e = &self.map[i]
+        e.tag = tag
+        self.map_len += 1
+        self.c.in_flight += 1
+        _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
+        _ring_push(self, i)
         return 0
 
     cdef int _fifo_grow(self) except -1:
@@ -833,7 +920,7 @@ cdef class FrameParser:
         """Count requests older than request_timeout as timeouts; returns how many.
         Walks only what expires (both tables are in request order), then shrinks
         tables a burst left mostly empty."""
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, mask
         cdef Pending* p
         cdef int n = 0
         if now == 0:
@@ -854,20 +941,25 @@ cdef class FrameParser:
             i += 1
         self.fifo_live = self.fifo_seq + 1 if i == self.fifo_len else (
             self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].key)
-        while self.map_live >= 0:
-            i = self.map_live
-            p = &self.map[i].p
-            if now - p.t_ns < self.timeout_ns:
-                break                    # request order: everything after is younger
-            self._timeout(p, self.map[i].tag)
-            self.map_live = self.map[i].next
-            n += 1
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
+        mask = self.map_cap - 1
+        while self.ring_live < self.ring_tail:
+            i = self.ring[self.ring_live & mask]
+            if i >= 0:                   # else answered since
+                p = &self.map[i].p
+                if now - p.t_ns < self.timeout_ns:
+                    break                # request order: everything after is younger
+                self._timeout(p, self.map[i].tag)
+                n += 1
+            self.ring_live += 1
         self._shrink()
         return n
 
     def close(self):
         """Connection ended: unanswered requests are timeouts, half frames are errors."""
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, mask
+        cdef int64_t r
         cdef Pending* p
         cdef int d
         if self.closed:
@@ -883,12 +975,13 @@ cdef class FrameParser:
             if not p.flags & P_EXPIRED:
                 self._timeout(p, 0)
         self.fifo_len = 0
-        i = self.map_live                      # the expired ones were counted already
-        while i >= 0:
-            p = &self.map[i].p
-            if not p.flags & P_EXPIRED:
-                self._timeout(p, self.map[i].tag)
-            i = self.map[i].next
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
+        mask = self.map_cap - 1
+        for r in range(self.ring_live, self.ring_tail):   # the expired ones were counted
+            i = self.ring[r & mask]
+            if i >= 0 and not self.map[i].p.flags & P_EXPIRED:
+                self._timeout(&self.map[i].p, self.map[i].tag)
         self._forget_all()
         if self.error is None:
             for d in range(2):
@@ -900,7 +993,7 @@ cdef class FrameParser:
         self.fifo_len = 0
         self.fifo_head = 0
         self.map_len = 0
-        self.map_head = self.map_tail = self.map_live = -1
+        self.ring_head = self.ring_live = self.ring_tail = 0
         self._map_resize(0)
         if self.fifo_cap > 8:
             self._fifo_resize(8)
@@ -908,15 +1001,18 @@ cdef class FrameParser:
     def abandon(self):
         """Forget every pending request without counting it as a timeout (the upstream
         was never reached: the relay counts that as a connect failure)."""
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, mask
+        cdef int64_t r
         for i in range(self._fifo_first_live(), self.fifo_len):
             if not self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].flags & P_EXPIRED:
                 self.c.in_flight -= 1
-        i = self.map_live                      # only the live ones are in flight
-        while i >= 0:
-            if not self.map[i].p.flags & P_EXPIRED:
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
+        mask = self.map_cap - 1
+        for r in range(self.ring_live, self.ring_tail):   # only the live ones are in flight
+            i = self.ring[r & mask]
+            if i >= 0 and not self.map[i].p.flags & P_EXPIRED:
                 self.c.in_flight -= 1
-            i = self.map[i].next
         self._forget_all()
 
     def _fifo_first_live(self):

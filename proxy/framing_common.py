@@ -46,10 +46,11 @@ HEADER_LIMIT = 65536           # default header_limit (most header bytes a parse
 
 DEFAULT_FIFO_LIMIT = 65536
 DEFAULT_MAP_LIMIT = 262144     # pending keyed requests per connection (e.g. unconfirmed publishes)
-# What one slot of the pending-request tables costs (the compiled core's MapEntry and
-# Pending); both twins account their tables in these units against the process's
-# pending budget ([proxy] max_pending_bytes), so they decide alike.
-MAP_ENTRY_BYTES = 40
+# What one slot of the pending-request tables costs (the compiled core's 32-byte MapEntry
+# plus its int32 request-ring slot, and Pending); both twins account their tables in these
+# units against the process's pending budget ([proxy] max_pending_bytes), so they decide
+# alike.
+MAP_ENTRY_BYTES = 36
 PENDING_BYTES = 24
 MAP_MIN_CAP = 64
 FIFO_MIN_CAP = 8

@@ -207,3 +207,47 @@ def test_the_proxy_enforces_max_pending_bytes_against_a_black_hole_upstream():
             hole.close()
             set_pending_budget(saved)
     run(scenario())
+
+
+def _confirm(ids):
+    """A PublishConfirm for ``ids`` in the order given (answers out of request order)."""
+    import struct
+    from proxy.protocols.rabbitmq_stream import samples
+    return samples.stream_frame(samples.PUBLISH_CONFIRM, struct.pack(">BI", 1, len(ids)) +
+                                b"".join(struct.pack(">Q", i) for i in ids))
+
+
+def test_twins_agree_when_answers_overtake_requests_and_the_order_ring_wraps():
+    """Confirms out of request order leave holes in the compiled core's request ring; it
+    fills, drops them, grows and shrinks, and expiry, eviction and close() still go in
+    request order, as in the pure-Python twin."""
+    got = []
+    for name in sorted(STREAM):
+        stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
+        events = []
+        parser.tracer = (lambda r: events.append(r["correlation_id"])
+                         if r["kind"] == "event" else None)
+        seen = []
+        _stream_publishes(parser, 0, 20)                      # ids 0..199
+        parser.feed(1, _confirm(list(range(199, 0, -2))))     # the odd ones, newest first
+        for k in range(40):                # 4000 more, most answered, some late or never:
+            first = 200 + 100 * k              # the ring fills and is squeezed, many times
+            _stream_publishes(parser, first, 10)
+            parser.feed(1, _confirm([first + j for j in (97, 3, 50, 1, 99, 0, 42)]))
+            parser.feed(1, _confirm(list(range(first + 4, first + 95))))
+            seen.append((parser.pending, parser.pending_capacity))
+        t = parser_now(parser)
+        seen.append(parser.expire(t + 2 * SECOND))
+        parser.feed(1, _confirm([0, 2, 4, 1000]))            # late answers are still matched
+        parser.map_limit = parser.pending                     # full: new ones evict the oldest
+        _stream_publishes(parser, 10_000, 3)
+        seen.append((parser.pending, _overflow(stats)))
+        parser.close()
+        snap = stats.snapshot()
+        seen.append((snap["timeouts"], snap["in_flight"], parser.pending))
+        got.append((seen, events))
+    assert len(got) == 2 and got[0] == got[1], (got[0][0], got[1][0])
+    seen, events = got[0]
+    assert seen[-1][0] == {"Publish": seen[40] + 30} and seen[-1][1] == 0
+    ids = [int(e.split(":")[1]) for e in events[:seen[40]]]
+    assert ids == sorted(ids) and ids[0] == 0          # expiry in request order
