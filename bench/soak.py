@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import resource
-import select
 import socket
 import struct
 import subprocess
@@ -97,7 +95,12 @@ def wait_port(port, proc, what, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+            said = ""
+            if getattr(proc, "log", None) is not None:     # its last line says why
+                proc.log.seek(0)
+                lines = [ln.strip() for ln in proc.log.read().splitlines() if ln.strip()]
+                said = f": {lines[-1]}" if lines else ""
+            raise RuntimeError(f"{what} exited with status {proc.returncode}{said}")
         try:
             socket.create_connection(("127.0.0.1", port), 0.5).close()
             return
@@ -499,14 +502,18 @@ def main(argv=None) -> int:
     z.add_argument("--workers", type=int, default=4, help="clients per protocol")
     args = ap.parse_args(argv)
     import tempfile
-    if args.what == "flood":
-        result = flood(args)
-    elif args.what == "proxyfuzz":
-        with tempfile.TemporaryDirectory() as tmp:
-            result = proxyfuzz(args, tmp)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            result = blackhole(args, tmp)
+    try:
+        if args.what == "flood":
+            result = flood(args)
+        elif args.what == "proxyfuzz":
+            with tempfile.TemporaryDirectory() as tmp:
+                result = proxyfuzz(args, tmp)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                result = blackhole(args, tmp)
+    except RuntimeError as exc:          # a process that would not start: one line
+        print(f"soak {args.what}: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2))
     return 0
 
