@@ -648,6 +648,17 @@ cdef inline void _map_remove(FrameParser self, Py_ssize_t i) noexcept:
     self.map_len -= 1
 
 
+cdef inline void _map_insert(FrameParser self, int d, Py_ssize_t i, int32_t tag, uint64_t key,
+                             int32_t corr_hi) noexcept:
+    """A new pending request in free slot i of the map (the newest in request order)."""
+    cdef MapEntry* e = &self.map[i]
+    e.tag = tag
+    self.map_len += 1
+    self.c.in_flight += 1
+    _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
+    _ring_push(self, i)
+
+
 cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
     """The current frame is a request answered by key (tag = namespace).  Inline only
     the common case, a new key in a table with room; growing, a full table and a key
@@ -664,12 +675,7 @@ cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32
         if e.tag == tag and <uint64_t>e.p.key == key:
             return self._expect_key(d, tag, key, corr_hi)
         i = (i + 1) & mask
-    e = &self.map[i]
-    e.tag = tag
-    self.map_len += 1
-    self.c.in_flight += 1
-    _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
-    _ring_push(self, i)
+    _map_insert(self, d, i, tag, key, corr_hi)
     return 0
 
 

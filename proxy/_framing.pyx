@@ -867,12 +867,7 @@ cdef class FrameParser:
             i = _mix(tag, key) & mask
             while self.map[i].used:
                 i = (i + 1) & mask
-        e = &self.map[i]
-        e.tag = tag
-        self.map_len += 1
-        self.c.in_flight += 1
-        _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
-        _ring_push(self, i)
+        _map_insert(self, d, i, tag, key, corr_hi)
         return 0
 
     cdef int _fifo_grow(self) except -1:
