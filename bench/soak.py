@@ -21,11 +21,15 @@ proxyfuzz
     ``--frames`` mutated frames per protocol (bench/fuzz_twins.py's corpus and mutations)
     sent by ``--workers`` clients through a running proxy with one route per protocol, in
     front of upstreams that read and never answer; each case (1-8 frames) on a connection
-    of its own, so a mutated length cannot swallow the next case. Reports the frames sent, the proxy's
-    RSS growth after a warm-up and the tracebacks in its log (must be 0).
+    of its own, so a mutated length cannot swallow the next case. The proxy's RSS is read
+    whenever all its connections have closed: after ``--warmup`` frames per protocol and
+    at ``--checkpoints`` (growth against frames sent: a leak grows with them, a full
+    table or allocator high-water mark does not). Reports the frames sent, the growth
+    after the warm-up at each checkpoint, the peak of open connections and the tracebacks
+    in its log (must be 0).
 
     python bench/soak.py flood [--connections N]
-    python bench/soak.py proxyfuzz [--frames N] [--workers N]
+    python bench/soak.py proxyfuzz [--frames N] [--workers N] [--warmup N] [--checkpoints F,F]
     python bench/soak.py blackhole [--seconds S] [--stream N] [--routeinfo N] [--budget BYTES]
 """
 
@@ -409,7 +413,39 @@ upstream = "127.0.0.1:{fly_port}"
     }
 
 
+def _settle(admin, timeout=60.0):
+    """Wait until the proxy has no open connection (every fuzz client closed its own);
+    returns the connections still open when ``timeout`` ran out (0 normally)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        active = metric(scrape(admin, 30), "frametap_connections_active") or 0
+        if not active or time.monotonic() >= deadline:
+            return active
+        time.sleep(0.2)
+
+
+def _fractions(text):
+    """--checkpoints "0.25,0.5": fractions of --frames, each in (0, 1]."""
+    try:
+        out = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        out = None
+    if out is None or not all(0 < f <= 1 for f in out):
+        raise argparse.ArgumentTypeError(f"want fractions in (0, 1] such as 0.25,0.5, "
+                                         f"not {text!r}")
+    return out
+
+
+def _checkpoints(fractions, frames):
+    """Frame counts per protocol at which RSS is read: the fractions of ``frames``, and
+    ``frames`` itself."""
+    return sorted({max(1, int(f * frames)) for f in fractions} | {frames})
+
+
 def proxyfuzz(args, tmp):
+    """RSS is read only when the proxy has no connection open (after the warm-up and at
+    every checkpoint), so growth compares like with like: what closed connections left
+    behind, not the connections that happened to be open at that moment."""
     import random
     sys.path.insert(0, str(ROOT / "bench"))
     from fuzz_twins import _corpus, _mutate
@@ -429,45 +465,92 @@ def proxyfuzz(args, tmp):
                   admin, "proxy")
     corpora = {s.name: _corpus(s) for s in specs}
     sent = {n: 0 for n in ports}
+    failed = {n: 0 for n in ports}           # cases whose connect or send failed
     lock = threading.Lock()
-    warm = [None]
+    peak = [0]
+    running = threading.Event()
 
-    def worker(seed, name):
+    def watch():                             # peak of open connections, twice a second
+        while running.is_set():
+            try:
+                peak[0] = max(peak[0], metric(scrape(admin, 30),
+                                              "frametap_connections_active") or 0)
+            except OSError:
+                pass
+            time.sleep(0.5)
+
+    def worker(seed, name, target):
         rng = random.Random(seed)
         corpus = corpora[name]
         while True:
             with lock:
-                if sent[name] >= args.frames:
+                if sent[name] + failed[name] >= target:
                     break
             picks = [rng.choice(corpus) for _ in range(rng.randrange(1, 9))]
             data = b"".join(_mutate(rng, f) if rng.random() < 0.5 else f for _d, f in picks)
+            ok = True
             try:                                 # one case per connection: a mutated
                 with socket.create_connection(   # length cannot swallow the next case
                         ("127.0.0.1", ports[name]), 5) as sock:
                     sock.sendall(data)
+            except ConnectionError:
+                pass                             # the proxy closed it first: sent
             except OSError:
-                pass                             # the proxy closed it first: fine
+                ok = False                       # never connected (timeout): not sent
             with lock:
-                sent[name] += len(picks)
-                if warm[0] is None and sum(sent.values()) >= 50_000:
-                    warm[0] = rss_bytes(proxy.pid)
+                if ok:
+                    sent[name] += len(picks)
+                else:
+                    failed[name] += len(picks)
+
+    def run_to(target, phase):
+        running.set()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        threads = [threading.Thread(target=worker, args=(f"{phase}:{i}:{n}", n, target))
+                   for n in ports for i in range(args.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        running.clear()
+        watcher.join()
+        still_open = _settle(admin)
+        time.sleep(1.5)                      # a sweep or two after the last close
+        text = scrape(admin)
+        row = {"frames_per_protocol": target,
+               "rss_mb": round(rss_bytes(proxy.pid) / 2**20, 1),
+               "connections": int(metric(text, "frametap_connections_total") or 0),
+               "peak_open": int(peak[0]), "open_after_settle": int(still_open)}
+        peak[0] = 0
+        return row, text
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(i, n))
-               for n in ports for i in range(args.workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    time.sleep(3)                                # let the sweeps settle
-    end_rss = rss_bytes(proxy.pid)
-    text = scrape(admin)
+    start_rss = rss_bytes(proxy.pid)
+    warm, _ = run_to(min(args.warmup, args.frames), "warm")
+    rows = []
+    for k, mark in enumerate(_checkpoints(args.checkpoints, args.frames)):
+        if mark <= warm["frames_per_protocol"]:
+            continue
+        row, text = run_to(mark, k)
+        row["growth_mb"] = round(row["rss_mb"] - warm["rss_mb"], 1)
+        closed = row["connections"] - warm["connections"]
+        row["kb_per_closed_connection"] = round(
+            (row["rss_mb"] - warm["rss_mb"]) * 1024 / max(1, closed), 3)
+        rows.append(row)
+    if not rows:                             # --frames within the warm-up
+        text = scrape(admin)
+    end = rows[-1] if rows else warm
     err = stop(proxy)
+    growths = [r["growth_mb"] for r in rows]
     return {
-        "frames_sent": sent, "seconds": round(time.perf_counter() - t0, 1),
-        "proxy_rss_after_warmup_mb": round((warm[0] or 0) / 2**20, 1),
-        "proxy_rss_end_mb": round(end_rss / 2**20, 1),
-        "rss_growth_mb": round((end_rss - (warm[0] or end_rss)) / 2**20, 1),
+        "frames_sent": sent, "frames_not_sent (connect failed)": failed,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "proxy_rss_start_mb": round(start_rss / 2**20, 1),
+        "warmup": warm,
+        "checkpoints": rows,
+        "rss_growth_mb": round(end["rss_mb"] - warm["rss_mb"], 1),
+        "rss_growth_max_mb": max(growths) if growths else 0.0,
         "pending_bytes_end": metric(text, "frametap_pending_bytes"),
         "frames_parsed_c2s": {n: metric(text, "frametap_frames_total", route=n,
                                         direction="c2s") for n in ports},
@@ -500,6 +583,13 @@ def main(argv=None) -> int:
     z = sub.add_parser("proxyfuzz", help="mutated frames through a running proxy")
     z.add_argument("--frames", type=int, default=1_000_000, help="per protocol")
     z.add_argument("--workers", type=int, default=4, help="clients per protocol")
+    z.add_argument("--warmup", type=int, default=10_000,
+                   help="frames per protocol before the baseline RSS is read (default "
+                        "10000)")
+    z.add_argument("--checkpoints", type=_fractions, default=[0.25, 0.5],
+                   help="fractions of --frames at which RSS is read too, after the "
+                        "proxy's connections have closed (default 0.25,0.5; the end "
+                        "always)")
     args = ap.parse_args(argv)
     import tempfile
     try:
