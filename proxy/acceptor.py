@@ -91,6 +91,7 @@ class Acceptor:
         self.name = name
         self.sockets = [sock]
         self.paused = None             # TimerHandle while paused
+        self.held = False              # hold(): the owner has enough connections in set-up
         self.closed = False
         self.errors = 0
         sock.setblocking(False)
@@ -135,6 +136,8 @@ class Acceptor:
                 log.exception("%s: handling an accepted connection failed", self.name)
                 self._close_fd(spare)
                 conn.close()
+            if self.held:
+                return
 
     @staticmethod
     def _close_fd(fd):
@@ -152,7 +155,22 @@ class Acceptor:
 
     def _resume(self):
         self.paused = None
-        if not self.closed:
+        if not self.closed and not self.held:
+            self.loop.add_reader(self.sock.fileno(), self._readable)
+
+    def hold(self):
+        """Stop accepting until release(): clients wait in the kernel's listen backlog."""
+        if self.held or self.closed:
+            return
+        self.held = True
+        if self.paused is None:
+            self.loop.remove_reader(self.sock.fileno())
+
+    def release(self):
+        if not self.held:
+            return
+        self.held = False
+        if not self.closed and self.paused is None:
             self.loop.add_reader(self.sock.fileno(), self._readable)
 
     def close(self):
@@ -162,7 +180,7 @@ class Acceptor:
         if self.paused is not None:
             self.paused.cancel()
             self.paused = None
-        else:
+        elif not self.held:
             self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
 

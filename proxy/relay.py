@@ -76,6 +76,11 @@ class LogLimiter:
 
 WRITE_HIGH = 256 * 1024      # pause the peer's reading above this many buffered bytes
 WRITE_LOW = 64 * 1024
+# Connections a route sets up at once (accepted, upstream not yet connected); beyond it the
+# listener stops accepting and clients wait in the kernel's listen backlog, so a burst
+# faster than the loop or the upstream can take costs no proxy memory (docs/design.md,
+# "File descriptors").
+SETUP_LIMIT = 256
 
 
 class Route:
@@ -100,6 +105,7 @@ class Route:
         self.half_close_timeout = getattr(cfg, "half_close_timeout", 60.0)
         self.idle_timeout = getattr(cfg, "idle_timeout", 3600.0)   # 0: never
         self.unix_inode = None         # a unix: listener's socket file, removed on close
+        self.setting_up = 0            # accepted, upstream not connected yet (SETUP_LIMIT)
 
     @property
     def address(self):
@@ -124,20 +130,37 @@ class Route:
         self._sweeper = self.loop.create_task(self._sweep())
 
     def _accepted(self, sock, spare_fd):
+        self.setting_up += 1
+        if self.setting_up >= SETUP_LIMIT:
+            for acceptor in self.acceptors:
+                acceptor.hold()
         self.loop.create_task(self._attach(sock, [spare_fd]))
+
+    def setup_done(self):
+        """One accepted connection has its upstream (or is gone): accept again."""
+        self.setting_up -= 1
+        if self.setting_up == SETUP_LIMIT // 2:
+            for acceptor in self.acceptors:
+                acceptor.release()
 
     async def _attach(self, sock, spare):
         """Hand an accepted socket to the loop; ``spare`` holds the descriptor reserved
         for its upstream side (ClientSide takes it)."""
+        made = []
+
+        def client():
+            made.append(ClientSide(self, spare.pop()))
+            return made[0]
         try:
-            await self.loop.connect_accepted_socket(lambda: ClientSide(self, spare.pop()),
-                                                    sock)
+            await self.loop.connect_accepted_socket(client, sock)
         except Exception as exc:           # the client reset before it was set up
             log.debug("route %s: accepted connection lost: %s", self.cfg.name, exc)
             sock.close()
         finally:
             while spare:
                 os.close(spare.pop())
+            if not (made and made[0].setup_owned):   # no ClientSide to call setup_done
+                self.setup_done()
 
     def _accept_error(self, reason):
         self.accept_errors[reason] = self.accept_errors.get(reason, 0) + 1
@@ -238,6 +261,7 @@ class ClientSide(asyncio.Protocol):
         self.half_closed_at = None   # monotonic time of the first FIN (either side)
         self.last_bytes = -1         # parser's byte count at the last sweep
         self.last_active = time.monotonic()
+        self.setup_owned = False     # setup_done() is this side's to call (Route.SETUP_LIMIT)
 
     # -- client events ---------------------------------------------------------
 
@@ -254,6 +278,8 @@ class ClientSide(asyncio.Protocol):
             self.closed = True
             route.count_close("proxy", "limit")
             transport.abort()
+            self.setup_owned = True
+            route.setup_done()
             return
         self.parser = route.new_parser(transport.get_extra_info("sockname"))
         route.start_logging(self.parser, self.peer)
@@ -263,6 +289,16 @@ class ClientSide(asyncio.Protocol):
         transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
         transport.pause_reading()          # nothing to relay to until upstream is up
         self.connect_task = route.loop.create_task(self._connect())
+        self.connect_task.add_done_callback(self._connect_done)
+        self.setup_owned = True
+
+    def _connect_done(self, _task):
+        """However _connect() ended (even cancelled before it ran): the route may accept
+        again, and the task is dropped: a cancelled one holds its CancelledError, whose
+        traceback holds _connect()'s frame and so this object, a cycle only the cyclic GC
+        would free."""
+        self.connect_task = None
+        self.route.setup_done()
 
     def drop_spare(self):
         """Give back the descriptor held for the upstream socket."""
