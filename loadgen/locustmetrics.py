@@ -329,6 +329,8 @@ class _Plugin:
     """The per-process state: the totals (master, plain run) or the increments to ship
     (worker), and the server."""
 
+    LISTENERS = {"init": "on_init", "test_start": "on_test_start", "quit": "on_quit"}
+
     def __init__(self):
         self.metrics: LocustMetrics | None = None
         self.server: MetricsServer | None = None
@@ -396,19 +398,8 @@ class _Plugin:
         server.close()
 
 
-_plugin: _Plugin | None = None
-
-
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
     process, so a locustfile may call it unconditionally."""
-    global _plugin
-    if _plugin is not None:
-        return
-    if events is None:
-        from locust import events
-    _plugin = _Plugin()
-    events.init_command_line_parser.add_listener(add_arguments)
-    events.init.add_listener(_plugin.on_init)
-    events.test_start.add_listener(_plugin.on_test_start)
-    events.quit.add_listener(_plugin.on_quit)
+    from loadgen.plugins import install_once
+    install_once(_Plugin, add_arguments, events)
