@@ -366,7 +366,12 @@ class _Plugin:
         log.info("frametap: Locust metrics on http://%s/metrics", address)
 
     def on_test_start(self, environment, **_kwargs) -> None:
-        if self.role != "worker" or self.metrics is not None:
+        # A worker may get the master's first spawn message - and so test_start - before
+        # its own init event has fired (its runner talks to the master while Locust's
+        # main greenlet is still starting up), so the role is not taken from on_init.
+        if self.environment is None:
+            self.environment = environment
+        if _role(environment) != "worker" or self.metrics is not None:
             return
         if not _option(environment, "frametap_metrics"):
             return
