@@ -336,13 +336,14 @@ class _Plugin:
         self.server: MetricsServer | None = None
         self.environment = None
         self.role = None
+        self._reporting = False
 
     def on_init(self, environment, **_kwargs) -> None:
         self.environment = environment
         self.role = _role(environment)
         if self.role == "worker":
             # the address may come with the master's options at the first spawn
-            environment.events.report_to_master.add_listener(self.on_report_to_master)
+            self._report_to_master(environment)
             return
         address = _option(environment, "frametap_metrics")
         if not address:
@@ -367,16 +368,25 @@ class _Plugin:
 
     def on_test_start(self, environment, **_kwargs) -> None:
         # A worker may get the master's first spawn message - and so test_start - before
-        # its own init event has fired (its runner talks to the master while Locust's
-        # main greenlet is still starting up), so the role is not taken from on_init.
-        if self.environment is None:
-            self.environment = environment
-        if _role(environment) != "worker" or self.metrics is not None:
+        # its own init event, even before Locust has stored its runner in the environment
+        # (the runner talks to the master while it is being set up): no runner yet means
+        # a worker, since a master's or a plain run's test_start cannot come that early.
+        from locust.runners import WorkerRunner
+        runner = environment.runner
+        if self.metrics is not None or not (runner is None or isinstance(runner, WorkerRunner)):
             return
         if not _option(environment, "frametap_metrics"):
             return
+        if self.environment is None:
+            self.environment = environment
         self.metrics = LocustMetrics()
         environment.events.request.add_listener(self.metrics.on_request)
+        self._report_to_master(environment)
+
+    def _report_to_master(self, environment) -> None:
+        if not self._reporting:
+            self._reporting = True
+            environment.events.report_to_master.add_listener(self.on_report_to_master)
 
     def on_report_to_master(self, client_id=None, data=None, **_kwargs) -> None:
         if self.metrics is not None and data is not None:
