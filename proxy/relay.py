@@ -76,6 +76,7 @@ class LogLimiter:
 
 WRITE_HIGH = 256 * 1024      # pause the peer's reading above this many buffered bytes
 WRITE_LOW = 64 * 1024
+SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
 
 
 class Route:
@@ -176,19 +177,39 @@ class Route:
             self.framelog[2].forget(parser.conn_id)
 
     async def _sweep(self):
-        """Count requests that waited longer than request_timeout (FIFO heads only)."""
+        """Count requests that waited longer than request_timeout (FIFO heads only), in
+        slices: at most SWEEP_SLICE timeouts per expire() call and about SWEEP_SLICE of
+        them between two yields to the loop, so an upstream that stopped answering
+        (hundreds of thousands of requests due at once) never holds up the other
+        connections' reads (docs/design.md, "Pending requests")."""
         period = min(1.0, self.cfg.request_timeout / 4)
         while True:
             await asyncio.sleep(period)
-            now = now_ns()
             try:
-                self.log.flush()
-                mono = time.monotonic()
-                for conn in list(self.connections):
-                    conn.parser.expire(now)
-                    conn.check_timeouts(mono)
+                await self.sweep_once()
+            except asyncio.CancelledError:
+                raise
             except Exception:                  # never let the sweeper die silently
                 log.exception("route %s: timeout sweep failed", self.cfg.name)
+
+    async def sweep_once(self, limit=None):
+        """One sweep over this route's connections; yields to the loop between slices."""
+        limit = SWEEP_SLICE if limit is None else limit
+        now = now_ns()
+        self.log.flush()
+        mono = time.monotonic()
+        done = 0                               # timeouts counted since the last yield
+        for conn in list(self.connections):
+            while not conn.closed:
+                n = conn.parser.expire(now, limit)
+                done += n + 1
+                if done >= limit:
+                    done = 0
+                    await asyncio.sleep(0)     # let the other connections' reads run
+                if n < limit:
+                    break                      # this connection is done
+            if not conn.closed:
+                conn.check_timeouts(mono)
 
     def stop_accepting(self):
         for acceptor in self.acceptors:
