@@ -15,7 +15,10 @@ blackhole
     for ``--seconds``; meanwhile a well-behaved FlyMQ client on a third route measures its
     round trips through the reference server. Reports the proxy's peak RSS against
     ``--budget`` (max_pending_bytes) + 64 MiB, the overflow counted, and the FlyMQ
-    client's p50 / p99 / max latency.
+    client's p50 / p99 / max latency.  The proxy runs on a cpu of its own, the driver on
+    the others, the FlyMQ client and server in SCHED_FIFO (``--no-pin``: not); the
+    proxy's cpu seconds and run-queue wait show how much of the latency a shared
+    machine added.  ``--probe`` instruments the proxy's loop (bench/loopprobe.py).
 
 proxyfuzz
     ``--frames`` mutated frames per protocol (bench/fuzz_twins.py's corpus and mutations)
@@ -27,6 +30,7 @@ proxyfuzz
     python bench/soak.py flood [--connections N]
     python bench/soak.py proxyfuzz [--frames N] [--workers N]
     python bench/soak.py blackhole [--seconds S] [--stream N] [--routeinfo N] [--budget BYTES]
+                                   [--stream-rate N] [--probe] [--no-pin]
 """
 
 from __future__ import annotations
@@ -370,7 +374,10 @@ protocol = "flymq"
 listen = "127.0.0.1:{ports['fly']}"
 upstream = "127.0.0.1:{fly_port}"
 """)
-    proxy = start(FRAMETAP + ["proxy", "-c", str(cfg), "--log-level", "warning"],
+    probe = Path(tmp) / "loopprobe.json"
+    cmd = ([sys.executable, str(ROOT / "bench" / "loopprobe.py"), str(probe)] if args.probe
+           else FRAMETAP)
+    proxy = start(cmd + ["proxy", "-c", str(cfg), "--log-level", "warning"],
                   ports["fly"], "proxy", cpus=proxy_cpus)
     sched0 = schedstat(proxy.pid)
     stop_at = time.monotonic() + args.seconds
@@ -432,6 +439,7 @@ upstream = "127.0.0.1:{fly_port}"
 
     def pct(q):
         return round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3, 3) if lat else None
+    probed = json.loads(probe.read_text()) if args.probe and probe.exists() else None
     return {
         "seconds": args.seconds, "stream_connections": args.stream,
         "stream_rate_per_connection": args.stream_rate or "flat out",
@@ -453,6 +461,7 @@ upstream = "127.0.0.1:{fly_port}"
         "proxy_cpu_s": round(sched1[0] - sched0[0], 1),
         "proxy_runqueue_wait_s": round(sched1[1] - sched0[1], 2),
         "tracebacks": err.count("Traceback"),
+        **({"probe": probed} if args.probe else {}),
     }
 
 
@@ -544,6 +553,9 @@ def main(argv=None) -> int:
     b.add_argument("--stream-rate", type=int, default=0,
                    help="publishing ids per second per Stream connection (0: flat out)")
     b.add_argument("--budget", type=int, default=256 * 2**20)
+    b.add_argument("--probe", action="store_true",
+                   help="instrument the proxy's loop (bench/loopprobe.py): loop lag, and the "
+                        "cpu time of every read, expire() call, sweep slice and gc pass")
     b.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin the proxy to one cpu and the driver to the others")
     z = sub.add_parser("proxyfuzz", help="mutated frames through a running proxy")
