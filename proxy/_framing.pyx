@@ -11,6 +11,7 @@ from cpython.bytes cimport (PyBytes_Check, PyBytes_AS_STRING, PyBytes_GET_SIZE,
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.string cimport memcpy, memset, memcmp, memmove
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint64_t
 
 from proxy.errors import frame_error_class
@@ -911,22 +912,28 @@ cdef class FrameParser:
 
     # ---- lifecycle ------------------------------------------------------------
 
-    def expire(self, int64_t now=0):
+    def expire(self, int64_t now=0, Py_ssize_t limit=0):
         """Count requests older than request_timeout as timeouts; returns how many.
         Walks only what expires (both tables are in request order), then shrinks
-        tables a burst left mostly empty."""
+        tables a burst left mostly empty.  With ``limit`` > 0 it counts at most that
+        many (FIFO first, then the map, oldest first) and leaves the rest, and the
+        shrinking, to the next call: the relay's sweep calls again after letting other
+        connections run, so an upstream that stopped answering never stalls the loop
+        for a whole second's worth of timeouts (docs/design.md, "Pending requests")."""
         cdef Py_ssize_t i, mask
         cdef Pending* p
-        cdef int n = 0
+        cdef Py_ssize_t n = 0
         if now == 0:
             now = monotonic_ns()
+        if limit <= 0:
+            limit = PY_SSIZE_T_MAX
         self.now_ns = now
         # the expired requests are a prefix of the FIFO, whose sequence numbers are
         # consecutive: start at the first one not yet expired
         i = 0
         if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
             i = self.fifo_live - self.fifo[self.fifo_head].key
-        while i < self.fifo_len:
+        while i < self.fifo_len and n < limit:
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if now - p.t_ns < self.timeout_ns:
                 break                    # FIFO: everything after is younger
@@ -939,7 +946,7 @@ cdef class FrameParser:
         if self.ring_live < self.ring_head:
             self.ring_live = self.ring_head
         mask = self.map_cap - 1
-        while self.ring_live < self.ring_tail:
+        while self.ring_live < self.ring_tail and n < limit:
             i = self.ring[self.ring_live & mask]
             if i >= 0:                   # else answered since
                 p = &self.map[i].p
@@ -948,6 +955,8 @@ cdef class FrameParser:
                 self._timeout(p, self.map[i].tag)
                 n += 1
             self.ring_live += 1
+        if n >= limit:
+            return n                     # more may be due: the caller comes back
         self._shrink()
         return n
 
