@@ -364,6 +364,7 @@ cdef class FrameParser:
     cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1
     cdef int _shrink(self) except -1
     cdef void _ring_compact(self) noexcept
+    cdef bint _has_expired(self) noexcept
     cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept

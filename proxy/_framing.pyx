@@ -824,15 +824,30 @@ cdef class FrameParser:
         self.ring_live = live if live >= 0 else w
         self.ring_tail = w
 
+    cdef bint _has_expired(self) noexcept:
+        """Whether the map holds a request already counted as a timeout (the ring's
+        answered head slots are dropped on the way)."""
+        cdef Py_ssize_t rmask = self.map_cap - 1
+        if self.map_cap == 0:
+            return 0
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
+        while self.ring_head < self.ring_live and self.ring[self.ring_head & rmask] < 0:
+            self.ring_head += 1
+        return self.ring_head < self.ring_live
+
     cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
         """expect() when the table must grow first, is full, or already holds the key
         (set_corr() done)."""
         cdef Py_ssize_t i, mask, rmask
         cdef MapEntry* e
         cdef int32_t j
-        if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit:
+        if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit \
+                and not self._has_expired():
             self._map_grow()                   # keeps the table at most half full (budget
-                                               # permitting: see set_pending_budget)
+                                               # permitting: see set_pending_budget); a
+                                               # table holding expired requests drops
+                                               # those first (below) instead of growing
         if self.map_cap == 0:                  # map_limit <= 0 or no budget: nothing is tracked
             _count_error(self.c, d, R_OVERFLOW)
             return 0
@@ -854,11 +869,7 @@ cdef class FrameParser:
             # full (the limit, or the budget refused to grow): the oldest expired entry
             # makes room, else the request is dropped, and counted
             rmask = self.map_cap - 1
-            if self.ring_live < self.ring_head:
-                self.ring_live = self.ring_head
-            while self.ring_head < self.ring_live and self.ring[self.ring_head & rmask] < 0:
-                self.ring_head += 1
-            if self.ring_head == self.ring_live:
+            if not self._has_expired():
                 _count_error(self.c, d, R_OVERFLOW)
                 return 0
             j = self.ring[self.ring_head & rmask]

@@ -638,7 +638,8 @@ class FrameParser:
         self.set_corr(d, key, corr_hi)
         k = (tag, key)
         n = len(self.map) + len(self.map_dead)
-        if (n + 1) * 2 > self.map_cap and n < self.map_limit:
+        if (n + 1) * 2 > self.map_cap and n < self.map_limit and not self.map_dead:
+            # a table holding expired requests drops those first (below), not grows
             self._map_resize(self.map_cap * 2 if self.map_cap else MAP_MIN_CAP)
         if self.map_cap == 0:
             self.stats.error(d, R_OVERFLOW)

@@ -203,12 +203,13 @@ class Route:
         done = 0                               # timeouts counted since the last yield
         for conn in list(self.connections):
             while not conn.closed:
-                n = conn.parser.expire(now, limit)
+                budget = limit - done          # >= 1: a slice spans connections
+                n = conn.parser.expire(now, budget)
                 done += n + 1
                 if done >= limit:
                     done = 0
                     await asyncio.sleep(0)     # let the other connections' reads run
-                if n < limit:
+                if n < budget:
                     break                      # this connection is done
             if not conn.closed:
                 conn.check_timeouts(mono)

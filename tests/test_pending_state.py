@@ -117,6 +117,32 @@ def test_a_full_map_evicts_its_oldest_expired_entry(name):
     parser.close()
 
 
+@pytest.mark.parametrize("name", sorted(STREAM))
+def test_a_map_holding_expired_requests_drops_them_instead_of_growing(name):
+    """Behind an upstream that stopped answering the table stays sized by the requests
+    still within request_timeout: new requests take the expired ones' places (oldest
+    first) rather than doubling the table - a whole-table rehash, one stall of the loop."""
+    stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
+    _stream_publishes(parser, 0, 3)            # ids 0..29 in a 64-slot table
+    cap = parser.pending_capacity[0]
+    assert cap == 64
+    assert parser.expire(parser_now(parser) + 2 * SECOND) == 30
+    _stream_publishes(parser, 1000, 2)         # 20 new ids: 50 would need 128 slots;
+    assert parser.pending_capacity[0] == cap   # ids 0..17 make room instead
+    assert parser.pending == 32
+    assert _overflow(stats) == 0
+    parser.feed(1, publish_confirm(0, 10))     # ids 0..9: dropped first, now unmatched
+    parser.feed(1, publish_confirm(20, 10))    # ids 20..29: kept, matched late
+    parser.feed(1, publish_confirm(1000, 10))  # new ids: matched and observed
+    snap = stats.snapshot()
+    assert snap["timeouts"] == {"Publish": 30}
+    assert sum(snap["hist"][("Publish", "ok")][0]) == 10
+    assert snap["unmatched"] == 10
+    _stream_publishes(parser, 5000, 10)        # no expired ones left: the table grows
+    assert parser.pending_capacity[0] > cap and _overflow(stats) == 0
+    parser.close()
+
+
 def parser_now(parser):
     """A time after every request fed so far (the parsers read the monotonic clock)."""
     from proxy.framing import now_ns
@@ -328,14 +354,17 @@ def test_the_sweep_over_200k_due_requests_lets_the_loop_run_between_slices():
         route = app.routes[0]
         route._sweeper.cancel()                # this test runs the sweep itself
         try:
-            _, writer = await asyncio.open_connection("127.0.0.1", route.address[1])
-            n = 200_000
-            writer.write(b"".join(publish(10 * i) for i in range(n // 10)))
-            await writer.drain()
+            n, per = 200_000, 50_000           # four connections (map_limit is 64 Ki)
+            writers = []
+            for _ in range(n // per):
+                _, writer = await asyncio.open_connection("127.0.0.1", route.address[1])
+                writer.write(b"".join(publish(10 * i) for i in range(per // 10)))
+                await writer.drain()
+                writers.append(writer)
             await wait_for(lambda: route.stats.snapshot()["in_flight"] == n, timeout=30,
                            what="every id pending")
-            (conn,) = route.connections
-            conn.parser.timeout_ns = 1         # all of them are due now
+            for conn in route.connections:
+                conn.parser.timeout_ns = 1     # all of them are due now
             steps = []
             stop = False
 
@@ -353,7 +382,8 @@ def test_the_sweep_over_200k_due_requests_lets_the_loop_run_between_slices():
             assert steps[-1] == n
             assert max(moves) <= relay.SWEEP_SLICE
             assert sum(1 for m in moves if m) >= n // relay.SWEEP_SLICE
-            writer.close()
+            for writer in writers:
+                writer.close()
         finally:
             await app.shutdown(0)
             hole.close()
