@@ -68,6 +68,13 @@ DICTIONARY_COLUMNS = ["source", "run_id", "route", "protocol", "peer", "directio
                       "resource", "conn_id", "frame_bytes", "header_bytes", "payload_bytes",
                       "messages"]
 
+#: Writer settings that cut its cost per row (bench/framelog_bench.py; docs/design.md,
+#: "Frame log"): one page per column and row group rather than a page per 20,000 rows
+#: and the encoders fed 1,024 values at a time (each page is compressed with a fresh
+#: zstd context, and each small batch is a round of per-column bookkeeping).
+PARQUET_OPTIONS = {"write_batch_size": 65536, "max_rows_per_page": 1 << 22,
+                   "data_page_size": 8 << 20}
+
 
 def new_run_id():
     """A run id for a process that was not given one: UTC start time + 8 random hex."""
@@ -129,7 +136,8 @@ class FileSink:
             # the batch was built with dictionary-encoded columns or not
             self._writer = pq.ParquetWriter(self._file, schema, compression=self.compression,
                                             store_schema=False, write_statistics=False,
-                                            use_dictionary=DICTIONARY_COLUMNS)
+                                            use_dictionary=DICTIONARY_COLUMNS,
+                                            **PARQUET_OPTIONS)
         self._opened = time.monotonic()
         self._rows = {}
 
@@ -235,7 +243,7 @@ class RowBuffer:
             self.full.set()      # half full: wake the writer early
         return True
 
-    def drain(self):
+    def drain(self, partial=True):
         """Everything buffered so far, as pyarrow Tables (the buffer starts empty)."""
         rows, self.rows = self.rows, []      # one swap: atomic under the GIL
         if not rows:
@@ -298,18 +306,20 @@ class FrameLog:
 
     def _run(self):
         while not self._stop:
-            self.wake.wait(self.flush_interval)
+            woken = self.wake.wait(self.flush_interval)
             self.wake.clear()
             if self._stop:
                 break
-            self.flush()
+            # woken by a full buffer chunk: write the full ones only (a part-filled chunk
+            # is a small row group, dearer per row); every flush_interval: everything
+            self.flush(partial=not woken)
 
-    def flush(self, finish=False):
+    def flush(self, finish=False, partial=True):
         """Drain every source into the open file (and complete it when ``finish``)."""
         with self._lock:
             for src in list(self.sources):
                 try:
-                    tables = src.drain()
+                    tables = src.drain(partial or finish)
                 except Exception as exc:      # a bug, not the disk: say so, keep going
                     self._error("frame log: draining a buffer failed: %s" % exc)
                     continue
