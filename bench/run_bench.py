@@ -11,7 +11,11 @@ drift on a noisy machine hits both sides alike:
 
 After every frametap run it scrapes the admin /metrics endpoint and checks that
 ``frametap_frames_total{direction="c2s",opcode="PRODUCE"}`` is at least the
-number of requests the client completed: the parser saw every frame.
+number of requests the client completed: the parser saw every frame.  It also
+reads the proxy's CPU seconds (/proc/PID/stat) over the load plus a 1.5 s settle
+(so the frame-log writer's backlog counts) and reports CPU ns per relayed request;
+the frame-log ratios are printed both by rps (the target) and by that CPU cost,
+which other work on the machine disturbs far less.
 
 Results go to bench/results/latest.json (and a bar chart PNG when matplotlib
 is importable).  Also runs bench/parser_bench.py unless --skip-parser.
@@ -54,6 +58,7 @@ PREVIOUS = "previous"      # frametap from another checkout (--previous DIR), th
 PREVIOUS_TOLERANCE = 0.03  # a change to the hot path may cost at most 3% against it
 FRAMELOG = "framelog"      # frametap writing a Parquet frame log of every connection
 FRAMELOG_SAMPLED = "framelog1pct"   # ... of 1% of connections ([framelog] sample = 0.01)
+SETTLE_S = 1.5             # after the load: the frame-log writer's flush interval is 1 s
 #: frame-log variants: (sample, min rps ratio against plain frametap, scenario "a" only)
 FRAMELOG_TARGETS = {FRAMELOG: (1.0, 0.70), FRAMELOG_SAMPLED: (0.01, 0.95)}
 
@@ -327,7 +332,17 @@ def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
         if proc.poll() is not None:
             raise BenchError(f"{which} died during the run (exit {proc.returncode})\n{tail(logfile)}")
         if admin is not None:
+            # CPU per relayed request, the writer's backlog included: give the frame-log
+            # writer time to empty its buffer (an idle proxy costs next to nothing), then
+            # count the proxy's CPU over the load and the wait.  Unlike rps this hardly
+            # moves when other work shares the proxy's core.
+            time.sleep(SETTLE_S)
+            cpu2 = proc_cpu_seconds(proc.pid)
             result.update(check_metrics(admin, result))
+            if cpu0 is not None and cpu2 is not None and result.get("frames_c2s_produce"):
+                result["proxy_cpu_s"] = round(cpu2 - cpu0, 3)
+                result["proxy_cpu_ns_per_req"] = round(
+                    (cpu2 - cpu0) / result["frames_c2s_produce"] * 1e9, 1)
     finally:
         stop(proc)
     if which in FRAMELOG_TARGETS:
@@ -371,6 +386,8 @@ def progress_line(sc: Scenario, rep: int, repeats: int, r: dict) -> str:
              f"client_cpu={r['client_cpu_pct']:5.1f}%"]
     if "proxy_cpu_pct" in r:
         parts.append(f"proxy_cpu={r['proxy_cpu_pct']:5.1f}%")
+    if "proxy_cpu_ns_per_req" in r:
+        parts.append(f"cpu/req={r['proxy_cpu_ns_per_req']:.0f}ns")
     if "framelog_rows" in r:
         parts.append(f"log={r['framelog_rows_per_s']:,}/s dropped={r.get('framelog_dropped', 0)}")
     if "server_cpu_pct" in r:
@@ -405,6 +422,9 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
             "median_p50_us": median([r["p50_us"] for r in mine]),
             "median_p99_us": median([r["p99_us"] for r in mine]),
             "median_client_cpu_pct": median([r["client_cpu_pct"] for r in mine]),
+            "cpu_ns_per_req": [r.get("proxy_cpu_ns_per_req") for r in mine],
+            "median_cpu_ns_per_req": median([r["proxy_cpu_ns_per_req"] for r in mine
+                                             if r.get("proxy_cpu_ns_per_req")]),
             "metrics_ok": all(r.get("metrics_ok", True) for r in mine),
             "client_errors": sum(r.get("errors", 0) for r in mine),
         }
@@ -433,6 +453,13 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
         out.setdefault("checks", {})[which + "_rps"] = {
             "ratio": ratio, "target": f">= {target}", "pass": ratio >= target,
             "spread": (min(fl["rps"]), max(fl["rps"]))}
+        # the same comparison by CPU per request: on a saturated core rps goes as its
+        # inverse, and it is far less at the mercy of whatever else runs on the machine
+        if ft.get("median_cpu_ns_per_req") and fl.get("median_cpu_ns_per_req"):
+            fl["cpu_ratio"] = ft["median_cpu_ns_per_req"] / fl["median_cpu_ns_per_req"]
+        rows_cpu = [r["framelog_rows"] / r["proxy_cpu_s"] for r in mine
+                    if r.get("proxy_cpu_s") and r.get("framelog_rows")]
+        fl["median_rows_per_cpu_s"] = median(rows_cpu) if rows_cpu else 0
     if PREVIOUS in out["proxies"] and FRAMETAP in out["proxies"]:
         prev, ft = out["proxies"][PREVIOUS], out["proxies"][FRAMETAP]
         checks = out.setdefault("checks", {})
@@ -440,11 +467,19 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
         ratio = ft["median_" + key] / prev["median_" + key] if prev["median_" + key] else float("nan")
         ok = ratio >= 1 - PREVIOUS_TOLERANCE if key == "rps" else ratio <= 1 + PREVIOUS_TOLERANCE
         spread = {w: (min(p[key]), max(p[key])) for w, p in ((PREVIOUS, prev), (FRAMETAP, ft))}
+        if prev.get("median_cpu_ns_per_req") and ft.get("median_cpu_ns_per_req"):
+            checks["vs_previous_cpu"] = {
+                "ratio": prev["median_cpu_ns_per_req"] / ft["median_cpu_ns_per_req"],
+                "pass": True, "target": "information: previous/frametap CPU per request"}
         checks["vs_previous_" + key] = {
             "ratio": ratio, "pass": ok, "spread": spread,
             "target": (f">= {1 - PREVIOUS_TOLERANCE:.2f}" if key == "rps"
                        else f"<= {1 + PREVIOUS_TOLERANCE:.2f}")}
     return out
+
+
+def cpus(p: dict) -> str:
+    return ", ".join("-" if v is None else f"{v:.0f}" for v in p.get("cpu_ns_per_req", []))
 
 
 def print_summary(summaries: list[dict]) -> list[str]:
@@ -475,6 +510,13 @@ def print_summary(summaries: list[dict]) -> list[str]:
                 log(f"    {name[:-4]}/frametap rps ratio {c['ratio']:.3f} (target {c['target']}): "
                     f"{verdict}; {p['median_framelog_rows_per_s']:,.0f} rows/s written, "
                     f"{p['framelog_dropped']} dropped, proxy cpu {p['median_proxy_cpu_pct']:.0f}%")
+                if "cpu_ratio" in p:
+                    ft = s["proxies"][FRAMETAP]
+                    log(f"    {'':<11} by proxy CPU per request: frametap "
+                        f"{ft['median_cpu_ns_per_req']:.0f} ns [{cpus(ft)}], {name[:-4]} "
+                        f"{p['median_cpu_ns_per_req']:.0f} ns [{cpus(p)}]: ratio "
+                        f"{p['cpu_ratio']:.3f}; {p['median_rows_per_cpu_s']:,.0f} rows written "
+                        f"per proxy cpu-second")
             elif name.startswith("vs_previous"):
                 log(f"    frametap/previous build {name[12:]} ratio {c['ratio']:.3f} "
                     f"(target {c['target']}): {verdict}")
