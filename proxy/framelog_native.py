@@ -99,6 +99,13 @@ class NativeSource:
             self.peers.pop(conn_id, None)
         return tables
 
+    @staticmethod
+    def _names(key, routes):
+        """Opcode names of keys ``route * OPCODE_SLOTS + slot`` (nulls stay null)."""
+        enc = pc.dictionary_encode(key)
+        return _dict(enc.indices, [routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS)
+                                   for k in enc.dictionary.to_pylist()])
+
     def table(self, c):
         """One chunk's columns as a pyarrow Table of framelog.SCHEMA's columns."""
         n = c["n"]
@@ -109,17 +116,14 @@ class NativeSource:
         op_key = _fixed(pa.int32(), n, c["op_key"])
         req_vals, req_valid = c["req_key"]
         req_key = _fixed(pa.int32(), n, req_vals, req_valid)
-        keys = pc.unique(pa.chunked_array([op_key, req_key.drop_null()]).combine_chunks())
-        names = [routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS)
-                 for k in keys.to_pylist()]
-        opcode_name = _dict(pc.index_in(op_key, value_set=keys), names)
-        req_name = _dict(pc.index_in(req_key, value_set=keys), names)
+        # one hash pass per column (dictionary_encode), not two (unique + index_in)
+        opcode_name = self._names(op_key, routes)
+        req_name = self._names(req_key, routes)
         # status: (route << 32 | code); -1 marks a timeout event
         svals, svalid = c["status_key"]
-        skey = _fixed(pa.int64(), n, svals, svalid)
-        skeys = pc.unique(skey.drop_null())
+        skey = pc.dictionary_encode(_fixed(pa.int64(), n, svals, svalid))
         snames = []
-        for k in skeys.to_pylist():
+        for k in skey.dictionary.to_pylist():
             if k == -1:
                 snames.append("timeout")
                 continue
@@ -131,12 +135,12 @@ class NativeSource:
                 snames.append(str(namer(code)))
             except Exception:
                 snames.append(str(code))
-        status = _dict(pc.index_in(skey, value_set=skeys), snames)
+        status = _dict(skey.indices, snames)
         # peers by conn_id
         conn = _fixed(pa.int64(), n, c["conn_id"])
-        conn_keys = pc.unique(conn)
-        peer = _dict(pc.index_in(conn, value_set=conn_keys),
-                     [self.peers.get(k) for k in conn_keys.to_pylist()])
+        conn_enc = pc.dictionary_encode(conn)
+        peer = _dict(conn_enc.indices,
+                     [self.peers.get(k) for k in conn_enc.dictionary.to_pylist()])
         ovals, ovalid = c["outcome"]
         opv, opvalid = c["opcode"]
         lvals, lvalid = c["latency_ns"]
