@@ -53,7 +53,7 @@ def _feed(protocol: str, passes: int, framelog: str = "off") -> None:
         for d, chunk in schedule:
             parser.feed(d, chunk)
         parser.close()
-        if buf is not None:                # the writer's side, outside the hot path
+        if framelog == "on":               # the writer's side, outside the hot path
             while (i := buf.take()) >= 0:
                 buf.release(i)
 

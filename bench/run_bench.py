@@ -255,6 +255,7 @@ class Env:
     logdir: Path
     frametap_cwd: Path | None
     previous_dir: Path | None = None
+    proxy_cpus: str = PROXY_CPU
 
 
 def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, int, int | None, Path]:
@@ -286,7 +287,7 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
     if which == PREVIOUS:
         cwd = env.previous_dir
         penv["PYTHONPATH"] = str(env.previous_dir)
-    proc = subprocess.Popen(pinned(PROXY_CPU, argv), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(pinned(env.proxy_cpus, argv), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                             env=penv)
     out.close()
     try:
@@ -510,6 +511,12 @@ def print_summary(summaries: list[dict]) -> list[str]:
                 log(f"    {name[:-4]}/frametap rps ratio {c['ratio']:.3f} (target {c['target']}): "
                     f"{verdict}; {p['median_framelog_rows_per_s']:,.0f} rows/s written, "
                     f"{p['framelog_dropped']} dropped, proxy cpu {p['median_proxy_cpu_pct']:.0f}%")
+                ft_cpu = s["proxies"][FRAMETAP].get("proxy_cpu_pct") or []
+                busy = median([v for v in ft_cpu if v is not None])
+                if busy < 90:
+                    log(f"    {'':<11} NOTE: frametap used a median {busy:.0f}% of its core: it "
+                        "was not the bottleneck (other work on the machine was), so this rps "
+                        "ratio says little about the frame log's cost; see CPU per request")
                 if "cpu_ratio" in p:
                     ft = s["proxies"][FRAMETAP]
                     log(f"    {'':<11} by proxy CPU per request: frametap "
@@ -605,6 +612,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--previous", type=Path, metavar="DIR",
                     help="also run frametap from this checkout (built in place: `python setup.py "
                          "build_ext --inplace`), interleaved: the before build of a hot-path change")
+    ap.add_argument("--proxy-cpus", default=PROXY_CPU, metavar="LIST",
+                    help=f"taskset cpu list for the proxies (default {PROXY_CPU}; the targets are "
+                         "defined with the proxy on one core: e.g. 0,1 is an extra figure "
+                         "where the frame-log writer thread may use the load generator's core)")
     ap.add_argument("--skip-parser", action="store_true", help="do not run bench/parser_bench.py")
     ap.add_argument("--strict", action="store_true", help="exit 1 when any target FAILs")
     ap.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.json", help="results JSON path")
@@ -628,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [s for s in SCENARIOS if s.key in keys]
     if len(scenarios) != len(keys):
         ap.error(f"--scenarios: choose from {','.join(s.key for s in SCENARIOS)}")
+    if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", args.proxy_cpus):
+        ap.error(f"--proxy-cpus: a cpu list such as 0 or 0,1, not {args.proxy_cpus!r}")
     if args.repeat < 1 or args.seconds <= 0 or args.warmup < 0:
         ap.error("--repeat must be >= 1, --seconds > 0, --warmup >= 0")
 
@@ -668,13 +681,13 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
     try:
         wait_port(server_port, server, 10, "flyload server", server_log)
         env = Env(flyload, server_port, server.pid, args.seconds, args.warmup, workdir, frametap_cwd,
-                  args.previous)
+                  args.previous, args.proxy_cpus)
         log(f"python {platform.python_version()} ({sys.executable}); flyload in {workdir}")
         if framing_file:
             kind = "PURE-PYTHON (not compiled!)" if ".py " in framing_file + " " else "compiled"
             log(f"frametap ({kind}): {framing_file}")
         log(f"{args.repeat} repeat(s) x {args.seconds:g} s (+{args.warmup:g} s warmup); "
-            f"proxy on cpu {PROXY_CPU}, flyload server+client on cpu {LOAD_CPU}; "
+            f"proxy on cpu {args.proxy_cpus}, flyload server+client on cpu {LOAD_CPU}; "
             f"loadavg {os.getloadavg()[0]:.2f}")
         log("")
         for sc in scenarios:
@@ -705,7 +718,7 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
         "duration_s": round(time.time() - started, 1),
         "config": {"repeat": args.repeat, "seconds": args.seconds, "warmup": args.warmup,
                    "proxies": proxies, "scenarios": [sc.key for sc in scenarios],
-                   "proxy_cpu": PROXY_CPU, "load_cpu": LOAD_CPU},
+                   "proxy_cpu": args.proxy_cpus, "load_cpu": LOAD_CPU},
         "environment": {"python": sys.version.split()[0], "executable": sys.executable,
                         "platform": platform.platform(), "cpus": os.cpu_count(),
                         "loadavg": os.getloadavg(), "frametap_framing": framing_file},
