@@ -86,7 +86,10 @@ def main(argv=None) -> int:
     if not modes or set(modes) - {"off", "unsampled", "on"}:
         ap.error("--framelog: a comma list of off, unsampled, on")
     from proxy import protocols
-    names = [s.name for s in protocols.specs()] if args.protocol == "all" else [args.protocol]
+    known = [s.name for s in protocols.specs()]
+    names = known if args.protocol == "all" else [args.protocol]
+    if set(names) - set(known):
+        ap.error(f"--protocol: one of {', '.join(known)} or all, not {args.protocol!r}")
     for name in names:
         for mode in modes:
             base = _instructions(name, 1, mode)
