@@ -243,7 +243,7 @@ class RowBuffer:
             self.full.set()      # half full: wake the writer early
         return True
 
-    def drain(self, partial=True):
+    def drain(self):
         """Everything buffered so far, as pyarrow Tables (the buffer starts empty)."""
         rows, self.rows = self.rows, []      # one swap: atomic under the GIL
         if not rows:
@@ -259,7 +259,8 @@ class RowBuffer:
 class FrameLog:
     """The frame-log writer thread of one process.
 
-    ``sources`` have ``drain() -> [pa.Table]`` and ``dropped_counts() -> {route: n}``.
+    ``sources`` have ``drain() -> [pa.Table]`` and ``dropped_counts() -> {route: n}``
+    (and may have ``drain_full()``: what a wake by a full buffer chunk writes).
     Counters (for the metrics): ``records`` (rows in finished files, by route),
     ``write_drops`` (rows lost to write errors, by route), ``files``, ``write_errors``.
     """
@@ -319,7 +320,10 @@ class FrameLog:
         with self._lock:
             for src in list(self.sources):
                 try:
-                    tables = src.drain(partial or finish)
+                    if partial or finish or not hasattr(src, "drain_full"):
+                        tables = src.drain()
+                    else:                          # the compiled buffer's full chunks only
+                        tables = src.drain_full()
                 except Exception as exc:      # a bug, not the disk: say so, keep going
                     self._error("frame log: draining a buffer failed: %s" % exc)
                     continue
@@ -336,8 +340,8 @@ class FrameLog:
     def _write(self, table):
         try:
             self.sink.write(table)
-        except OSError as exc:
-            lost = self.sink.abandon()
+        except Exception as exc:          # the disk, or a batch pyarrow refuses: count
+            lost = self.sink.abandon()     # and drop it, the thread keeps writing
             for route, n in _route_counts(table).items():
                 lost[route] = lost.get(route, 0) + n
             self._write_failed(exc, lost)
@@ -347,7 +351,8 @@ class FrameLog:
         for route, n in lost.items():
             self.write_drops[route] = self.write_drops.get(route, 0) + n
         self._error("frame log: writing to %s failed (%s); %d rows dropped, retrying with a "
-                    "new file" % (self.sink.directory, exc.strerror or exc, sum(lost.values())))
+                    "new file" % (self.sink.directory, getattr(exc, "strerror", None) or exc,
+                                  sum(lost.values())))
 
     def _error(self, message):
         now = time.monotonic()

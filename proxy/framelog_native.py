@@ -74,10 +74,17 @@ class NativeSource:
     def dropped_counts(self):
         return self.buffer.dropped_counts()
 
+    def drain_full(self):
+        """drain() of the full chunks only (the writer woken by a full chunk)."""
+        return self.drain(partial=False)
+
     def drain(self, partial=True):
         """The buffered records as tables of up to ``batch_chunks`` chunks each (one
         row group per table); ``partial=False`` leaves the chunk being filled alone."""
-        closing, self._closing = self._closing, []
+        if partial:
+            closing, self._closing = self._closing, []
+        else:                  # a closed connection's last rows may be in the filling chunk:
+            closing = []       # keep its peer until a drain that takes that chunk too
         tables = []
         while True:
             taken = []
@@ -139,8 +146,14 @@ class NativeSource:
         # peers by conn_id
         conn = _fixed(pa.int64(), n, c["conn_id"])
         conn_enc = pc.dictionary_encode(conn)
-        peer = _dict(conn_enc.indices,
-                     [self.peers.get(k) for k in conn_enc.dictionary.to_pylist()])
+        peers = [self.peers.get(k) for k in conn_enc.dictionary.to_pylist()]
+        peer_idx = conn_enc.indices
+        if None in peers:      # an unknown peer is a null row, never a null dictionary value
+            unknown = pa.array([i for i, p in enumerate(peers) if p is None], pa.int32())
+            peer_idx = pc.if_else(pc.is_in(peer_idx, value_set=unknown),
+                                  pa.scalar(None, pa.int32()), peer_idx)
+            peers = ["" if p is None else p for p in peers]
+        peer = _dict(peer_idx, peers)
         ovals, ovalid = c["outcome"]
         opv, opvalid = c["opcode"]
         lvals, lvalid = c["latency_ns"]
@@ -183,7 +196,10 @@ class NativeSource:
 class TwinSource(NativeSource):
     """Drains the pure-Python twin's FrameLogBuffer (rows already resolved to names)."""
 
-    def drain(self, partial=True):
+    def drain_full(self):
+        return self.drain()                # no chunks: everything is "full"
+
+    def drain(self):
         closing, self._closing = self._closing, []
         rows = self.buffer.take_rows()
         tables = []
