@@ -273,7 +273,8 @@ cdef class FrameLogBuffer:
     cdef uint64_t* appended             # per route
     cdef int nroutes, routes_cap
     cdef readonly list routes           # RouteStats per route index
-    cdef public object wake             # threading.Event set when a chunk fills
+    cdef public object wake             # threading.Event set when wake_at chunks are full
+    cdef public int wake_at             # full chunks that wake the writer (>= 1)
     cdef int32_t last_res               # chunk arena offset of the last resource copied, -1
     cdef int64_t last_conn              # ... and whose it was (connection, direction)
     cdef int last_dir

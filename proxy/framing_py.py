@@ -982,6 +982,7 @@ class FrameLogBuffer:
         self.dropped = []
         self.appended = []
         self.wake = None
+        self.wake_at = 1          # as the compiled buffer (its writer batches chunks)
 
     def add_route(self, stats):
         self.routes.append(stats)
