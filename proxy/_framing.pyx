@@ -1077,6 +1077,11 @@ from libc.stdlib cimport malloc, realloc, free
 from cpython.bytearray cimport PyByteArray_AS_STRING
 
 
+cdef inline Py_ssize_t _arena_str(uint8_t* dst, const uint8_t* a) noexcept nogil:
+    """Copy one arena string (u16 length, then its bytes) as UTF-8; returns its length."""
+    return _utf8_copy(dst, a + 2, (a[0] << 8) | a[1])
+
+
 cdef Py_ssize_t _utf8_copy(uint8_t* dst, const uint8_t* src, Py_ssize_t n) noexcept nogil:
     """Copy n bytes, each byte of an invalid UTF-8 sequence replaced by '?': a hostile
     client's resource bytes never make a frame-log file unreadable."""
@@ -1506,15 +1511,11 @@ cdef class FrameLogBuffer:
                         cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
                         _setbit(v_corr, o)
                     elif f.corr_fmt == CORR_STR:
-                        a = c.arena + f.corr
-                        m = (a[0] << 8) | a[1]
-                        cpos += _utf8_copy(p_cdat + cpos, a + 2, m)
+                        cpos += _arena_str(p_cdat + cpos, c.arena + f.corr)
                         _setbit(v_corr, o)
                     p_coff[o + 1] = <int32_t>cpos
                     if f.resource >= 0:
-                        a = c.arena + f.resource
-                        m = (a[0] << 8) | a[1]
-                        rpos += _utf8_copy(p_rdat + rpos, a + 2, m)
+                        rpos += _arena_str(p_rdat + rpos, c.arena + f.resource)
                         _setbit(v_res, o)
                     p_roff[o + 1] = <int32_t>rpos
                     if f.attrs >= 0:
