@@ -11,7 +11,11 @@ drift on a noisy machine hits both sides alike:
 
 After every frametap run it scrapes the admin /metrics endpoint and checks that
 ``frametap_frames_total{direction="c2s",opcode="PRODUCE"}`` is at least the
-number of requests the client completed: the parser saw every frame.
+number of requests the client completed: the parser saw every frame.  It also
+reads the proxy's CPU seconds (/proc/PID/stat) over the load plus a 1.5 s settle
+(so the frame-log writer's backlog counts) and reports CPU ns per relayed request;
+the frame-log ratios are printed both by rps (the target) and by that CPU cost,
+which other work on the machine disturbs far less.
 
 Results go to bench/results/latest.json (and a bar chart PNG when matplotlib
 is importable).  Also runs bench/parser_bench.py unless --skip-parser.
@@ -54,6 +58,7 @@ PREVIOUS = "previous"      # frametap from another checkout (--previous DIR), th
 PREVIOUS_TOLERANCE = 0.03  # a change to the hot path may cost at most 3% against it
 FRAMELOG = "framelog"      # frametap writing a Parquet frame log of every connection
 FRAMELOG_SAMPLED = "framelog1pct"   # ... of 1% of connections ([framelog] sample = 0.01)
+SETTLE_S = 1.5             # after the load: the frame-log writer's flush interval is 1 s
 #: frame-log variants: (sample, min rps ratio against plain frametap, scenario "a" only)
 FRAMELOG_TARGETS = {FRAMELOG: (1.0, 0.70), FRAMELOG_SAMPLED: (0.01, 0.95)}
 
@@ -250,6 +255,7 @@ class Env:
     logdir: Path
     frametap_cwd: Path | None
     previous_dir: Path | None = None
+    proxy_cpus: str = PROXY_CPU
 
 
 def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, int, int | None, Path]:
@@ -281,7 +287,7 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
     if which == PREVIOUS:
         cwd = env.previous_dir
         penv["PYTHONPATH"] = str(env.previous_dir)
-    proc = subprocess.Popen(pinned(PROXY_CPU, argv), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(pinned(env.proxy_cpus, argv), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                             env=penv)
     out.close()
     try:
@@ -327,7 +333,17 @@ def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
         if proc.poll() is not None:
             raise BenchError(f"{which} died during the run (exit {proc.returncode})\n{tail(logfile)}")
         if admin is not None:
+            # CPU per relayed request, the writer's backlog included: give the frame-log
+            # writer time to empty its buffer (an idle proxy costs next to nothing), then
+            # count the proxy's CPU over the load and the wait.  Unlike rps this hardly
+            # moves when other work shares the proxy's core.
+            time.sleep(SETTLE_S)
+            cpu2 = proc_cpu_seconds(proc.pid)
             result.update(check_metrics(admin, result))
+            if cpu0 is not None and cpu2 is not None and result.get("frames_c2s_produce"):
+                result["proxy_cpu_s"] = round(cpu2 - cpu0, 3)
+                result["proxy_cpu_ns_per_req"] = round(
+                    (cpu2 - cpu0) / result["frames_c2s_produce"] * 1e9, 1)
     finally:
         stop(proc)
     if which in FRAMELOG_TARGETS:
@@ -371,6 +387,8 @@ def progress_line(sc: Scenario, rep: int, repeats: int, r: dict) -> str:
              f"client_cpu={r['client_cpu_pct']:5.1f}%"]
     if "proxy_cpu_pct" in r:
         parts.append(f"proxy_cpu={r['proxy_cpu_pct']:5.1f}%")
+    if "proxy_cpu_ns_per_req" in r:
+        parts.append(f"cpu/req={r['proxy_cpu_ns_per_req']:.0f}ns")
     if "framelog_rows" in r:
         parts.append(f"log={r['framelog_rows_per_s']:,}/s dropped={r.get('framelog_dropped', 0)}")
     if "server_cpu_pct" in r:
@@ -405,6 +423,9 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
             "median_p50_us": median([r["p50_us"] for r in mine]),
             "median_p99_us": median([r["p99_us"] for r in mine]),
             "median_client_cpu_pct": median([r["client_cpu_pct"] for r in mine]),
+            "cpu_ns_per_req": [r.get("proxy_cpu_ns_per_req") for r in mine],
+            "median_cpu_ns_per_req": median([r["proxy_cpu_ns_per_req"] for r in mine
+                                             if r.get("proxy_cpu_ns_per_req")]),
             "metrics_ok": all(r.get("metrics_ok", True) for r in mine),
             "client_errors": sum(r.get("errors", 0) for r in mine),
         }
@@ -433,6 +454,13 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
         out.setdefault("checks", {})[which + "_rps"] = {
             "ratio": ratio, "target": f">= {target}", "pass": ratio >= target,
             "spread": (min(fl["rps"]), max(fl["rps"]))}
+        # the same comparison by CPU per request: on a saturated core rps goes as its
+        # inverse, and it is far less at the mercy of whatever else runs on the machine
+        if ft.get("median_cpu_ns_per_req") and fl.get("median_cpu_ns_per_req"):
+            fl["cpu_ratio"] = ft["median_cpu_ns_per_req"] / fl["median_cpu_ns_per_req"]
+        rows_cpu = [r["framelog_rows"] / r["proxy_cpu_s"] for r in mine
+                    if r.get("proxy_cpu_s") and r.get("framelog_rows")]
+        fl["median_rows_per_cpu_s"] = median(rows_cpu) if rows_cpu else 0
     if PREVIOUS in out["proxies"] and FRAMETAP in out["proxies"]:
         prev, ft = out["proxies"][PREVIOUS], out["proxies"][FRAMETAP]
         checks = out.setdefault("checks", {})
@@ -440,11 +468,19 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
         ratio = ft["median_" + key] / prev["median_" + key] if prev["median_" + key] else float("nan")
         ok = ratio >= 1 - PREVIOUS_TOLERANCE if key == "rps" else ratio <= 1 + PREVIOUS_TOLERANCE
         spread = {w: (min(p[key]), max(p[key])) for w, p in ((PREVIOUS, prev), (FRAMETAP, ft))}
+        if prev.get("median_cpu_ns_per_req") and ft.get("median_cpu_ns_per_req"):
+            checks["vs_previous_cpu"] = {
+                "ratio": prev["median_cpu_ns_per_req"] / ft["median_cpu_ns_per_req"],
+                "pass": True, "target": "information: previous/frametap CPU per request"}
         checks["vs_previous_" + key] = {
             "ratio": ratio, "pass": ok, "spread": spread,
             "target": (f">= {1 - PREVIOUS_TOLERANCE:.2f}" if key == "rps"
                        else f"<= {1 + PREVIOUS_TOLERANCE:.2f}")}
     return out
+
+
+def cpus(p: dict) -> str:
+    return ", ".join("-" if v is None else f"{v:.0f}" for v in p.get("cpu_ns_per_req", []))
 
 
 def print_summary(summaries: list[dict]) -> list[str]:
@@ -475,6 +511,19 @@ def print_summary(summaries: list[dict]) -> list[str]:
                 log(f"    {name[:-4]}/frametap rps ratio {c['ratio']:.3f} (target {c['target']}): "
                     f"{verdict}; {p['median_framelog_rows_per_s']:,.0f} rows/s written, "
                     f"{p['framelog_dropped']} dropped, proxy cpu {p['median_proxy_cpu_pct']:.0f}%")
+                ft_cpu = s["proxies"][FRAMETAP].get("proxy_cpu_pct") or []
+                busy = median([v for v in ft_cpu if v is not None])
+                if busy < 90:
+                    log(f"    {'':<11} NOTE: frametap used a median {busy:.0f}% of its core: it "
+                        "was not the bottleneck (other work on the machine was), so this rps "
+                        "ratio says little about the frame log's cost; see CPU per request")
+                if "cpu_ratio" in p:
+                    ft = s["proxies"][FRAMETAP]
+                    log(f"    {'':<11} by proxy CPU per request: frametap "
+                        f"{ft['median_cpu_ns_per_req']:.0f} ns [{cpus(ft)}], {name[:-4]} "
+                        f"{p['median_cpu_ns_per_req']:.0f} ns [{cpus(p)}]: ratio "
+                        f"{p['cpu_ratio']:.3f}; {p['median_rows_per_cpu_s']:,.0f} rows written "
+                        f"per proxy cpu-second")
             elif name.startswith("vs_previous"):
                 log(f"    frametap/previous build {name[12:]} ratio {c['ratio']:.3f} "
                     f"(target {c['target']}): {verdict}")
@@ -563,6 +612,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--previous", type=Path, metavar="DIR",
                     help="also run frametap from this checkout (built in place: `python setup.py "
                          "build_ext --inplace`), interleaved: the before build of a hot-path change")
+    ap.add_argument("--proxy-cpus", default=PROXY_CPU, metavar="LIST",
+                    help=f"taskset cpu list for the proxies (default {PROXY_CPU}; the targets are "
+                         "defined with the proxy on one core: e.g. 0,1 is an extra figure "
+                         "where the frame-log writer thread may use the load generator's core)")
     ap.add_argument("--skip-parser", action="store_true", help="do not run bench/parser_bench.py")
     ap.add_argument("--strict", action="store_true", help="exit 1 when any target FAILs")
     ap.add_argument("--output", type=Path, default=RESULTS_DIR / "latest.json", help="results JSON path")
@@ -586,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [s for s in SCENARIOS if s.key in keys]
     if len(scenarios) != len(keys):
         ap.error(f"--scenarios: choose from {','.join(s.key for s in SCENARIOS)}")
+    if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", args.proxy_cpus):
+        ap.error(f"--proxy-cpus: a cpu list such as 0 or 0,1, not {args.proxy_cpus!r}")
     if args.repeat < 1 or args.seconds <= 0 or args.warmup < 0:
         ap.error("--repeat must be >= 1, --seconds > 0, --warmup >= 0")
 
@@ -626,13 +681,13 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
     try:
         wait_port(server_port, server, 10, "flyload server", server_log)
         env = Env(flyload, server_port, server.pid, args.seconds, args.warmup, workdir, frametap_cwd,
-                  args.previous)
+                  args.previous, args.proxy_cpus)
         log(f"python {platform.python_version()} ({sys.executable}); flyload in {workdir}")
         if framing_file:
             kind = "PURE-PYTHON (not compiled!)" if ".py " in framing_file + " " else "compiled"
             log(f"frametap ({kind}): {framing_file}")
         log(f"{args.repeat} repeat(s) x {args.seconds:g} s (+{args.warmup:g} s warmup); "
-            f"proxy on cpu {PROXY_CPU}, flyload server+client on cpu {LOAD_CPU}; "
+            f"proxy on cpu {args.proxy_cpus}, flyload server+client on cpu {LOAD_CPU}; "
             f"loadavg {os.getloadavg()[0]:.2f}")
         log("")
         for sc in scenarios:
@@ -663,7 +718,7 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
         "duration_s": round(time.time() - started, 1),
         "config": {"repeat": args.repeat, "seconds": args.seconds, "warmup": args.warmup,
                    "proxies": proxies, "scenarios": [sc.key for sc in scenarios],
-                   "proxy_cpu": PROXY_CPU, "load_cpu": LOAD_CPU},
+                   "proxy_cpu": args.proxy_cpus, "load_cpu": LOAD_CPU},
         "environment": {"python": sys.version.split()[0], "executable": sys.executable,
                         "platform": platform.platform(), "cpus": os.cpu_count(),
                         "loadavg": os.getloadavg(), "frametap_framing": framing_file},

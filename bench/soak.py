@@ -15,7 +15,10 @@ blackhole
     for ``--seconds``; meanwhile a well-behaved FlyMQ client on a third route measures its
     round trips through the reference server. Reports the proxy's peak RSS against
     ``--budget`` (max_pending_bytes) + 64 MiB, the overflow counted, and the FlyMQ
-    client's p50 / p99 / max latency.
+    client's p50 / p99 / max latency.  The proxy runs on a cpu of its own, the driver on
+    the others, the FlyMQ client and server in SCHED_FIFO (``--no-pin``: not); the
+    proxy's cpu seconds and run-queue wait show how much of the latency a shared
+    machine added.  ``--probe`` instruments the proxy's loop (bench/loopprobe.py).
 
 proxyfuzz
     ``--frames`` mutated frames per protocol (bench/fuzz_twins.py's corpus and mutations)
@@ -31,6 +34,7 @@ proxyfuzz
     python bench/soak.py flood [--connections N]
     python bench/soak.py proxyfuzz [--frames N] [--workers N] [--warmup N] [--checkpoints F,F]
     python bench/soak.py blackhole [--seconds S] [--stream N] [--routeinfo N] [--budget BYTES]
+                                   [--stream-rate N] [--probe] [--no-pin]
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import socket
 import struct
@@ -113,12 +118,32 @@ def wait_port(port, proc, what, timeout=30):
     raise RuntimeError(f"{what} did not start")
 
 
-def start(cmd, port, what, nofile=NOFILE, **kw):
+def placed(cpus=None, realtime=False):
+    """Put the calling process on ``cpus`` and, with ``realtime``, in SCHED_FIFO (the
+    blackhole soak's measuring client and its server: their own scheduling must not be
+    what is measured); silently left as is where the system refuses."""
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError):
+            pass
+    if realtime:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        except (OSError, AttributeError):
+            pass
+
+
+def start(cmd, port, what, nofile=NOFILE, cpus=None, realtime=False, **kw):
     # the log goes to a file: a pipe nobody reads until the end fills up (64 KiB) and
     # then blocks the process on its next log line
     import tempfile
     log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(cmd, preexec_fn=lambda: _raise_nofile(nofile),
+
+    def setup():
+        _raise_nofile(nofile)
+        placed(cpus, realtime)
+    proc = subprocess.Popen(cmd, preexec_fn=setup,
                             stdout=subprocess.DEVNULL, stderr=log, text=True, **kw)
     proc.log = log
     wait_port(port, proc, what)
@@ -276,9 +301,10 @@ def _routeinfo(opaque):
                           b'"version":433}' % opaque)
 
 
-def _fly_latency(port, stop_at, results):
+def _fly_latency(port, stop_at, results, realtime=False):
     """Child process: FlyMQ LIST_TOPICS round trips, one every millisecond, until
     ``stop_at`` (monotonic); puts the list of round-trip times (s) on ``results``."""
+    placed(None, realtime)
     lat = []
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -294,14 +320,33 @@ def _fly_latency(port, stop_at, results):
     results.put(lat)
 
 
+def schedstat(pid):
+    """(cpu seconds, seconds spent runnable but waiting for a cpu) of pid's main thread."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            run, wait = f.read().split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
 def blackhole(args, tmp):
     from proxy.protocols.rabbitmq_stream.samples import publish
     _raise_nofile()
+    # The proxy gets a cpu of its own, this driver (one GIL for 51 sending threads and the
+    # black hole) the other one; the measuring FlyMQ client and its server run there too,
+    # in SCHED_FIFO, so their round trips measure the proxy, not their own wait for a cpu
+    # behind the driver (bench/run_bench.py pins the same way).
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = args.pin and len(cpus) >= 2
+    proxy_cpus, driver_cpus = ({cpus[0]}, set(cpus[1:])) if pin else (None, None)
+    placed(driver_cpus)                      # before any thread starts: threads inherit it
     hole = BlackHole()
     hole.start()
     fly_port = free_port()
     server = start(FRAMETAP + ["serve", "flymq", "--listen", f"127.0.0.1:{fly_port}",
-                               "--log-level", "WARNING"], fly_port, "flymq server")
+                               "--log-level", "WARNING"], fly_port, "flymq server",
+                   cpus=driver_cpus, realtime=pin)
     ports = {"stream": free_port(), "rocket": free_port(), "fly": free_port()}
     admin = free_port()
     cfg = Path(tmp) / "soak.toml"
@@ -333,8 +378,12 @@ protocol = "flymq"
 listen = "127.0.0.1:{ports['fly']}"
 upstream = "127.0.0.1:{fly_port}"
 """)
-    proxy = start(FRAMETAP + ["proxy", "-c", str(cfg), "--log-level", "warning"],
-                  ports["fly"], "proxy")
+    probe = Path(tmp) / "loopprobe.json"
+    cmd = ([sys.executable, str(ROOT / "bench" / "loopprobe.py"), str(probe)] if args.probe
+           else FRAMETAP)
+    proxy = start(cmd + ["proxy", "-c", str(cfg), "--log-level", "warning"],
+                  ports["fly"], "proxy", cpus=proxy_cpus)
+    sched0 = schedstat(proxy.pid)
     stop_at = time.monotonic() + args.seconds
     peak = [rss_bytes(proxy.pid)]
     base = peak[0]
@@ -376,7 +425,7 @@ upstream = "127.0.0.1:{fly_port}"
     results = ctx.Queue()
     # the latency client runs in a process of its own: in this one it would wait for the
     # GIL behind the publisher threads and measure that instead of the proxy
-    fly = ctx.Process(target=_fly_latency, args=(ports["fly"], stop_at, results))
+    fly = ctx.Process(target=_fly_latency, args=(ports["fly"], stop_at, results, pin))
     fly.start()
 
     threads = [threading.Thread(target=sample_rss)] + \
@@ -388,11 +437,13 @@ upstream = "127.0.0.1:{fly_port}"
         t.join()
     lat = sorted(results.get(timeout=60))
     fly.join(10)
+    sched1 = schedstat(proxy.pid)
     text = scrape(admin)
     err = stop(proxy) + stop(server)
 
     def pct(q):
         return round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3, 3) if lat else None
+    probed = json.loads(probe.read_text()) if args.probe and probe.exists() else None
     return {
         "seconds": args.seconds, "stream_connections": args.stream,
         "stream_rate_per_connection": args.stream_rate or "flat out",
@@ -409,7 +460,12 @@ upstream = "127.0.0.1:{fly_port}"
         "timeouts_stream": metric(text, "frametap_request_timeouts_total", route="stream"),
         "fly_round_trips": len(lat), "fly_p50_ms": pct(0.5), "fly_p99_ms": pct(0.99),
         "fly_max_ms": round(lat[-1] * 1e3, 3) if lat else None,
+        "pinned": f"proxy on cpu {sorted(proxy_cpus)}, driver on {sorted(driver_cpus)}"
+                  if pin else False,
+        "proxy_cpu_s": round(sched1[0] - sched0[0], 1),
+        "proxy_runqueue_wait_s": round(sched1[1] - sched0[1], 2),
         "tracebacks": err.count("Traceback"),
+        **({"probe": probed} if args.probe else {}),
     }
 
 
@@ -580,6 +636,11 @@ def main(argv=None) -> int:
     b.add_argument("--stream-rate", type=int, default=0,
                    help="publishing ids per second per Stream connection (0: flat out)")
     b.add_argument("--budget", type=int, default=256 * 2**20)
+    b.add_argument("--probe", action="store_true",
+                   help="instrument the proxy's loop (bench/loopprobe.py): loop lag, and the "
+                        "cpu time of every read, expire() call, sweep slice and gc pass")
+    b.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin the proxy to one cpu and the driver to the others")
     z = sub.add_parser("proxyfuzz", help="mutated frames through a running proxy")
     z.add_argument("--frames", type=int, default=1_000_000, help="per protocol")
     z.add_argument("--workers", type=int, default=4, help="clients per protocol")

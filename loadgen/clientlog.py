@@ -229,6 +229,9 @@ def add_arguments(parser) -> None:
 class _Plugin:
     """The per-process state: the options this process was given itself, and the log."""
 
+    LISTENERS = {"init": "on_init", "test_start": "on_test_start",
+                 "test_stop": "on_test_stop", "quit": "close"}
+
     def __init__(self):
         self.own = None          # (dir, run_id, format) from this process's command line
         self.log: ClientLog | None = None
@@ -299,23 +302,11 @@ class _Plugin:
         log_.close()
 
 
-_plugin: _Plugin | None = None
-
-
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
     process, so a locustfile may call it unconditionally."""
-    global _plugin
-    if _plugin is not None:
-        return
-    if events is None:
-        from locust import events
-    _plugin = _Plugin()
-    events.init_command_line_parser.add_listener(add_arguments)
-    events.init.add_listener(_plugin.on_init)
-    events.test_start.add_listener(_plugin.on_test_start)
-    events.test_stop.add_listener(_plugin.on_test_stop)
-    events.quit.add_listener(_plugin.close)
+    from loadgen.plugins import install_once
+    install_once(_Plugin, add_arguments, events)
 
 
 # ---------------------------------------------------------------------- launcher

@@ -329,18 +329,21 @@ class _Plugin:
     """The per-process state: the totals (master, plain run) or the increments to ship
     (worker), and the server."""
 
+    LISTENERS = {"init": "on_init", "test_start": "on_test_start", "quit": "on_quit"}
+
     def __init__(self):
         self.metrics: LocustMetrics | None = None
         self.server: MetricsServer | None = None
         self.environment = None
         self.role = None
+        self._reporting = False
 
     def on_init(self, environment, **_kwargs) -> None:
         self.environment = environment
         self.role = _role(environment)
         if self.role == "worker":
             # the address may come with the master's options at the first spawn
-            environment.events.report_to_master.add_listener(self.on_report_to_master)
+            self._report_to_master(environment)
             return
         address = _option(environment, "frametap_metrics")
         if not address:
@@ -364,12 +367,26 @@ class _Plugin:
         log.info("frametap: Locust metrics on http://%s/metrics", address)
 
     def on_test_start(self, environment, **_kwargs) -> None:
-        if self.role != "worker" or self.metrics is not None:
+        # A worker may get the master's first spawn message - and so test_start - before
+        # its own init event, even before Locust has stored its runner in the environment
+        # (the runner talks to the master while it is being set up): no runner yet means
+        # a worker, since a master's or a plain run's test_start cannot come that early.
+        from locust.runners import WorkerRunner
+        runner = environment.runner
+        if self.metrics is not None or not (runner is None or isinstance(runner, WorkerRunner)):
             return
         if not _option(environment, "frametap_metrics"):
             return
+        if self.environment is None:
+            self.environment = environment
         self.metrics = LocustMetrics()
         environment.events.request.add_listener(self.metrics.on_request)
+        self._report_to_master(environment)
+
+    def _report_to_master(self, environment) -> None:
+        if not self._reporting:
+            self._reporting = True
+            environment.events.report_to_master.add_listener(self.on_report_to_master)
 
     def on_report_to_master(self, client_id=None, data=None, **_kwargs) -> None:
         if self.metrics is not None and data is not None:
@@ -396,19 +413,8 @@ class _Plugin:
         server.close()
 
 
-_plugin: _Plugin | None = None
-
-
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
     process, so a locustfile may call it unconditionally."""
-    global _plugin
-    if _plugin is not None:
-        return
-    if events is None:
-        from locust import events
-    _plugin = _Plugin()
-    events.init_command_line_parser.add_listener(add_arguments)
-    events.init.add_listener(_plugin.on_init)
-    events.test_start.add_listener(_plugin.on_test_start)
-    events.quit.add_listener(_plugin.on_quit)
+    from loadgen.plugins import install_once
+    install_once(_Plugin, add_arguments, events)

@@ -11,7 +11,25 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["install", "main"]
+__all__ = ["install", "install_once", "main"]
+
+_installed: dict[type, object] = {}
+
+
+def install_once(plugin_cls, add_arguments, events=None):
+    """Hook one plugin into Locust's ``events`` (default ``locust.events``), once per
+    process: its command-line options via ``add_arguments`` and one listener per entry of
+    ``plugin_cls.LISTENERS`` (event name -> method name). Returns the plugin instance."""
+    plugin = _installed.get(plugin_cls)
+    if plugin is not None:
+        return plugin
+    if events is None:
+        from locust import events
+    plugin = _installed[plugin_cls] = plugin_cls()
+    events.init_command_line_parser.add_listener(add_arguments)
+    for event, method in plugin_cls.LISTENERS.items():
+        getattr(events, event).add_listener(getattr(plugin, method))
+    return plugin
 
 
 def install(events=None) -> None:

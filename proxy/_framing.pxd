@@ -273,7 +273,8 @@ cdef class FrameLogBuffer:
     cdef uint64_t* appended             # per route
     cdef int nroutes, routes_cap
     cdef readonly list routes           # RouteStats per route index
-    cdef public object wake             # threading.Event set when a chunk fills
+    cdef public object wake             # threading.Event set when wake_at chunks are full
+    cdef public int wake_at             # full chunks that wake the writer (>= 1)
     cdef int32_t last_res               # chunk arena offset of the last resource copied, -1
     cdef int64_t last_conn              # ... and whose it was (connection, direction)
     cdef int last_dir
@@ -364,6 +365,7 @@ cdef class FrameParser:
     cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1
     cdef int _shrink(self) except -1
     cdef void _ring_compact(self) noexcept
+    cdef bint _has_expired(self) noexcept
     cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept

@@ -11,6 +11,7 @@ from cpython.bytes cimport (PyBytes_Check, PyBytes_AS_STRING, PyBytes_GET_SIZE,
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.string cimport memcpy, memset, memcmp, memmove
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint64_t
 
 from proxy.errors import frame_error_class
@@ -823,15 +824,30 @@ cdef class FrameParser:
         self.ring_live = live if live >= 0 else w
         self.ring_tail = w
 
+    cdef bint _has_expired(self) noexcept:
+        """Whether the map holds a request already counted as a timeout (the ring's
+        answered head slots are dropped on the way)."""
+        cdef Py_ssize_t rmask = self.map_cap - 1
+        if self.map_cap == 0:
+            return 0
+        if self.ring_live < self.ring_head:
+            self.ring_live = self.ring_head
+        while self.ring_head < self.ring_live and self.ring[self.ring_head & rmask] < 0:
+            self.ring_head += 1
+        return self.ring_head < self.ring_live
+
     cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
         """expect() when the table must grow first, is full, or already holds the key
         (set_corr() done)."""
         cdef Py_ssize_t i, mask, rmask
         cdef MapEntry* e
         cdef int32_t j
-        if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit:
+        if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit \
+                and not self._has_expired():
             self._map_grow()                   # keeps the table at most half full (budget
-                                               # permitting: see set_pending_budget)
+                                               # permitting: see set_pending_budget); a
+                                               # table holding expired requests drops
+                                               # those first (below) instead of growing
         if self.map_cap == 0:                  # map_limit <= 0 or no budget: nothing is tracked
             _count_error(self.c, d, R_OVERFLOW)
             return 0
@@ -853,11 +869,7 @@ cdef class FrameParser:
             # full (the limit, or the budget refused to grow): the oldest expired entry
             # makes room, else the request is dropped, and counted
             rmask = self.map_cap - 1
-            if self.ring_live < self.ring_head:
-                self.ring_live = self.ring_head
-            while self.ring_head < self.ring_live and self.ring[self.ring_head & rmask] < 0:
-                self.ring_head += 1
-            if self.ring_head == self.ring_live:
+            if not self._has_expired():
                 _count_error(self.c, d, R_OVERFLOW)
                 return 0
             j = self.ring[self.ring_head & rmask]
@@ -911,22 +923,28 @@ cdef class FrameParser:
 
     # ---- lifecycle ------------------------------------------------------------
 
-    def expire(self, int64_t now=0):
+    def expire(self, int64_t now=0, Py_ssize_t limit=0):
         """Count requests older than request_timeout as timeouts; returns how many.
         Walks only what expires (both tables are in request order), then shrinks
-        tables a burst left mostly empty."""
+        tables a burst left mostly empty.  With ``limit`` > 0 it counts at most that
+        many (FIFO first, then the map, oldest first) and leaves the rest, and the
+        shrinking, to the next call: the relay's sweep calls again after letting other
+        connections run, so an upstream that stopped answering never stalls the loop
+        for a whole second's worth of timeouts (docs/design.md, "Pending requests")."""
         cdef Py_ssize_t i, mask
         cdef Pending* p
-        cdef int n = 0
+        cdef Py_ssize_t n = 0
         if now == 0:
             now = monotonic_ns()
+        if limit <= 0:
+            limit = PY_SSIZE_T_MAX
         self.now_ns = now
         # the expired requests are a prefix of the FIFO, whose sequence numbers are
         # consecutive: start at the first one not yet expired
         i = 0
         if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
             i = self.fifo_live - self.fifo[self.fifo_head].key
-        while i < self.fifo_len:
+        while i < self.fifo_len and n < limit:
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if now - p.t_ns < self.timeout_ns:
                 break                    # FIFO: everything after is younger
@@ -939,7 +957,7 @@ cdef class FrameParser:
         if self.ring_live < self.ring_head:
             self.ring_live = self.ring_head
         mask = self.map_cap - 1
-        while self.ring_live < self.ring_tail:
+        while self.ring_live < self.ring_tail and n < limit:
             i = self.ring[self.ring_live & mask]
             if i >= 0:                   # else answered since
                 p = &self.map[i].p
@@ -948,6 +966,8 @@ cdef class FrameParser:
                 self._timeout(p, self.map[i].tag)
                 n += 1
             self.ring_live += 1
+        if n >= limit:
+            return n                     # more may be due: the caller comes back
         self._shrink()
         return n
 
@@ -1057,6 +1077,11 @@ from libc.stdlib cimport malloc, realloc, free
 from cpython.bytearray cimport PyByteArray_AS_STRING
 
 
+cdef inline Py_ssize_t _arena_str(uint8_t* dst, const uint8_t* a) noexcept nogil:
+    """Copy one arena string (u16 length, then its bytes) as UTF-8; returns its length."""
+    return _utf8_copy(dst, a + 2, (a[0] << 8) | a[1])
+
+
 cdef Py_ssize_t _utf8_copy(uint8_t* dst, const uint8_t* src, Py_ssize_t n) noexcept nogil:
     """Copy n bytes, each byte of an invalid UTF-8 sequence replaced by '?': a hostile
     client's resource bytes never make a frame-log file unreadable."""
@@ -1151,6 +1176,7 @@ cdef class FrameLogBuffer:
         self.nfree = chunks
         self.cur = -1
         self.last_res = -1
+        self.wake_at = 1
         self.routes = []
 
     def __dealloc__(self):
@@ -1296,7 +1322,7 @@ cdef class FrameLogBuffer:
         self.full_len += 1
         self.cur = -1
         self.last_res = -1
-        if self.wake is not None:
+        if self.wake is not None and self.full_len >= self.wake_at:
             try:
                 self.wake.set()
             except Exception:
@@ -1304,16 +1330,18 @@ cdef class FrameLogBuffer:
 
     # ---- the writer's side (holds the GIL for take/release only) ------------------
 
-    def take(self):
-        """A chunk to write: the oldest full one, else the current one when it holds
-        records; returns its index, or -1 when there is nothing to write."""
+    def take(self, bint partial=True):
+        """A chunk to write: the oldest full one, else (``partial``) the current one
+        when it holds records; returns its index, or -1 when there is nothing to write.
+        The writer leaves the chunk being filled alone when a full one woke it: a
+        part-filled chunk makes a small row group, which costs more per row."""
         cdef int i
         if self.full_len:
             i = self.full[self.full_head]
             self.full_head = (self.full_head + 1) % self.nchunks
             self.full_len -= 1
             return i
-        if self.cur >= 0 and self.chunks[self.cur].n > 0:
+        if partial and self.cur >= 0 and self.chunks[self.cur].n > 0:
             i = self.cur
             self.cur = -1
             self.last_res = -1
@@ -1335,36 +1363,52 @@ cdef class FrameLogBuffer:
     def appended_counts(self):
         return {self.routes[i].route: self.appended[i] for i in range(self.nroutes)}
 
-    def columns(self, int i, int64_t wall_offset_ns):
-        """Chunk i as column buffers (bytearrays) for Arrow: fixed-width values,
-        validity bitmaps (None: no nulls), and offsets + data for the strings.  Runs
-        without the GIL over the records."""
-        cdef LogChunk* c = &self.chunks[i]
-        cdef Py_ssize_t n = c.n, j, k, nb = (c.n + 7) // 8, pos, npairs = 0, m
+    def columns(self, chunks, int64_t wall_offset_ns):
+        """Chunk ``chunks`` (an index, or a list of indexes: one batch, in that order) as
+        column buffers (bytearrays) for Arrow: fixed-width values, validity bitmaps (None:
+        no nulls), and offsets + data for the strings.  Runs without the GIL over the
+        records.  Several chunks make one table, hence one larger row group: the Parquet
+        writer's cost per row falls with the row group's size."""
+        cdef list idx = [chunks] if isinstance(chunks, int) else list(chunks)
+        cdef Py_ssize_t nidx = len(idx), q
+        cdef int ci[64]
+        cdef LogChunk* c
+        cdef Py_ssize_t n = 0, j, k, nb, pos, npairs = 0, m, o, arena = 0
         cdef Py_ssize_t cpos = 0, rpos = 0, kpos = 0, vpos = 0, pend, alen
         cdef LogRecord* r
         cdef FrameRecord* f
         cdef const uint8_t* a
         cdef Py_ssize_t rbytes = 0, cbytes = 0
+        if nidx < 1 or nidx > 64:
+            raise ValueError("columns() takes 1 to 64 chunks, not %d" % nidx)
+        for q in range(nidx):
+            ci[q] = idx[q]
+            if ci[q] < 0 or ci[q] >= self.nchunks:
+                raise IndexError("no chunk %d" % ci[q])
+            n += self.chunks[ci[q]].n
+            arena += self.chunks[ci[q]].alen
+        nb = (n + 7) // 8
         # count attribute pairs and resource bytes first (sizes the arrays; rows of one
         # frame share one arena copy of their resource)
-        for j in range(n):
-            if c.recs[j].r.resource >= 0:
-                a = c.arena + c.recs[j].r.resource
-                rbytes += (a[0] << 8) | a[1]
-            if c.recs[j].r.corr_fmt == CORR_STR:
-                a = c.arena + c.recs[j].r.corr
-                cbytes += (a[0] << 8) | a[1]
-            if c.recs[j].r.attrs >= 0:
-                a = c.arena + c.recs[j].r.attrs
-                alen = (a[0] << 8) | a[1]
-                k = 2
-                while k + 2 <= alen + 2:
-                    m = (a[k] << 8) | a[k + 1]
-                    k += 2 + m
-                    m = (a[k] << 8) | a[k + 1]
-                    k += 2 + m
-                    npairs += 1
+        for q in range(nidx):
+            c = &self.chunks[ci[q]]
+            for j in range(c.n):
+                if c.recs[j].r.resource >= 0:
+                    a = c.arena + c.recs[j].r.resource
+                    rbytes += (a[0] << 8) | a[1]
+                if c.recs[j].r.corr_fmt == CORR_STR:
+                    a = c.arena + c.recs[j].r.corr
+                    cbytes += (a[0] << 8) | a[1]
+                if c.recs[j].r.attrs >= 0:
+                    a = c.arena + c.recs[j].r.attrs
+                    alen = (a[0] << 8) | a[1]
+                    k = 2
+                    while k + 2 <= alen + 2:
+                        m = (a[k] << 8) | a[k + 1]
+                        k += 2 + m
+                        m = (a[k] << 8) | a[k + 1]
+                        k += 2 + m
+                        npairs += 1
         ts = bytearray(n * 8); conn = bytearray(n * 8); route = bytearray(n * 4)
         direction = bytearray(n); kind = bytearray(n); outcome = bytearray(n)
         outcome_v = bytearray(nb); opcode = bytearray(n * 4); opcode_v = bytearray(nb)
@@ -1376,8 +1420,8 @@ cdef class FrameLogBuffer:
         corr_v = bytearray(nb)
         res_off = bytearray((n + 1) * 4); res_data = bytearray(rbytes + 1); res_v = bytearray(nb)
         map_off = bytearray((n + 1) * 4); map_v = bytearray(nb)
-        key_off = bytearray((npairs + 1) * 4); key_data = bytearray(c.alen + 1)
-        val_off = bytearray((npairs + 1) * 4); val_data = bytearray(c.alen + 1)
+        key_off = bytearray((npairs + 1) * 4); key_data = bytearray(arena + 1)
+        val_off = bytearray((npairs + 1) * 4); val_data = bytearray(arena + 1)
         cdef int64_t* p_ts = <int64_t*>PyByteArray_AS_STRING(ts)
         cdef int64_t* p_conn = <int64_t*>PyByteArray_AS_STRING(conn)
         cdef int32_t* p_route = <int32_t*>PyByteArray_AS_STRING(route)
@@ -1417,80 +1461,80 @@ cdef class FrameLogBuffer:
             p_moff[0] = 0
             p_koff[0] = 0
             p_voff[0] = 0
-            for j in range(n):
-                r = &c.recs[j]
-                f = &r.r
-                p_ts[j] = f.t_ns + wall_offset_ns
-                p_conn[j] = r.conn_id
-                p_route[j] = r.route
-                p_dir[j] = f.direction
-                p_kind[j] = f.kind
-                p_out[j] = f.outcome if f.outcome >= 0 else 0
-                if f.outcome >= 0:
-                    _setbit(v_out, j)
-                p_op[j] = <int32_t>f.opcode
-                if f.opcode >= 0:
-                    _setbit(v_op, j)
-                p_opk[j] = r.route * OPCODE_SLOTS + f.slot
-                p_reqk[j] = r.route * OPCODE_SLOTS + (f.req_slot if f.req_slot >= 0 else 0)
-                if f.req_slot >= 0:
-                    _setbit(v_req, j)
-                if f.kind == K_EVENT:
-                    p_sk[j] = -1
-                    _setbit(v_sk, j)
-                elif f.has_status:
-                    p_sk[j] = (<int64_t>r.route << 32) | (f.status & <int64_t>0xFFFFFFFFLL)
-                    _setbit(v_sk, j)
-                else:
-                    p_sk[j] = 0
-                p_fb[j] = f.frame_bytes
-                p_hb[j] = f.header_bytes
-                p_pb[j] = f.frame_bytes - f.header_bytes if f.frame_bytes else 0
-                p_msg[j] = f.messages
-                p_lat[j] = f.latency_ns if f.latency_ns >= 0 else 0
-                if f.latency_ns >= 0:
-                    _setbit(v_lat, j)
-                # correlation id, formatted here rather than in Python
-                if f.corr_fmt == CORR_INT:
-                    cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
-                    _setbit(v_corr, j)
-                elif f.corr_fmt == CORR_SINT:
-                    cpos += _fmt_i64(p_cdat + cpos, f.corr)
-                    _setbit(v_corr, j)
-                elif f.corr_fmt == CORR_PAIR:
-                    cpos += _fmt_i64(p_cdat + cpos, f.corr_hi)
-                    p_cdat[cpos] = 58
-                    cpos += 1
-                    cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
-                    _setbit(v_corr, j)
-                elif f.corr_fmt == CORR_STR:
-                    a = c.arena + f.corr
-                    m = (a[0] << 8) | a[1]
-                    cpos += _utf8_copy(p_cdat + cpos, a + 2, m)
-                    _setbit(v_corr, j)
-                p_coff[j + 1] = <int32_t>cpos
-                if f.resource >= 0:
-                    a = c.arena + f.resource
-                    m = (a[0] << 8) | a[1]
-                    rpos += _utf8_copy(p_rdat + rpos, a + 2, m)
-                    _setbit(v_res, j)
-                p_roff[j + 1] = <int32_t>rpos
-                if f.attrs >= 0:
-                    a = c.arena + f.attrs
-                    pend = 2 + ((a[0] << 8) | a[1])
-                    k = 2
-                    while k + 2 <= pend:
-                        m = (a[k] << 8) | a[k + 1]
-                        kpos += _utf8_copy(p_kdat + kpos, a + k + 2, m)
-                        k += 2 + m
-                        m = (a[k] << 8) | a[k + 1]
-                        vpos += _utf8_copy(p_vdat + vpos, a + k + 2, m)
-                        k += 2 + m
-                        pairs += 1
-                        p_koff[pairs] = <int32_t>kpos
-                        p_voff[pairs] = <int32_t>vpos
-                    _setbit(v_map, j)
-                p_moff[j + 1] = <int32_t>pairs
+            o = 0
+            for q in range(nidx):
+                c = &self.chunks[ci[q]]
+                for j in range(c.n):
+                    r = &c.recs[j]
+                    f = &r.r
+                    p_ts[o] = f.t_ns + wall_offset_ns
+                    p_conn[o] = r.conn_id
+                    p_route[o] = r.route
+                    p_dir[o] = f.direction
+                    p_kind[o] = f.kind
+                    p_out[o] = f.outcome if f.outcome >= 0 else 0
+                    if f.outcome >= 0:
+                        _setbit(v_out, o)
+                    p_op[o] = <int32_t>f.opcode
+                    if f.opcode >= 0:
+                        _setbit(v_op, o)
+                    p_opk[o] = r.route * OPCODE_SLOTS + f.slot
+                    p_reqk[o] = r.route * OPCODE_SLOTS + (f.req_slot if f.req_slot >= 0 else 0)
+                    if f.req_slot >= 0:
+                        _setbit(v_req, o)
+                    if f.kind == K_EVENT:
+                        p_sk[o] = -1
+                        _setbit(v_sk, o)
+                    elif f.has_status:
+                        p_sk[o] = (<int64_t>r.route << 32) | (f.status & <int64_t>0xFFFFFFFFLL)
+                        _setbit(v_sk, o)
+                    else:
+                        p_sk[o] = 0
+                    p_fb[o] = f.frame_bytes
+                    p_hb[o] = f.header_bytes
+                    p_pb[o] = f.frame_bytes - f.header_bytes if f.frame_bytes else 0
+                    p_msg[o] = f.messages
+                    p_lat[o] = f.latency_ns if f.latency_ns >= 0 else 0
+                    if f.latency_ns >= 0:
+                        _setbit(v_lat, o)
+                    # correlation id, formatted here rather than in Python
+                    if f.corr_fmt == CORR_INT:
+                        cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
+                        _setbit(v_corr, o)
+                    elif f.corr_fmt == CORR_SINT:
+                        cpos += _fmt_i64(p_cdat + cpos, f.corr)
+                        _setbit(v_corr, o)
+                    elif f.corr_fmt == CORR_PAIR:
+                        cpos += _fmt_i64(p_cdat + cpos, f.corr_hi)
+                        p_cdat[cpos] = 58
+                        cpos += 1
+                        cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
+                        _setbit(v_corr, o)
+                    elif f.corr_fmt == CORR_STR:
+                        cpos += _arena_str(p_cdat + cpos, c.arena + f.corr)
+                        _setbit(v_corr, o)
+                    p_coff[o + 1] = <int32_t>cpos
+                    if f.resource >= 0:
+                        rpos += _arena_str(p_rdat + rpos, c.arena + f.resource)
+                        _setbit(v_res, o)
+                    p_roff[o + 1] = <int32_t>rpos
+                    if f.attrs >= 0:
+                        a = c.arena + f.attrs
+                        pend = 2 + ((a[0] << 8) | a[1])
+                        k = 2
+                        while k + 2 <= pend:
+                            m = (a[k] << 8) | a[k + 1]
+                            kpos += _utf8_copy(p_kdat + kpos, a + k + 2, m)
+                            k += 2 + m
+                            m = (a[k] << 8) | a[k + 1]
+                            vpos += _utf8_copy(p_vdat + vpos, a + k + 2, m)
+                            k += 2 + m
+                            pairs += 1
+                            p_koff[pairs] = <int32_t>kpos
+                            p_voff[pairs] = <int32_t>vpos
+                        _setbit(v_map, o)
+                    p_moff[o + 1] = <int32_t>pairs
+                    o += 1
         return {
             "n": n, "npairs": pairs,
             "ts_ns": ts, "conn_id": conn, "route": route, "direction": direction,

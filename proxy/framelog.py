@@ -68,6 +68,13 @@ DICTIONARY_COLUMNS = ["source", "run_id", "route", "protocol", "peer", "directio
                       "resource", "conn_id", "frame_bytes", "header_bytes", "payload_bytes",
                       "messages"]
 
+#: Writer settings that cut its cost per row (bench/framelog_bench.py; docs/design.md,
+#: "Frame log"): one page per column and row group rather than a page per 20,000 rows
+#: and the encoders fed 1,024 values at a time (each page is compressed with a fresh
+#: zstd context, and each small batch is a round of per-column bookkeeping).
+PARQUET_OPTIONS = {"write_batch_size": 65536, "max_rows_per_page": 1 << 22,
+                   "data_page_size": 8 << 20}
+
 
 def new_run_id():
     """A run id for a process that was not given one: UTC start time + 8 random hex."""
@@ -129,7 +136,8 @@ class FileSink:
             # the batch was built with dictionary-encoded columns or not
             self._writer = pq.ParquetWriter(self._file, schema, compression=self.compression,
                                             store_schema=False, write_statistics=False,
-                                            use_dictionary=DICTIONARY_COLUMNS)
+                                            use_dictionary=DICTIONARY_COLUMNS,
+                                            **PARQUET_OPTIONS)
         self._opened = time.monotonic()
         self._rows = {}
 
@@ -251,7 +259,8 @@ class RowBuffer:
 class FrameLog:
     """The frame-log writer thread of one process.
 
-    ``sources`` have ``drain() -> [pa.Table]`` and ``dropped_counts() -> {route: n}``.
+    ``sources`` have ``drain() -> [pa.Table]`` and ``dropped_counts() -> {route: n}``
+    (and may have ``drain_full()``: what a wake by a full buffer chunk writes).
     Counters (for the metrics): ``records`` (rows in finished files, by route),
     ``write_drops`` (rows lost to write errors, by route), ``files``, ``write_errors``.
     """
@@ -298,18 +307,23 @@ class FrameLog:
 
     def _run(self):
         while not self._stop:
-            self.wake.wait(self.flush_interval)
+            woken = self.wake.wait(self.flush_interval)
             self.wake.clear()
             if self._stop:
                 break
-            self.flush()
+            # woken by a full buffer chunk: write the full ones only (a part-filled chunk
+            # is a small row group, dearer per row); every flush_interval: everything
+            self.flush(partial=not woken)
 
-    def flush(self, finish=False):
+    def flush(self, finish=False, partial=True):
         """Drain every source into the open file (and complete it when ``finish``)."""
         with self._lock:
             for src in list(self.sources):
                 try:
-                    tables = src.drain()
+                    if partial or finish or not hasattr(src, "drain_full"):
+                        tables = src.drain()
+                    else:                          # the compiled buffer's full chunks only
+                        tables = src.drain_full()
                 except Exception as exc:      # a bug, not the disk: say so, keep going
                     self._error("frame log: draining a buffer failed: %s" % exc)
                     continue
@@ -326,8 +340,8 @@ class FrameLog:
     def _write(self, table):
         try:
             self.sink.write(table)
-        except OSError as exc:
-            lost = self.sink.abandon()
+        except Exception as exc:          # the disk, or a batch pyarrow refuses: count
+            lost = self.sink.abandon()     # and drop it, the thread keeps writing
             for route, n in _route_counts(table).items():
                 lost[route] = lost.get(route, 0) + n
             self._write_failed(exc, lost)
@@ -337,7 +351,8 @@ class FrameLog:
         for route, n in lost.items():
             self.write_drops[route] = self.write_drops.get(route, 0) + n
         self._error("frame log: writing to %s failed (%s); %d rows dropped, retrying with a "
-                    "new file" % (self.sink.directory, exc.strerror or exc, sum(lost.values())))
+                    "new file" % (self.sink.directory, getattr(exc, "strerror", None) or exc,
+                                  sum(lost.values())))
 
     def _error(self, message):
         now = time.monotonic()

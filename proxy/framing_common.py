@@ -45,7 +45,8 @@ OUTCOME_OK, OUTCOME_ERROR, OUTCOME_NONE = 0, 1, -1
 HEADER_LIMIT = 65536           # default header_limit (most header bytes a parser may want)
 
 DEFAULT_FIFO_LIMIT = 65536
-DEFAULT_MAP_LIMIT = 262144     # pending keyed requests per connection (e.g. unconfirmed publishes)
+DEFAULT_MAP_LIMIT = 65536      # pending keyed requests per connection (e.g. unconfirmed publishes);
+                               # its last doubling rehashes 32 Ki entries in one go (docs/design.md)
 # What one slot of the pending-request tables costs (the compiled core's 32-byte MapEntry
 # plus its int32 request-ring slot, and Pending); both twins account their tables in these
 # units against the process's pending budget ([proxy] max_pending_bytes), so they decide

@@ -638,7 +638,8 @@ class FrameParser:
         self.set_corr(d, key, corr_hi)
         k = (tag, key)
         n = len(self.map) + len(self.map_dead)
-        if (n + 1) * 2 > self.map_cap and n < self.map_limit:
+        if (n + 1) * 2 > self.map_cap and n < self.map_limit and not self.map_dead:
+            # a table holding expired requests drops those first (below), not grows
             self._map_resize(self.map_cap * 2 if self.map_cap else MAP_MIN_CAP)
         if self.map_cap == 0:
             self.stats.error(d, R_OVERFLOW)
@@ -864,15 +865,16 @@ class FrameParser:
         yield from fifo[i:]
         yield from self.map.values()
 
-    def expire(self, now=0):
+    def expire(self, now=0, limit=0):
         now = now or monotonic_ns()
+        limit = limit if limit > 0 else float("inf")
         self.now_ns = now
         n = 0
         fifo, head = self.fifo, self.fifo_head
         i = head
         if head < len(fifo) and self.fifo_live > fifo[head].key:
             i = head + self.fifo_live - fifo[head].key
-        while i < len(fifo):
+        while i < len(fifo) and n < limit:
             p = fifo[i]
             if now - p.t_ns < self.timeout_ns:
                 break
@@ -882,15 +884,18 @@ class FrameParser:
             i += 1
         self.fifo_live = self.fifo_seq + 1 if i == len(fifo) else fifo[i].key
         gone = []
-        for k, p in self.map.items():          # request order: stop at the first young
-            if now - p.t_ns < self.timeout_ns:
-                break
-            gone.append(k)
+        if n < limit:
+            for k, p in self.map.items():      # request order: stop at the first young
+                if now - p.t_ns < self.timeout_ns or n + len(gone) >= limit:
+                    break
+                gone.append(k)
         for k in gone:
             p = self.map.pop(k)
             self._timeout(p)
             self.map_dead[k] = p
             n += 1
+        if n >= limit:
+            return n                            # more may be due: the caller comes back
         self._shrink()
         return n
 
@@ -977,6 +982,7 @@ class FrameLogBuffer:
         self.dropped = []
         self.appended = []
         self.wake = None
+        self.wake_at = 1          # as the compiled buffer (its writer batches chunks)
 
     def add_route(self, stats):
         self.routes.append(stats)

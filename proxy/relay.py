@@ -9,6 +9,7 @@ side aborts the other.
 """
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -81,6 +82,8 @@ WRITE_LOW = 64 * 1024
 # faster than the loop or the upstream can take costs no proxy memory (docs/design.md,
 # "File descriptors").
 SETUP_LIMIT = 256
+READ_SLICE = 64 * 1024    # most bytes parsed in one callback: bigger reads go in slices
+SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
 
 
 class Route:
@@ -199,19 +202,40 @@ class Route:
             self.framelog[2].forget(parser.conn_id)
 
     async def _sweep(self):
-        """Count requests that waited longer than request_timeout (FIFO heads only)."""
+        """Count requests that waited longer than request_timeout (FIFO heads only), in
+        slices: at most SWEEP_SLICE timeouts per expire() call and about SWEEP_SLICE of
+        them between two yields to the loop, so an upstream that stopped answering
+        (hundreds of thousands of requests due at once) never holds up the other
+        connections' reads (docs/design.md, "Pending requests")."""
         period = min(1.0, self.cfg.request_timeout / 4)
         while True:
             await asyncio.sleep(period)
-            now = now_ns()
             try:
-                self.log.flush()
-                mono = time.monotonic()
-                for conn in list(self.connections):
-                    conn.parser.expire(now)
-                    conn.check_timeouts(mono)
+                await self.sweep_once()
+            except asyncio.CancelledError:
+                raise
             except Exception:                  # never let the sweeper die silently
                 log.exception("route %s: timeout sweep failed", self.cfg.name)
+
+    async def sweep_once(self, limit=None):
+        """One sweep over this route's connections; yields to the loop between slices."""
+        limit = SWEEP_SLICE if limit is None else limit
+        now = now_ns()
+        self.log.flush()
+        mono = time.monotonic()
+        done = 0                               # timeouts counted since the last yield
+        for conn in list(self.connections):
+            while not conn.closed:
+                budget = limit - done          # >= 1: a slice spans connections
+                n = conn.parser.expire(now, budget)
+                done += n + 1
+                if done >= limit:
+                    done = 0
+                    await asyncio.sleep(0)     # let the other connections' reads run
+                if n < budget:
+                    break                      # this connection is done
+            if not conn.closed:
+                conn.check_timeouts(mono)
 
     def stop_accepting(self):
         for acceptor in self.acceptors:
@@ -262,6 +286,9 @@ class ClientSide(asyncio.Protocol):
         self.last_bytes = -1         # parser's byte count at the last sweep
         self.last_active = time.monotonic()
         self.setup_owned = False     # setup_done() is this side's to call (Route.SETUP_LIMIT)
+        self.slicing = 0             # directions with a big read being relayed in slices
+        self.backlog = [None, None]  # per direction: deque of the bytes still to relay
+        self.client_full = False     # our write buffer to the client is over its mark
 
     # -- client events ---------------------------------------------------------
 
@@ -349,6 +376,9 @@ class ClientSide(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data):
+        if self.slicing or len(data) > READ_SLICE:
+            self._relay_big(0, data)
+            return
         try:
             ok = self.parser.feed(0, data)
         except Exception as exc:           # a parser bug must cost one connection only
@@ -359,6 +389,85 @@ class ClientSide(asyncio.Protocol):
             up.transport.write(data)           # the hot path: every frame was fine
             return
         self._relay_slow(0, data, ok)
+
+    def _relay_big(self, d, data):
+        """A read bigger than READ_SLICE (uvloop reads up to 256 KiB at a time, and libuv
+        up to 32 of them in a row while a socket has more): relay it READ_SLICE bytes at
+        a time, one slice per loop iteration with that side's reading paused, so a busy
+        connection cannot hold up the other connections' reads for milliseconds
+        (docs/design.md, "Performance principles").  The bytes keep their order: nothing
+        more is read on that side until its backlog is relayed."""
+        q = self.backlog[d]
+        if q is not None:                  # read while slicing (reading was paused)
+            q.append(memoryview(data))
+            return
+        if self.closed or self.upstream is None:
+            mv = memoryview(data)          # early bytes (kept until upstream is up), or
+            for i in range(0, len(mv), READ_SLICE):   # a closing connection: no deferring
+                self._relay(d, mv[i:i + READ_SLICE])
+            return
+        self.backlog[d] = collections.deque([memoryview(data)])
+        self.slicing += 1
+        (self.transport if d == 0 else self.upstream.transport).pause_reading()
+        self._next_slice(d)
+
+    def _next_slice(self, d):
+        q = self.backlog[d]
+        if q is None:
+            return
+        if self.closed:
+            self._end_slicing(d)
+            return
+        mv = q[0]
+        if len(mv) > READ_SLICE:
+            q[0] = mv[READ_SLICE:]
+            mv = mv[:READ_SLICE]
+        else:
+            q.popleft()
+        self._relay(d, mv)
+        if q and not self.closed:
+            self.route.loop.call_soon(self._next_slice, d)
+            return
+        self._end_slicing(d)
+        if self.closed:
+            return
+        if d == 0:
+            if not self.paused_by_peer:
+                self.transport.resume_reading()
+        elif not self.client_full and self.upstream is not None:
+            self.upstream.transport.resume_reading()
+
+    def _end_slicing(self, d):
+        if self.backlog[d] is not None:
+            self.backlog[d] = None
+            self.slicing -= 1
+
+    def _flush_backlog(self, d):
+        """Relay the rest of direction d's backlog now (before passing on its EOF)."""
+        q = self.backlog[d]
+        while q and not self.closed:
+            mv = q.popleft()
+            for i in range(0, len(mv), READ_SLICE):
+                if not self.closed:
+                    self._relay(d, mv[i:i + READ_SLICE])
+        self._end_slicing(d)
+
+    def _relay(self, d, data):
+        """Parse and forward one piece of direction d (data_received()'s work)."""
+        parser = self.parser
+        try:
+            ok = parser.feed(d, data)
+        except Exception as exc:
+            self.parser_crashed(d, exc)
+            return
+        if ok == len(data) and parser.output is None:
+            if d == 1:
+                self.transport.write(data)
+                return
+            if self.upstream is not None:
+                self.upstream.transport.write(data)
+                return
+        self._relay_slow(d, data, ok)
 
     def _relay_slow(self, d, data, ok):
         """Rewritten or held bytes, a protocol error, or client bytes before upstream."""
@@ -383,6 +492,8 @@ class ClientSide(asyncio.Protocol):
             self._protocol_error()
 
     def eof_received(self):
+        if self.backlog[0] is not None:
+            self._flush_backlog(0)         # its bytes go before the FIN
         self.client_eof = True
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
@@ -402,16 +513,20 @@ class ClientSide(asyncio.Protocol):
                      reason="reset" if exc is not None else "close")
 
     def pause_writing(self):               # client is slow to read: stop reading upstream
+        self.client_full = True
         if self.upstream is not None:
             self.upstream.transport.pause_reading()
 
     def resume_writing(self):
-        if self.upstream is not None:
+        self.client_full = False
+        if self.upstream is not None and self.backlog[1] is None:
             self.upstream.transport.resume_reading()
 
     # -- upstream events (called by UpstreamSide) ------------------------------
 
     def upstream_eof_received(self):
+        if self.backlog[1] is not None:
+            self._flush_backlog(1)
         self.upstream_eof = True
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
@@ -434,7 +549,7 @@ class ClientSide(asyncio.Protocol):
 
     def upstream_resume_writing(self):
         self.paused_by_peer = False
-        if not self.closed:
+        if not self.closed and self.backlog[0] is None:
             self.transport.resume_reading()
 
     # -- teardown ---------------------------------------------------------------
@@ -519,6 +634,9 @@ class UpstreamSide(asyncio.Protocol):
 
     def data_received(self, data):
         client = self.client
+        if client.slicing or len(data) > READ_SLICE:
+            client._relay_big(1, data)
+            return
         try:
             ok = client.parser.feed(1, data)
         except Exception as exc:

@@ -251,3 +251,97 @@ def test_native_buffer_full_drops_per_route_and_recovers():
         buf.release(i)
     parser.feed(*conv.bursts()[0])
     assert buf.appended_counts()["fly"] > 8    # room again after the writer caught up
+
+
+@pytest.mark.parametrize("pkg", ["rabbitmq_stream", "fleximq"])
+def test_native_chunks_batched_into_one_table_equal_chunk_by_chunk(tmp_path, pkg):
+    """columns() over several chunks (the writer's larger row groups) gives the rows
+    chunk-by-chunk drains give, in the same order; a drain woken by a full chunk
+    (partial=False) leaves the chunk being filled for later; the columns native records
+    always fill are required in the file, and the file reads back with SCHEMA."""
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    label, RouteStats, Parser = [i for i in impls(pkg) if i[0] == "c"][0]
+    conv = next(c for c in PROTOCOLS[pkg].conversations() if c.records)
+
+    def filled():
+        stats = RouteStats("r", SPECS[pkg].name)
+        parser = Parser(stats, options=dict(conv.options or {}))
+        parser.conn_id = 7
+        buf = _framing.FrameLogBuffer(64, 5)
+        parser.attach_log(buf, buf.add_route(stats))
+        for _ in range(6):
+            for d, data in conv.bursts():
+                parser.feed(d, data)
+        src = make_source(buf, "run-b")
+        src.connection(7, "10.0.0.1:1")
+        return buf, src
+
+    buf1, one = filled()
+    one.batch_chunks = 1
+    buf3, three = filled()
+    three.batch_chunks = 3
+    held = buf3.appended_counts()["r"] % 5           # records in the chunk being filled
+    three.forget(7)                                  # closed: its last rows are still held
+    full_tables = three.drain_full()
+    assert three.peers == {7: "10.0.0.1:1"}          # ... so its peer stays for them
+    assert [t.num_rows for t in full_tables[:-1]] == [15] * (len(full_tables) - 1)
+    rest = three.drain(partial=True)
+    assert sum(t.num_rows for t in rest) == held and len(rest) == (1 if held else 0)
+    assert three.peers == {} and all(r["peer"] == "10.0.0.1:1"
+                                     for t in full_tables + rest for r in t.to_pylist())
+    singles = one.drain()
+    assert len(singles) > len(full_tables) > 1
+    def strip(tables):                                # times differ between the two fills
+        return [dict(r, ts_ns=None, latency_ns=r["latency_ns"] is not None)
+                for t in tables for r in t.to_pylist()]
+    assert strip(full_tables + rest) == strip(singles)
+    sink = FileSink(str(tmp_path), "proxy", "parquet")
+    for table in full_tables + rest:
+        sink.write(table)
+    sink.finish()
+    (path,) = glob.glob(os.path.join(tmp_path, "*.parquet"))
+    schema = pq.ParquetFile(path).schema
+    from proxy.framelog_native import REQUIRED
+    leaves = {schema.column(k).path: schema.column(k) for k in range(len(schema))}
+    for name in COLUMNS:
+        if name != "attrs":
+            assert (leaves[name].max_definition_level == 0) == (name in REQUIRED), name
+    back = pq.read_table(path)
+    assert back.schema.names == list(COLUMNS)
+    assert [f.type for f in back.schema] == [f.type for f in SCHEMA]
+    assert back.num_rows == sum(t.num_rows for t in singles)
+
+
+def test_a_writer_woken_by_a_full_chunk_leaves_the_filling_one_for_later(tmp_path):
+    """Woken by a full chunk, the writer writes full chunks only (a part-filled chunk
+    would make a small row group); the rest goes at the flush interval or on close."""
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    label, RouteStats, Parser = [i for i in impls("flymq") if i[0] == "c"][0]
+    conv = next(c for c in PROTOCOLS["flymq"].conversations() if len(c.records) >= 3)
+
+    def feed(buf):
+        stats = RouteStats("fly", "flymq")
+        parser = Parser(stats, options=dict(conv.options or {}))
+        parser.attach_log(buf, buf.add_route(stats))
+        for d, data in conv.bursts():
+            parser.feed(d, data)
+        return buf.appended_counts()["fly"]
+
+    total = feed(_framing.FrameLogBuffer(2, 1024))
+    buf = _framing.FrameLogBuffer(4, total - 1)       # one full chunk + one record
+    fl = FrameLog(str(tmp_path), "proxy", "parquet", flush_interval=3600)
+    fl.add_source(make_source(buf, "w"))
+    buf.wake = fl.wake
+    assert feed(buf) == total and fl.wake.is_set()
+    fl.start()
+    deadline = time.monotonic() + 10
+    while fl.sink._rows.get("fly", 0) < total - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert fl.sink._rows == {"fly": total - 1}        # the filling chunk stayed
+    fl.close()
+    rows = read_rows(str(tmp_path))
+    assert fl.records == {"fly": total} and len(rows) == total and fl.write_errors == 0
+    assert {r["peer"] for r in rows} == {None}        # a peer never registered: null rows

@@ -638,6 +638,56 @@ def test_worker_increments_add_up_on_the_master():
     assert master.malformed == 3 and master.total_requests() == 201
 
 
+# Run in a child: importing locust monkey-patches this process for gevent, which would
+# break the threaded servers other tests here run in-process.
+_EARLY_SPAWN = """
+import sys
+from argparse import Namespace
+from locust.env import Environment
+from locust.event import Events
+from locust.runners import WorkerRunner
+from loadgen import locustmetrics
+events = Events()
+environment = Environment(events=events, parsed_options=Namespace(
+    frametap_metrics="127.0.0.1:1", frametap_metrics_linger=0))
+
+class Worker(WorkerRunner):          # only the runner's type is read by the plugin
+    def __init__(self):
+        pass
+
+    def __del__(self):
+        pass
+runner = Worker()
+environment.runner = runner if sys.argv[1] == "stored" else None
+plugin = locustmetrics._Plugin()
+for event, method in plugin.LISTENERS.items():
+    getattr(events, event).add_listener(getattr(plugin, method))
+events.test_start.fire(environment=environment)            # before init
+environment.runner = runner
+events.init.fire(environment=environment, runner=runner, web_ui=None)
+for _ in range(3):
+    events.request.fire(request_type="flymq", name="PRODUCE", response_time=1.0,
+                        response_length=0, exception=None, context={})
+data = {}
+events.report_to_master.fire(client_id="w1", data=data)
+master = locustmetrics.LocustMetrics()
+master.merge(data.get(locustmetrics.REPORT_KEY, []))
+print(master.total_requests(), plugin.server is None)
+"""
+
+
+@pytest.mark.parametrize("runner_stored", ["stored", "not-yet"])
+def test_worker_counts_when_test_start_comes_before_init(runner_stored):
+    """A worker can receive the master's first spawn (test_start) before its own init
+    event fires - even before Locust has stored the runner it is still constructing in
+    the environment; its requests must still reach the master's totals (this ordering
+    lost one or both workers' share of a --processes 2 run on a loaded machine)."""
+    res = subprocess.run([sys.executable, "-c", _EARLY_SPAWN, runner_stored], cwd=ROOT,
+                         env=env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["3", "True"], res.stderr[-3000:]  # counted; no server
+
+
 def test_labels_are_bounded():
     m = LocustMetrics()
     for i in range(MAX_OPCODES + 50):

@@ -5,6 +5,8 @@ full map that makes room by evicting its oldest expired entry, and tables that s
 once a burst is over.
 """
 
+import gc
+
 import pytest
 
 from proxy import framing_py
@@ -55,7 +57,8 @@ def _stream_publishes(parser, first, n, t_ns=None):
 def test_the_budget_caps_the_tables_and_overflow_is_counted(budget, name):
     impl = STREAM[name]
     stats, parser = make(impl, "rabbitmq-stream")
-    mod = budget(impl, 64 * 1024)            # 64 KiB for this connection's map
+    gc.collect()                             # parsers of earlier tests freed now, not
+    mod = budget(impl, 64 * 1024)            # in the middle: 64 KiB for this map
     before = mod.pending_bytes()
     _stream_publishes(parser, 0, 500)          # 5000 unconfirmed ids: ~400 KiB unbounded
     held = mod.pending_bytes() - before
@@ -111,6 +114,32 @@ def test_a_full_map_evicts_its_oldest_expired_entry(name):
     snap = stats.snapshot()
     assert snap["hist"][("Publish", "ok")][0] and sum(snap["hist"][("Publish", "ok")][0]) == 10
     assert snap["timeouts"] == {"Publish": 100}
+    parser.close()
+
+
+@pytest.mark.parametrize("name", sorted(STREAM))
+def test_a_map_holding_expired_requests_drops_them_instead_of_growing(name):
+    """Behind an upstream that stopped answering the table stays sized by the requests
+    still within request_timeout: new requests take the expired ones' places (oldest
+    first) rather than doubling the table - a whole-table rehash, one stall of the loop."""
+    stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
+    _stream_publishes(parser, 0, 3)            # ids 0..29 in a 64-slot table
+    cap = parser.pending_capacity[0]
+    assert cap == 64
+    assert parser.expire(parser_now(parser) + 2 * SECOND) == 30
+    _stream_publishes(parser, 1000, 2)         # 20 new ids: 50 would need 128 slots;
+    assert parser.pending_capacity[0] == cap   # ids 0..17 make room instead
+    assert parser.pending == 32
+    assert _overflow(stats) == 0
+    parser.feed(1, publish_confirm(0, 10))     # ids 0..9: dropped first, now unmatched
+    parser.feed(1, publish_confirm(20, 10))    # ids 20..29: kept, matched late
+    parser.feed(1, publish_confirm(1000, 10))  # new ids: matched and observed
+    snap = stats.snapshot()
+    assert snap["timeouts"] == {"Publish": 30}
+    assert sum(snap["hist"][("Publish", "ok")][0]) == 10
+    assert snap["unmatched"] == 10
+    _stream_publishes(parser, 5000, 10)        # no expired ones left: the table grows
+    assert parser.pending_capacity[0] > cap and _overflow(stats) == 0
     parser.close()
 
 
@@ -251,3 +280,111 @@ def test_twins_agree_when_answers_overtake_requests_and_the_order_ring_wraps():
     assert seen[-1][0] == {"Publish": seen[40] + 30} and seen[-1][1] == 0
     ids = [int(e.split(":")[1]) for e in events[:seen[40]]]
     assert ids == sorted(ids) and ids[0] == 0          # expiry in request order
+
+
+def test_expire_with_a_limit_counts_at_most_that_many_and_the_rest_later():
+    """expire(now, limit) counts at most ``limit`` timeouts a call, oldest first (the
+    FIFO's, then the map's), and the next calls go on where it stopped: the relay's
+    sweep slices an upstream's worth of due requests instead of stalling the loop.
+    The twins agree call by call (counts, timeout rows, tables)."""
+    got = []
+    for name in sorted(STREAM):
+        stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
+        events = []
+        parser.tracer = (lambda r: events.append(int(r["correlation_id"].split(":")[1]))
+                         if r["kind"] == "event" else None)
+        _stream_publishes(parser, 0, 100)              # ids 0..999
+        parser.feed(1, _confirm(list(range(0, 1000, 7))))   # holes in request order
+        t = parser_now(parser) + 2 * SECOND
+        calls = []
+        while True:
+            n = parser.expire(t, 100)
+            calls.append((n, parser.pending_capacity))
+            if n < 100:
+                break
+        calls.append(parser.expire(t, 100))            # nothing left: nothing counted
+        snap = stats.snapshot()
+        got.append((calls, events, snap["timeouts"], snap["in_flight"]))
+        parser.close()
+    assert len(got) == len(STREAM) and all(g == got[0] for g in got), [g[0] for g in got]
+    calls, events, timeouts, in_flight = got[0]
+    due = 1000 - len(range(0, 1000, 7))                # 857 unanswered
+    assert [c[0] for c in calls[:-1]] == [100] * 8 + [57] and calls[-1] == 0
+    assert events == [i for i in range(1000) if i % 7]   # request order, each once
+    assert timeouts == {"Publish": due} and in_flight == 0
+
+
+@pytest.mark.parametrize("name", sorted(FLYMQ))
+def test_fifo_expiry_with_a_limit_resumes_where_it_stopped(name):
+    stats, parser = make(FLYMQ[name], "flymq", request_timeout=1.0)
+    for _ in range(250):
+        parser.feed(0, fly_frame(0x08))
+    t = parser_now(parser) + 2 * SECOND
+    assert [parser.expire(t, 100) for _ in range(4)] == [100, 100, 50, 0]
+    assert stats.snapshot()["timeouts"] == {"LIST_TOPICS": 250}
+    parser.close()
+    assert stats.snapshot()["timeouts"] == {"LIST_TOPICS": 250}   # none counted twice
+
+
+def test_the_sweep_over_200k_due_requests_lets_the_loop_run_between_slices():
+    """200,000 unconfirmed publishing ids behind a black-hole upstream fall due at once:
+    the route's sweep counts them in slices of at most SWEEP_SLICE with the loop running
+    other callbacks in between (a probe callback sees the timeout counter move by at most
+    one slice per loop iteration), not in one callback."""
+    import asyncio
+
+    from proxy import relay
+    from proxy.app import ProxyApp
+    from proxy.config import config_from_dict
+    from tests.support import run, wait_for
+
+    async def scenario():
+        async def swallow(reader, writer):
+            while await reader.read(1 << 20):
+                pass
+            writer.close()
+        hole = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        up = hole.sockets[0].getsockname()[1]
+        app = ProxyApp(config_from_dict({
+            "proxy": {"shutdown_timeout": 1.0},
+            "routes": [{"name": "hole", "protocol": "rabbitmq-stream",
+                        "listen": "127.0.0.1:0", "upstream": f"127.0.0.1:{up}",
+                        "request_timeout": 3600}]}))
+        await app.start()
+        route = app.routes[0]
+        route._sweeper.cancel()                # this test runs the sweep itself
+        try:
+            n, per = 200_000, 50_000           # four connections (map_limit is 64 Ki)
+            writers = []
+            for _ in range(n // per):
+                _, writer = await asyncio.open_connection("127.0.0.1", route.address[1])
+                writer.write(b"".join(publish(10 * i) for i in range(per // 10)))
+                await writer.drain()
+                writers.append(writer)
+            await wait_for(lambda: route.stats.snapshot()["in_flight"] == n, timeout=30,
+                           what="every id pending")
+            for conn in route.connections:
+                conn.parser.timeout_ns = 1     # all of them are due now
+            steps = []
+            stop = False
+
+            async def probe():                 # one sample per loop iteration
+                while not stop:
+                    steps.append(route.stats.snapshot()["timeouts"].get("Publish", 0))
+                    await asyncio.sleep(0)
+            task = asyncio.ensure_future(probe())
+            await asyncio.sleep(0)
+            await route.sweep_once()
+            stop = True
+            await task
+            steps.append(route.stats.snapshot()["timeouts"].get("Publish", 0))
+            moves = [b - a for a, b in zip(steps, steps[1:])]
+            assert steps[-1] == n
+            assert max(moves) <= relay.SWEEP_SLICE
+            assert sum(1 for m in moves if m) >= n // relay.SWEEP_SLICE
+            for writer in writers:
+                writer.close()
+        finally:
+            await app.shutdown(0)
+            hole.close()
+    run(scenario())

@@ -470,3 +470,56 @@ def test_fd_limit_is_raised_to_the_hard_limit():
     if hard_seen != resource.RLIM_INFINITY:
         assert got == hard_seen
     assert capacity == (got - 64) // 2
+
+
+def test_a_big_read_is_parsed_and_relayed_in_slices_in_order():
+    """A read bigger than READ_SLICE (uvloop hands out up to 256 KiB, libuv up to 32 reads
+    in a row) is parsed and forwarded READ_SLICE bytes at a time, one slice per loop
+    iteration, so one busy connection cannot hold the loop for milliseconds: no feed()
+    sees more than READ_SLICE bytes, and both directions arrive whole, in order, with the
+    FIN after the last byte."""
+    from proxy import relay
+    n = 20_000                                  # 20,000 x 72 B = 1.4 MB each way
+    sent = b"".join(frame(0x01, struct.pack(">I", i) + b"q" * 60) for i in range(n))
+    back = b"".join(frame(0x01, struct.pack(">I", i) + b"r" * 60) for i in range(n))
+    got_up = bytearray()
+
+    async def upstream(reader, writer):
+        while True:
+            chunk = await reader.read(1 << 20)
+            if not chunk:
+                break
+            got_up.extend(chunk)
+        writer.write(back)                      # all the answers, then the FIN
+        await writer.drain()
+        writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+        app = await start_proxy(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        route = app.routes[0]
+        fed = []
+        base = route.parser_class
+
+        class Recording(base):                  # the route's own parser, feeds recorded
+            def feed(self, d, data):
+                fed.append((d, len(data), self.closed))
+                return base.feed(self, d, data)
+        route.parser_class = Recording
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+        writer.write(sent)
+        writer.write_eof()
+        got = await asyncio.wait_for(reader.read(), 20)      # until the proxy's FIN
+        writer.close()
+        try:
+            assert bytes(got_up) == sent
+            assert got == back
+            assert max(k for _, k, _ in fed) <= relay.READ_SLICE, fed
+            assert sum(k for d, k, _ in fed if d == 0) == len(sent)
+            snap = route.stats.snapshot()
+            assert snap["frames"][("c2s", "PRODUCE")] == n
+            assert snap["frames"][("s2c", "PRODUCE")] == n
+        finally:
+            await app.shutdown(0)
+            server.close()
+    run(scenario())

@@ -20,7 +20,8 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
 from proxy._framing cimport (stream_body, capture_frame, gather, protocol_error, begin,
                              add_messages, set_corr, expect, take, answer, set_resource)
 from proxy._wire cimport be16, be32
-from proxy.protocols.rocketmq.options import known_codes, remember_route_request
+from proxy.protocols.rocketmq.options import (known_codes, new_route_requests,
+                                              remember_route_request)
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
                                               RouteRewriter, frame_opcode_name,
@@ -426,7 +427,7 @@ cdef class RocketMQParser(FrameParser):
     cdef bint includes_self
     cdef int route_pending                 # GET_ROUTEINFO_BY_TOPIC requests awaiting answers
     cdef object rewriter
-    cdef readonly dict route_opaques
+    cdef readonly object route_opaques  # an OrderedDict
     cdef public object local_address
     cdef public object upstream_address
 
@@ -440,7 +441,7 @@ cdef class RocketMQParser(FrameParser):
         self.header_limit = max(self.max_header_bytes, HDR)
         self.includes_self = self.options.get("length_includes_self", False)
         self.rewriter = RouteRewriter.from_options(self.options)
-        self.route_opaques = {}             # opaque -> None, oldest first
+        self.route_opaques = new_route_requests()   # opaque -> None, oldest first
         if self.rewriter is not None:
             self.set_hold(S2C, True)
 

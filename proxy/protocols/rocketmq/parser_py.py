@@ -9,7 +9,8 @@ from proxy.framing_py import CORR_HI_SIGNED, FrameParser
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES, UNDECODABLE,
                                               UNMATCHED_RESPONSE, RouteRewriter, known_codes,
-                                              frame_opcode_name, remember_route_request,
+                                              frame_opcode_name, new_route_requests,
+                                              remember_route_request,
                                               response_status_name)
 
 HDR = 8
@@ -48,7 +49,7 @@ class RocketMQParser(FrameParser):
         self.includes_self = self.options.get("length_includes_self", False)
         self.rewriter = RouteRewriter.from_options(self.options)
         self.route_pending = 0
-        self.route_opaques = {}             # opaque -> None, oldest first
+        self.route_opaques = new_route_requests()   # opaque -> None, oldest first
         self.local_address = None
         self.upstream_address = None
         self.r = (_R(), _R())
