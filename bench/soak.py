@@ -303,9 +303,11 @@ def _routeinfo(opaque):
 
 def _fly_latency(port, stop_at, results, realtime=False):
     """Child process: FlyMQ LIST_TOPICS round trips, one every millisecond, until
-    ``stop_at`` (monotonic); puts the list of round-trip times (s) on ``results``."""
+    ``stop_at`` (monotonic); puts the round-trip times (s) and, per round trip, the
+    seconds since its first on ``results``."""
     placed(None, realtime)
-    lat = []
+    lat, at = [], []
+    t0 = time.perf_counter()
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     while time.monotonic() < stop_at:
@@ -315,9 +317,10 @@ def _fly_latency(port, stop_at, results, realtime=False):
         while len(got) < 8 or len(got) < 8 + struct.unpack(">I", got[4:8])[0]:
             got += s.recv(65536)
         lat.append(time.perf_counter() - t)
+        at.append(t - t0)
         time.sleep(0.001)
     s.close()
-    results.put(lat)
+    results.put((lat, at))
 
 
 def schedstat(pid):
@@ -435,7 +438,12 @@ upstream = "127.0.0.1:{fly_port}"
         t.start()
     for t in threads:
         t.join()
-    lat = sorted(results.get(timeout=60))
+    lat, at = results.get(timeout=60)
+    # the slow round trips' times: a stall while the tables fill (the first seconds) is
+    # told from one in the steady state
+    slow = sorted(range(len(lat)), key=lat.__getitem__)[-5:][::-1]
+    slowest = [(round(lat[i] * 1e3, 2), round(at[i], 2)) for i in slow]
+    lat = sorted(lat)
     fly.join(10)
     sched1 = schedstat(proxy.pid)
     text = scrape(admin)
@@ -460,6 +468,7 @@ upstream = "127.0.0.1:{fly_port}"
         "timeouts_stream": metric(text, "frametap_request_timeouts_total", route="stream"),
         "fly_round_trips": len(lat), "fly_p50_ms": pct(0.5), "fly_p99_ms": pct(0.99),
         "fly_max_ms": round(lat[-1] * 1e3, 3) if lat else None,
+        "fly_slowest_ms_at_s": slowest,
         "pinned": f"proxy on cpu {sorted(proxy_cpus)}, driver on {sorted(driver_cpus)}"
                   if pin else False,
         "proxy_cpu_s": round(sched1[0] - sched0[0], 1),
