@@ -221,6 +221,20 @@ def test_route_rewrite_state_is_bounded_when_the_upstream_never_answers(impl):
     assert out > 0 and b"127.0.0.1:1" in b"".join(p.output)
 
 
+def test_a_route_request_the_pending_map_refused_counts_one_overflow_not_two(impl):
+    """A GET_ROUTEINFO that the full pending map refuses (an overflow) and that also
+    pushes the oldest opaque out of the rewrite memory counts once: the black-hole soak
+    counted 19.8 M overflows for 10 M requests."""
+    from proxy.protocols.rocketmq.options import ROUTE_REQUESTS_MAX
+    stats, p = make(impl, options={"advertise": {"10.0.0.7:10911": "127.0.0.1:1"}})
+    p.map_limit = 100
+    n = ROUTE_REQUESTS_MAX + 500
+    p.feed(C2S, b"".join(req(105, i + 1, topic="T") for i in range(n)))
+    assert p.pending == 100 and len(p.route_opaques) == ROUTE_REQUESTS_MAX
+    # n - 100 refused by the map; the rewrite memory's 500 drops fall on those requests
+    assert stats.snapshot()["errors"] == {("c2s", "in_flight_overflow"): n - 100}
+
+
 # ---- the frame log's resource: the request's topic ----------------------------------
 
 def _records(impl, frames, **kw):

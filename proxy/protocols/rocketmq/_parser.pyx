@@ -541,6 +541,7 @@ cdef class RocketMQParser(FrameParser):
         cdef int rc, slot, code, flag
         cdef uint64_t opaque                   # i32, sign-extended: the id clients log
         cdef TopicAt tv                        # extFields topic / b values (recording)
+        cdef uint64_t overflows
         r.phase = P_SKIP
         if r.stype == ST_BINARY:
             if n < BIN_HEADER_MIN:
@@ -596,13 +597,16 @@ cdef class RocketMQParser(FrameParser):
             self._start_walk(d)
         if flag & F_ONEWAY:
             set_corr(self, d, opaque, CORR_HI_SIGNED)
+        elif code == GET_ROUTEINFO_BY_TOPIC and d == C2S and self.rewriter is not None:
+            overflows = self.c.errors[d][<int>R_OVERFLOW]
+            expect(self, d, d, opaque, CORR_HI_SIGNED)
+            self.route_pending += 1
+            if remember_route_request(self.route_opaques, opaque & 0xFFFFFFFF):
+                self.route_pending -= 1            # the oldest will never be rewritten:
+                if self.c.errors[d][<int>R_OVERFLOW] == overflows:   # one count a request
+                    protocol_error(self, d, R_OVERFLOW)
         else:
             expect(self, d, d, opaque, CORR_HI_SIGNED)
-            if code == GET_ROUTEINFO_BY_TOPIC and d == C2S and self.rewriter is not None:
-                self.route_pending += 1
-                if remember_route_request(self.route_opaques, opaque & 0xFFFFFFFF):
-                    self.route_pending -= 1        # the oldest will never be rewritten
-                    protocol_error(self, d, R_OVERFLOW)
         return 0
 
     cdef void _topic(self, int d, const uint8_t* h, Py_ssize_t n, int code,

@@ -181,13 +181,16 @@ class RocketMQParser(FrameParser):
             self._start_walk(d)
         if flag & F_ONEWAY:
             self.set_corr(d, opaque, CORR_HI_SIGNED)
+        elif code == GET_ROUTEINFO_BY_TOPIC and d == 0 and self.rewriter is not None:
+            overflows = self.stats.errors[d][R_OVERFLOW]
+            self.expect(d, d, opaque, CORR_HI_SIGNED)
+            self.route_pending += 1
+            if remember_route_request(self.route_opaques, opaque & 0xFFFFFFFF):
+                self.route_pending -= 1            # the oldest will never be rewritten:
+                if self.stats.errors[d][R_OVERFLOW] == overflows:   # one count a request
+                    self.protocol_error(d, R_OVERFLOW)
         else:
             self.expect(d, d, opaque, CORR_HI_SIGNED)
-            if code == GET_ROUTEINFO_BY_TOPIC and d == 0 and self.rewriter is not None:
-                self.route_pending += 1
-                if remember_route_request(self.route_opaques, opaque & 0xFFFFFFFF):
-                    self.route_pending -= 1
-                    self.protocol_error(d, R_OVERFLOW)
 
     def _topic(self, d, h, code):
         """The request's topic as its frame-log resource: extFields ``topic``, or ``b``
