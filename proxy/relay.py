@@ -378,17 +378,8 @@ class ClientSide(asyncio.Protocol):
     def data_received(self, data):
         if self.slicing or len(data) > READ_SLICE:
             self._relay_big(0, data)
-            return
-        try:
-            ok = self.parser.feed(0, data)
-        except Exception as exc:           # a parser bug must cost one connection only
-            self.parser_crashed(0, exc)
-            return
-        up = self.upstream
-        if ok == len(data) and up is not None and self.parser.output is None:
-            up.transport.write(data)           # the hot path: every frame was fine
-            return
-        self._relay_slow(0, data, ok)
+        else:
+            self._relay(0, data)
 
     def _relay_big(self, d, data):
         """A read bigger than READ_SLICE (uvloop reads up to 256 KiB at a time, and libuv
@@ -453,11 +444,12 @@ class ClientSide(asyncio.Protocol):
         self._end_slicing(d)
 
     def _relay(self, d, data):
-        """Parse and forward one piece of direction d (data_received()'s work)."""
+        """Parse and forward one read (or slice) of direction d: the hot path when every
+        frame was fine and nothing is rewritten or held."""
         parser = self.parser
         try:
             ok = parser.feed(d, data)
-        except Exception as exc:
+        except Exception as exc:           # a parser bug must cost one connection only
             self.parser_crashed(d, exc)
             return
         if ok == len(data) and parser.output is None:
@@ -636,16 +628,8 @@ class UpstreamSide(asyncio.Protocol):
         client = self.client
         if client.slicing or len(data) > READ_SLICE:
             client._relay_big(1, data)
-            return
-        try:
-            ok = client.parser.feed(1, data)
-        except Exception as exc:
-            client.parser_crashed(1, exc)
-            return
-        if ok == len(data) and client.parser.output is None:
-            client.transport.write(data)       # the hot path
-            return
-        client._relay_slow(1, data, ok)
+        else:
+            client._relay(1, data)
 
     def eof_received(self):
         return self.client.upstream_eof_received()
