@@ -1073,8 +1073,13 @@ cdef dict _attrs_dict(const uint8_t* a, Py_ssize_t n):
 
 # ==== Frame-log buffer ================================================================
 
-from libc.stdlib cimport malloc, realloc, free
-from cpython.bytearray cimport PyByteArray_AS_STRING
+from libc.stdlib cimport malloc, calloc, realloc, free
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+
+
+cdef inline bytearray _raw(Py_ssize_t n):
+    """An uninitialised bytearray of n bytes (columns() writes every byte it exposes)."""
+    return PyByteArray_FromStringAndSize(NULL, n)
 
 
 cdef inline Py_ssize_t _arena_str(uint8_t* dst, const uint8_t* a) noexcept nogil:
@@ -1121,18 +1126,44 @@ cdef Py_ssize_t _utf8_copy(uint8_t* dst, const uint8_t* src, Py_ssize_t n) noexc
     return n
 
 
+# Decimal formatting for the writer's correlation ids: the digit count by comparisons,
+# then two digits per division, written from the end (a digit per division and a reversal
+# cost ~127 instructions per row, a sixth of the transpose).
+cdef uint64_t _POW10[20]
+cdef uint8_t _DIGITS2[200]
+
+
+cdef void _init_decimal() noexcept:
+    cdef int i
+    cdef uint64_t p = 1
+    for i in range(20):
+        _POW10[i] = p
+        if i < 19:
+            p *= 10
+    for i in range(100):
+        _DIGITS2[2 * i] = <uint8_t>(48 + i // 10)
+        _DIGITS2[2 * i + 1] = <uint8_t>(48 + i % 10)
+
+
+_init_decimal()
+
+
 cdef Py_ssize_t _fmt_u64(uint8_t* out, uint64_t v) noexcept nogil:
-    cdef uint8_t tmp[24]
-    cdef Py_ssize_t n = 0, i
-    if v == 0:
-        out[0] = 48
-        return 1
-    while v:
-        tmp[n] = <uint8_t>(48 + v % 10)
-        v //= 10
+    """v in decimal at out; returns the number of digits."""
+    cdef Py_ssize_t n = 1, i
+    cdef uint64_t q
+    while n < 20 and v >= _POW10[n]:
         n += 1
-    for i in range(n):
-        out[i] = tmp[n - 1 - i]
+    i = n
+    while v >= 100:
+        q = v // 100
+        i -= 2
+        memcpy(out + i, &_DIGITS2[2 * (v - q * 100)], 2)
+        v = q
+    if v >= 10:
+        memcpy(out + i - 2, &_DIGITS2[2 * v], 2)
+    else:
+        out[i - 1] = <uint8_t>(48 + v)
     return n
 
 
@@ -1145,6 +1176,98 @@ cdef Py_ssize_t _fmt_i64(uint8_t* out, int64_t v) noexcept nogil:
 
 cdef inline void _setbit(uint8_t* bits, Py_ssize_t i) noexcept nogil:
     bits[i >> 3] |= <uint8_t>(1 << (i & 7))
+
+
+# columns()'s dictionary encoding of one batch: int64 keys (opcode/status name keys,
+# connection ids) -> dense indices in first-seen order, so that the Arrow side only looks
+# each distinct key up once and never hashes a column (a pyarrow dictionary_encode
+# pass per column cost ~230 instructions per row).  Rows of one connection come in
+# runs, hence the last-key shortcut.
+cdef struct Dense:
+    int64_t* slot_key           # open addressing, power-of-two capacity
+    int32_t* slot_val           # 1 + index; 0: empty
+    int64_t* keys               # distinct keys by index (capacity cap // 2)
+    Py_ssize_t cap
+    Py_ssize_t n
+    int64_t last_key
+    int32_t last_val            # -1: no last key
+    int failed                  # an allocation failed (columns() raises MemoryError)
+
+
+cdef int _dense_init(Dense* d, Py_ssize_t cap) noexcept nogil:
+    d.cap = cap
+    d.n = 0
+    d.last_val = -1
+    d.failed = 0
+    d.slot_key = <int64_t*>malloc(cap * sizeof(int64_t))
+    d.slot_val = <int32_t*>calloc(cap, sizeof(int32_t))
+    d.keys = <int64_t*>malloc((cap // 2) * sizeof(int64_t))
+    if d.slot_key is NULL or d.slot_val is NULL or d.keys is NULL:
+        d.failed = 1
+        return -1
+    return 0
+
+
+cdef void _dense_free(Dense* d) noexcept nogil:
+    free(d.slot_key)
+    free(d.slot_val)
+    free(d.keys)
+    d.slot_key = NULL
+    d.slot_val = NULL
+    d.keys = NULL
+
+
+cdef inline Py_ssize_t _dense_slot(Dense* d, int64_t key) noexcept nogil:
+    cdef Py_ssize_t mask = d.cap - 1
+    cdef Py_ssize_t h = <Py_ssize_t>(((<uint64_t>key) * <uint64_t>0x9E3779B97F4A7C15ULL) >> 33) & mask
+    while d.slot_val[h] and d.slot_key[h] != key:
+        h = (h + 1) & mask
+    return h
+
+
+cdef int32_t _dense_index(Dense* d, int64_t key) noexcept nogil:
+    """The index of key (added when new); 0 after an allocation failure."""
+    cdef Py_ssize_t h, i, cap
+    cdef int64_t* nk
+    cdef int32_t* nv
+    cdef int64_t* nkeys
+    if d.last_val >= 0 and d.last_key == key:
+        return d.last_val
+    if d.failed:
+        return 0
+    h = _dense_slot(d, key)
+    if not d.slot_val[h]:
+        if (d.n + 1) * 2 > d.cap:                 # grow: rehash the keys by index
+            cap = d.cap * 2
+            nk = <int64_t*>malloc(cap * sizeof(int64_t))
+            nv = <int32_t*>calloc(cap, sizeof(int32_t))
+            nkeys = <int64_t*>realloc(d.keys, (cap // 2) * sizeof(int64_t))
+            if nk is NULL or nv is NULL or nkeys is NULL:
+                free(nk)
+                free(nv)
+                if nkeys is not NULL:
+                    d.keys = nkeys
+                d.failed = 1
+                return 0
+            free(d.slot_key)
+            free(d.slot_val)
+            d.slot_key, d.slot_val, d.keys, d.cap = nk, nv, nkeys, cap
+            for i in range(d.n):
+                h = _dense_slot(d, d.keys[i])
+                d.slot_key[h] = d.keys[i]
+                d.slot_val[h] = <int32_t>(i + 1)
+            h = _dense_slot(d, key)
+        d.slot_key[h] = key
+        d.slot_val[h] = <int32_t>(d.n + 1)
+        d.keys[d.n] = key
+        d.n += 1
+    d.last_key = key
+    d.last_val = d.slot_val[h] - 1
+    return d.last_val
+
+
+cdef list _dense_keys(Dense* d):
+    return [d.keys[i] for i in range(d.n)]
 
 
 cdef class FrameLogBuffer:
@@ -1409,19 +1532,25 @@ cdef class FrameLogBuffer:
                         m = (a[k] << 8) | a[k + 1]
                         k += 2 + m
                         npairs += 1
-        ts = bytearray(n * 8); conn = bytearray(n * 8); route = bytearray(n * 4)
-        direction = bytearray(n); kind = bytearray(n); outcome = bytearray(n)
-        outcome_v = bytearray(nb); opcode = bytearray(n * 4); opcode_v = bytearray(nb)
-        op_key = bytearray(n * 4); req_key = bytearray(n * 4); req_v = bytearray(nb)
-        skey = bytearray(n * 8); skey_v = bytearray(nb)
-        fbytes = bytearray(n * 8); hbytes = bytearray(n * 8); pbytes = bytearray(n * 8)
-        msgs = bytearray(n * 8); lat = bytearray(n * 8); lat_v = bytearray(nb)
-        corr_off = bytearray((n + 1) * 4); corr_data = bytearray(n * 32 + cbytes + 1)
+        # value buffers are written for every row (or up to their offsets): not zeroed;
+        # the validity bitmaps are (_setbit ORs)
+        ts = _raw(n * 8); conn = _raw(n * 8); route = _raw(n * 4)
+        direction = _raw(n); kind = _raw(n); outcome = _raw(n)
+        outcome_v = bytearray(nb); opcode = _raw(n * 4); opcode_v = bytearray(nb)
+        op_idx = _raw(n * 4); req_idx = _raw(n * 4); req_v = bytearray(nb)
+        st_idx = _raw(n * 4); st_v = bytearray(nb); conn_idx = _raw(n * 4)
+        fbytes = _raw(n * 8); hbytes = _raw(n * 8); pbytes = _raw(n * 8)
+        msgs = _raw(n * 8); lat = _raw(n * 8); lat_v = bytearray(nb)
+        corr_off = _raw((n + 1) * 4); corr_data = _raw(n * 32 + cbytes + 1)
         corr_v = bytearray(nb)
-        res_off = bytearray((n + 1) * 4); res_data = bytearray(rbytes + 1); res_v = bytearray(nb)
-        map_off = bytearray((n + 1) * 4); map_v = bytearray(nb)
-        key_off = bytearray((npairs + 1) * 4); key_data = bytearray(arena + 1)
-        val_off = bytearray((npairs + 1) * 4); val_data = bytearray(arena + 1)
+        res_off = _raw((n + 1) * 4); res_data = _raw(rbytes + 1); res_v = bytearray(nb)
+        map_off = _raw((n + 1) * 4); map_v = bytearray(nb)
+        key_off = _raw((npairs + 1) * 4); key_data = _raw(arena + 1)
+        val_off = _raw((npairs + 1) * 4); val_data = _raw(arena + 1)
+        cdef Dense d_name, d_status, d_conn
+        _dense_init(&d_name, 64)
+        _dense_init(&d_status, 64)
+        _dense_init(&d_conn, 256)
         cdef int64_t* p_ts = <int64_t*>PyByteArray_AS_STRING(ts)
         cdef int64_t* p_conn = <int64_t*>PyByteArray_AS_STRING(conn)
         cdef int32_t* p_route = <int32_t*>PyByteArray_AS_STRING(route)
@@ -1431,11 +1560,12 @@ cdef class FrameLogBuffer:
         cdef uint8_t* v_out = <uint8_t*>PyByteArray_AS_STRING(outcome_v)
         cdef int32_t* p_op = <int32_t*>PyByteArray_AS_STRING(opcode)
         cdef uint8_t* v_op = <uint8_t*>PyByteArray_AS_STRING(opcode_v)
-        cdef int32_t* p_opk = <int32_t*>PyByteArray_AS_STRING(op_key)
-        cdef int32_t* p_reqk = <int32_t*>PyByteArray_AS_STRING(req_key)
+        cdef int32_t* p_opk = <int32_t*>PyByteArray_AS_STRING(op_idx)
+        cdef int32_t* p_reqk = <int32_t*>PyByteArray_AS_STRING(req_idx)
         cdef uint8_t* v_req = <uint8_t*>PyByteArray_AS_STRING(req_v)
-        cdef int64_t* p_sk = <int64_t*>PyByteArray_AS_STRING(skey)
-        cdef uint8_t* v_sk = <uint8_t*>PyByteArray_AS_STRING(skey_v)
+        cdef int32_t* p_sk = <int32_t*>PyByteArray_AS_STRING(st_idx)
+        cdef uint8_t* v_sk = <uint8_t*>PyByteArray_AS_STRING(st_v)
+        cdef int32_t* p_ci = <int32_t*>PyByteArray_AS_STRING(conn_idx)
         cdef int64_t* p_fb = <int64_t*>PyByteArray_AS_STRING(fbytes)
         cdef int64_t* p_hb = <int64_t*>PyByteArray_AS_STRING(hbytes)
         cdef int64_t* p_pb = <int64_t*>PyByteArray_AS_STRING(pbytes)
@@ -1469,6 +1599,7 @@ cdef class FrameLogBuffer:
                     f = &r.r
                     p_ts[o] = f.t_ns + wall_offset_ns
                     p_conn[o] = r.conn_id
+                    p_ci[o] = _dense_index(&d_conn, r.conn_id)
                     p_route[o] = r.route
                     p_dir[o] = f.direction
                     p_kind[o] = f.kind
@@ -1478,15 +1609,21 @@ cdef class FrameLogBuffer:
                     p_op[o] = <int32_t>f.opcode
                     if f.opcode >= 0:
                         _setbit(v_op, o)
-                    p_opk[o] = r.route * OPCODE_SLOTS + f.slot
-                    p_reqk[o] = r.route * OPCODE_SLOTS + (f.req_slot if f.req_slot >= 0 else 0)
+                    # names by key route * OPCODE_SLOTS + slot (one dictionary serves
+                    # opcode_name and request_opcode_name)
+                    p_opk[o] = _dense_index(&d_name, r.route * OPCODE_SLOTS + f.slot)
                     if f.req_slot >= 0:
+                        p_reqk[o] = _dense_index(&d_name, r.route * OPCODE_SLOTS + f.req_slot)
                         _setbit(v_req, o)
+                    else:
+                        p_reqk[o] = 0
+                    # status by key route << 32 | code; -1 marks a timeout event
                     if f.kind == K_EVENT:
-                        p_sk[o] = -1
+                        p_sk[o] = _dense_index(&d_status, -1)
                         _setbit(v_sk, o)
                     elif f.has_status:
-                        p_sk[o] = (<int64_t>r.route << 32) | (f.status & <int64_t>0xFFFFFFFFLL)
+                        p_sk[o] = _dense_index(&d_status, (<int64_t>r.route << 32)
+                                               | (f.status & <int64_t>0xFFFFFFFFLL))
                         _setbit(v_sk, o)
                     else:
                         p_sk[o] = 0
@@ -1535,11 +1672,25 @@ cdef class FrameLogBuffer:
                         _setbit(v_map, o)
                     p_moff[o + 1] = <int32_t>pairs
                     o += 1
+        try:
+            if d_name.failed or d_status.failed or d_conn.failed:
+                raise MemoryError("frame log: no memory for a batch's dictionaries")
+            name_keys = _dense_keys(&d_name)
+            status_keys = _dense_keys(&d_status)
+            conn_keys = _dense_keys(&d_conn)
+        finally:
+            _dense_free(&d_name)
+            _dense_free(&d_status)
+            _dense_free(&d_conn)
         return {
             "n": n, "npairs": pairs,
             "ts_ns": ts, "conn_id": conn, "route": route, "direction": direction,
             "kind": kind, "outcome": (outcome, outcome_v), "opcode": (opcode, opcode_v),
-            "op_key": op_key, "req_key": (req_key, req_v), "status_key": (skey, skey_v),
+            # dictionary indices and their keys: name keys are route * OPCODE_SLOTS +
+            # slot, status keys route << 32 | code (-1: a timeout event)
+            "name_idx": op_idx, "req_idx": (req_idx, req_v), "name_keys": name_keys,
+            "status_idx": (st_idx, st_v), "status_keys": status_keys,
+            "conn_idx": conn_idx, "conn_keys": conn_keys,
             "frame_bytes": fbytes, "header_bytes": hbytes, "payload_bytes": pbytes,
             "messages": msgs, "latency_ns": (lat, lat_v),
             "correlation_id": (corr_off, corr_data, corr_v),

@@ -25,6 +25,7 @@ import time
 import uuid
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 log = logging.getLogger("frametap.framelog")
@@ -209,10 +210,23 @@ class FileSink:
 
 
 def _route_counts(table):
+    """{route: rows} of a batch.  A dictionary column is counted by its indices (a
+    dictionary of one route needs no pass at all): casting it to strings first cost
+    ~26 ns per row, a seventh of the writer's whole budget."""
     col = table.column("route")
-    if col.num_chunks and pa.types.is_dictionary(col.type):
-        col = col.cast(pa.string())
     counts = {}
+    if pa.types.is_dictionary(col.type):
+        for chunk in col.chunks:
+            names = chunk.dictionary.to_pylist()
+            if len(names) == 1 and not chunk.null_count:
+                pairs = [(names[0], len(chunk))]
+            else:
+                pairs = [(None if item["values"] is None else names[item["values"]],
+                          item["counts"])
+                         for item in pc.value_counts(chunk.indices).to_pylist()]
+            for name, n in pairs:
+                counts[name] = counts.get(name, 0) + n
+        return counts
     for item in col.value_counts().to_pylist():
         counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
     return counts

@@ -36,7 +36,10 @@ def _strings(n, offsets, data, validity):
 
 
 def _dict(indices, names):
-    return pa.DictionaryArray.from_arrays(indices, pa.array(names, pa.string()))
+    """Indices (in range by construction: columns() made them) over a string dictionary."""
+    if not isinstance(names, pa.Array):
+        names = pa.array(names, pa.string())
+    return pa.DictionaryArray.from_arrays(indices, names, safe=False)
 
 
 def make_source(buffer, run_id, source="proxy"):
@@ -106,31 +109,22 @@ class NativeSource:
             self.peers.pop(conn_id, None)
         return tables
 
-    @staticmethod
-    def _names(key, routes):
-        """Opcode names of keys ``route * OPCODE_SLOTS + slot`` (nulls stay null)."""
-        enc = pc.dictionary_encode(key)
-        return _dict(enc.indices, [routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS)
-                                   for k in enc.dictionary.to_pylist()])
-
     def table(self, c):
         """One chunk's columns as a pyarrow Table of framelog.SCHEMA's columns."""
         n = c["n"]
         routes = self.buffer.routes
         route_idx = _fixed(pa.int32(), n, c["route"])
         zero = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(bytes(4 * n))])
-        # names by key: route * OPCODE_SLOTS + slot
-        op_key = _fixed(pa.int32(), n, c["op_key"])
-        req_vals, req_valid = c["req_key"]
-        req_key = _fixed(pa.int32(), n, req_vals, req_valid)
-        # one hash pass per column (dictionary_encode), not two (unique + index_in)
-        opcode_name = self._names(op_key, routes)
-        req_name = self._names(req_key, routes)
-        # status: (route << 32 | code); -1 marks a timeout event
-        svals, svalid = c["status_key"]
-        skey = pc.dictionary_encode(_fixed(pa.int64(), n, svals, svalid))
+        # columns() dictionary-encoded the names natively: each distinct key is looked up
+        # here once (opcode_name and request_opcode_name share one dictionary)
+        names = pa.array([routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS)
+                          for k in c["name_keys"]], pa.string())
+        opcode_name = _dict(_fixed(pa.int32(), n, c["name_idx"]), names)
+        req_vals, req_valid = c["req_idx"]
+        req_name = _dict(_fixed(pa.int32(), n, req_vals, req_valid), names)
+        svals, svalid = c["status_idx"]
         snames = []
-        for k in skey.dictionary.to_pylist():
+        for k in c["status_keys"]:
             if k == -1:
                 snames.append("timeout")
                 continue
@@ -142,12 +136,11 @@ class NativeSource:
                 snames.append(str(namer(code)))
             except Exception:
                 snames.append(str(code))
-        status = _dict(skey.indices, snames)
+        status = _dict(_fixed(pa.int32(), n, svals, svalid), snames)
         # peers by conn_id
         conn = _fixed(pa.int64(), n, c["conn_id"])
-        conn_enc = pc.dictionary_encode(conn)
-        peers = [self.peers.get(k) for k in conn_enc.dictionary.to_pylist()]
-        peer_idx = conn_enc.indices
+        peers = [self.peers.get(k) for k in c["conn_keys"]]
+        peer_idx = _fixed(pa.int32(), n, c["conn_idx"])
         if None in peers:      # an unknown peer is a null row, never a null dictionary value
             unknown = pa.array([i for i, p in enumerate(peers) if p is None], pa.int32())
             peer_idx = pc.if_else(pc.is_in(peer_idx, value_set=unknown),

@@ -113,6 +113,30 @@ def test_native_columns_match_the_twin_across_many_chunks(tmp_path, pkg):
             assert results["c"] == results["py"], (conv.name, chunk)
 
 
+PUBLISHING_IDS = [0, 1, 9, 10, 99, 100, 101, 999, 1000, 65535, 10**9, 10**18 - 1, 10**18,
+                  10**19 - 1, 10**19, 12345678901234567890, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+def test_correlation_ids_are_exact_decimal_at_every_digit_count():
+    """The writer's decimal formatting (columns(), two digits per step) gives every
+    publishing id exactly, at each digit count and at the u64/i64 edges, as the twin."""
+    from proxy.protocols.rabbitmq_stream import codec
+    frame = codec.encode_command(codec.PUBLISH, publisher_id=3, messages=[
+        codec.PublishedMessage(i, b"x") for i in PUBLISHING_IDS])
+    for label, RouteStats, Parser in impls("rabbitmq_stream"):
+        stats = RouteStats("r", SPECS["rabbitmq_stream"].name)
+        parser = Parser(stats)
+        parser.conn_id = 1
+        buf = buffer_class(label)(4, 64)
+        parser.attach_log(buf, buf.add_route(stats))
+        src = make_source(buf, "run-d")
+        src.connection(1, "127.0.0.1:1")
+        parser.feed(0, frame)
+        rows = [r for t in src.drain() for r in t.to_pylist()]
+        assert [r["correlation_id"] for r in rows] == [f"3:{i}" for i in PUBLISHING_IDS], label
+        assert [r["opcode_name"] for r in rows] == ["Publish"] * len(PUBLISHING_IDS), label
+
+
 def test_resource_and_attrs_round_trip_with_invalid_utf8(tmp_path):
     """set_resource/add_attr bytes reach the file; invalid UTF-8 never makes it unreadable."""
     if not HAVE_C:
