@@ -170,6 +170,30 @@ def proc_cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def thread_cpu_seconds(pid: int) -> dict:
+    """{tid: utime+stime} of every thread of a process (empty when unavailable)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def split_cpu(pid: int, before: dict, after: dict) -> tuple[float, float]:
+    """(event-loop thread, every other thread) CPU seconds between two readings: in
+    frametap the other threads are the frame-log writer (libuv's workers stay idle)."""
+    loop = after.get(pid, 0.0) - before.get(pid, 0.0)
+    rest = sum(v - before.get(tid, 0.0) for tid, v in after.items() if tid != pid)
+    return loop, rest
+
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -322,6 +346,7 @@ def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
     run_id = f"{sc.key}{rep}"
     proc, port, admin, logfile = start_proxy(env, which, run_id)
     try:
+        threads0 = thread_cpu_seconds(proc.pid)
         cpu0, scpu0, t0 = proc_cpu_seconds(proc.pid), proc_cpu_seconds(env.server_pid), time.monotonic()
         result = run_client(env, sc, port)
         cpu1, scpu1, t1 = proc_cpu_seconds(proc.pid), proc_cpu_seconds(env.server_pid), time.monotonic()
@@ -339,15 +364,23 @@ def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
             # moves when other work shares the proxy's core.
             time.sleep(SETTLE_S)
             cpu2 = proc_cpu_seconds(proc.pid)
+            loop_s, other_s = split_cpu(proc.pid, threads0, thread_cpu_seconds(proc.pid))
             result.update(check_metrics(admin, result))
             if cpu0 is not None and cpu2 is not None and result.get("frames_c2s_produce"):
                 result["proxy_cpu_s"] = round(cpu2 - cpu0, 3)
                 result["proxy_cpu_ns_per_req"] = round(
                     (cpu2 - cpu0) / result["frames_c2s_produce"] * 1e9, 1)
+                # where it went: the event loop (relay, parsers, the log's append) and the
+                # other threads (the frame-log writer)
+                result["loop_cpu_ns_per_req"] = round(loop_s / result["frames_c2s_produce"] * 1e9, 1)
+                result["writer_cpu_s"] = round(other_s, 3)
     finally:
         stop(proc)
     if which in FRAMELOG_TARGETS:
         result.update(framelog_counts(env.logdir / f"{run_id}-{which}-framelogs", t1 - t0))
+        if result.get("framelog_rows") and "writer_cpu_s" in result:
+            result["writer_cpu_ns_per_row"] = round(
+                result["writer_cpu_s"] / result["framelog_rows"] * 1e9, 1)
     result.update(proxy=which, scenario=sc.key, repeat=rep)
     return result
 
@@ -461,6 +494,11 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
         rows_cpu = [r["framelog_rows"] / r["proxy_cpu_s"] for r in mine
                     if r.get("proxy_cpu_s") and r.get("framelog_rows")]
         fl["median_rows_per_cpu_s"] = median(rows_cpu) if rows_cpu else 0
+        for key, who in (("loop_cpu_ns_per_req", fl), ("loop_cpu_ns_per_req", ft),
+                         ("writer_cpu_ns_per_row", fl)):
+            vals = [r[key] for r in runs if r["proxy"] == (which if who is fl else FRAMETAP)
+                    and r.get(key)]
+            who["median_" + key] = median(vals) if vals else None
     if PREVIOUS in out["proxies"] and FRAMETAP in out["proxies"]:
         prev, ft = out["proxies"][PREVIOUS], out["proxies"][FRAMETAP]
         checks = out.setdefault("checks", {})
@@ -524,6 +562,12 @@ def print_summary(summaries: list[dict]) -> list[str]:
                         f"{p['median_cpu_ns_per_req']:.0f} ns [{cpus(p)}]: ratio "
                         f"{p['cpu_ratio']:.3f}; {p['median_rows_per_cpu_s']:,.0f} rows written "
                         f"per proxy cpu-second")
+                    if p.get("median_loop_cpu_ns_per_req") and ft.get("median_loop_cpu_ns_per_req"):
+                        writer = p.get("median_writer_cpu_ns_per_row")
+                        log(f"    {'':<11} split by thread: event loop {ft['median_loop_cpu_ns_per_req']:.0f}"
+                            f" ns per request in frametap, {p['median_loop_cpu_ns_per_req']:.0f} in "
+                            f"{name[:-4]}; frame-log writer thread "
+                            + ("-" if not writer else f"{writer:.0f} ns per row written"))
             elif name.startswith("vs_previous"):
                 log(f"    frametap/previous build {name[12:]} ratio {c['ratio']:.3f} "
                     f"(target {c['target']}): {verdict}")
