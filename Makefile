@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install -q matplotlib
 	$(BIN)/python bench/run_bench.py $(BENCH_ARGS)
 	$(BIN)/python bench/framelog_bench.py
+	command -v valgrind >/dev/null && $(BIN)/python bench/callgrind_writer.py || true
 	$(BIN)/python bench/protocol_benches.py
 
 # Issue 8's hostile-network figures: fuzzing both parser twins (10 M mutated frames per

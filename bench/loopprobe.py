@@ -133,9 +133,13 @@ def quantiles(xs):
 
 
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help") else 2
+    usage = "usage: python bench/loopprobe.py OUT.json FRAMETAP-ARGS..."
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(usage + "\n\n" + __doc__.strip())
+        return 0
+    if len(sys.argv) < 3:
+        print(usage + " (see --help)", file=sys.stderr)
+        return 2
     out = sys.argv[1]
     lag, lag_cpu = instrument()
 
