@@ -17,6 +17,13 @@ def free_port():
         return s.getsockname()[1]
 
 
+def locust_processes_args(n=2):
+    """``--processes n`` on a free master port: Locust's parent binds 5557 by default, and
+    two such runs at once (tests in parallel, a load run beside them) would collide."""
+    port = str(free_port())
+    return ["--processes", str(n), "--master-bind-port", port, "--master-port", port]
+
+
 class LoopThread:
     """An event loop (uvloop) running in a background thread, for sync tests."""
 

@@ -30,6 +30,7 @@ from loadgen.rabbitmq_stream.server import StreamBrokerThread
 from loadgen.rocketmq.server import RocketMQServerThread
 from proxy import _framing, protocols
 from proxy.framelog import SCHEMA
+from tests.conftest import free_port, locust_processes_args
 
 pytestmark = pytest.mark.slow
 
@@ -328,7 +329,7 @@ def test_processes_each_child_writes_its_own_files_and_no_secret(tmp_path):
     log = tmp_path / "log"
     with FlyMQServerThread(users={"loaduser": password}, require_auth=True) as srv:
         proc = subprocess.Popen(
-            locust_cmd(f"127.0.0.1:{srv.port}", ["--processes", "2", "--frametap-framelog",
+            locust_cmd(f"127.0.0.1:{srv.port}", [*locust_processes_args(2), "--frametap-framelog",
                                                  str(log)], users=4, duration="5s"),
             cwd=ROOT, env=locust_env("flymq", {"FRAMETAP_FLYMQ_USER": "loaduser",
                                                "FRAMETAP_FLYMQ_PASSWORD": password}),
@@ -378,18 +379,11 @@ def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
     assert table.num_rows > 0
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_distributed_workers_write_master_writes_nothing(tmp_path):
     """A master and two workers: worker 1 has its own --frametap-framelog and run id
     (they win), worker 2 has none and takes the master's (sent with the spawn message)."""
     master_dir, own_dir = tmp_path / "master-dir", tmp_path / "worker1-dir"
-    port = _free_port()
+    port = free_port()
     with FlyMQServerThread() as srv:
         env = locust_env("flymq")
         master = subprocess.Popen(

@@ -40,7 +40,7 @@ from loadgen.flymq.client import FlyMQClient
 from loadgen.locustmetrics import (MAX_OPCODES, LocustCollector, LocustMetrics, MetricsServer,
                                    address_arg, linger_arg)
 from proxy.framing_common import BUCKETS
-from tests.conftest import free_port
+from tests.conftest import free_port, locust_processes_args
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
                                 http_get, metric_names, promtool_binary, start_prometheus,
                                 stop, substitute, variable_queries, wait_http, wait_port)
@@ -779,7 +779,8 @@ def test_served_totals_equal_locust_json(mode):
     port = free_port()
     with FlyMQServerThread() as srv:
         proc = subprocess.Popen(
-            LOCUST + ["--headless", *mode, "-u", "2", "-r", "2", "-t", "3s",
+            LOCUST + ["--headless", *(locust_processes_args(2) if mode else []), "-u", "2",
+                      "-r", "2", "-t", "3s",
                       "--host", f"127.0.0.1:{srv.port}", "--json", "--skip-log",
                       "--only-summary", "--loglevel", "WARNING", "--frametap-metrics",
                       f"127.0.0.1:{port}", "--frametap-metrics-linger", "20",
