@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from proxy import framing_py
+from proxy.protocols import load as protocols_load
 from proxy.framelog import COLUMNS, SCHEMA, FileSink, FrameLog, RowBuffer, file_stem
 from proxy.framelog_native import make_source
 from tests.test_conformance import HAVE_C, PROTOCOLS, SPECS, events_sorted, impls
@@ -135,6 +136,44 @@ def test_correlation_ids_are_exact_decimal_at_every_digit_count():
         rows = [r for t in src.drain() for r in t.to_pylist()]
         assert [r["correlation_id"] for r in rows] == [f"3:{i}" for i in PUBLISHING_IDS], label
         assert [r["opcode_name"] for r in rows] == ["Publish"] * len(PUBLISHING_IDS), label
+
+
+def test_native_batch_with_thousands_of_connections_keeps_each_rows_peer():
+    """columns() dictionary-encodes peers by connection id in a table that grows past its
+    first size (256 slots): 3,000 connections in one batch, interleaved, each row keeps
+    its own connection's peer; an unknown connection's rows get a null peer."""
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    from proxy.protocols.flymq import samples
+    _, reqs, resps = samples.bench_frames(1, 64)
+    stats = _framing.RouteStats("r", "flymq")
+    buf = _framing.FrameLogBuffer(4, 16384)
+    route = buf.add_route(stats)
+    src = make_source(buf, "run-p")
+    Parser = protocols_load("flymq").load_parser()
+    parsers = []
+    for i in range(3000):
+        p = Parser(stats)
+        p.conn_id = 1000 + i
+        p.attach_log(buf, route)
+        if i != 77:                                  # connection 1077: peer unknown
+            src.connection(1000 + i, "10.%d.%d.1:%d" % (i // 256, i % 256, 1000 + i))
+        parsers.append(p)
+    for p in parsers:                                # requests, then answers: interleaved
+        p.feed(0, reqs[0])
+    for p in reversed(parsers):
+        p.feed(1, resps[0])
+    tables = src.drain()
+    assert len(tables) == 1
+    rows = tables[0].to_pylist()
+    assert len(rows) == 6000
+    for r in rows:
+        i = r["conn_id"] - 1000
+        want = None if i == 77 else "10.%d.%d.1:%d" % (i // 256, i % 256, 1000 + i)
+        assert r["peer"] == want, r
+    answers = [r for r in rows if r["kind"] == "response"]
+    assert len(answers) == 3000 and {r["request_opcode_name"] for r in answers} == {"PRODUCE"}
+    assert all(r["latency_ns"] is not None for r in answers)
 
 
 def test_resource_and_attrs_round_trip_with_invalid_utf8(tmp_path):
