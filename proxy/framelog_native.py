@@ -117,8 +117,8 @@ class NativeSource:
         zero = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(bytes(4 * n))])
         # columns() dictionary-encoded the names natively: each distinct key is looked up
         # here once (opcode_name and request_opcode_name share one dictionary)
-        names = pa.array([routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS)
-                          for k in c["name_keys"]], pa.string())
+        names = pa.array([str(routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS))
+                          for k in c["name_keys"]], pa.string())   # never a null value
         opcode_name = _dict(_fixed(pa.int32(), n, c["name_idx"]), names)
         req_vals, req_valid = c["req_idx"]
         req_name = _dict(_fixed(pa.int32(), n, req_vals, req_valid), names)
