@@ -58,15 +58,21 @@ def _feed(protocol: str, passes: int, framelog: str = "off") -> None:
                 buf.release(i)
 
 
-def _instructions(protocol: str, passes: int, framelog: str = "off") -> int:
+def callgrind_total(script: str, args: list, cwd=None) -> int:
+    """Instructions callgrind counts for ``python script args...`` (run in ``cwd``):
+    the whole process, start-up included (callers subtract two runs)."""
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-         sys.executable, __file__, "--child", protocol, str(passes), framelog],
-        capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONHASHSEED="0"))
+         sys.executable, script, *args],
+        capture_output=True, text=True, cwd=cwd, env=dict(os.environ, PYTHONHASHSEED="0"))
     m = re.search(r"Collected\s*:\s*(\d+)", out.stderr)
-    if m is None:
-        raise RuntimeError(f"no callgrind total in:\n{out.stderr[-2000:]}")
+    if out.returncode != 0 or m is None:
+        raise RuntimeError(f"valgrind {script} {' '.join(args)} failed:\n{out.stderr[-2000:]}")
     return int(m.group(1))
+
+
+def _instructions(protocol: str, passes: int, framelog: str = "off") -> int:
+    return callgrind_total(__file__, ["--child", protocol, str(passes), framelog])
 
 
 def main(argv=None) -> int:

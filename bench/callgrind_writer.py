@@ -19,14 +19,14 @@ here than in time.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from callgrind_parsers import callgrind_total  # noqa: E402  (one valgrind runner for both)
 
 
 def _child(mode: str, records: int, batch_chunks: int) -> None:
@@ -47,20 +47,13 @@ def _child(mode: str, records: int, batch_chunks: int) -> None:
 
 
 def _count(checkout: Path, mode: str, records: int, batch_chunks: int) -> int:
-    with tempfile.TemporaryDirectory(prefix="frametap-cg-") as tmp:
-        out = Path(tmp) / "callgrind.out"
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-               sys.executable, str(Path(__file__).resolve()), "--child", mode,
-               "--records", str(records), "--batch-chunks", str(batch_chunks)]
-        run = subprocess.run(cmd, cwd=checkout, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-        if run.returncode != 0 or not out.exists():
-            raise SystemExit(f"callgrind_writer: valgrind failed ({mode}, {records}): "
-                             + (run.stderr.strip().splitlines() or ["no output"])[-1])
-        for line in out.read_text().splitlines():
-            if line.startswith("summary:"):
-                return int(line.split()[1])
-    raise SystemExit("callgrind_writer: no summary line in callgrind's output")
+    try:
+        return callgrind_total(str(Path(__file__).resolve()),
+                               ["--child", mode, "--records", str(records),
+                                "--batch-chunks", str(batch_chunks)], cwd=checkout)
+    except RuntimeError as exc:
+        raise SystemExit(f"callgrind_writer: {mode} {records:,} records: "
+                         + (str(exc).strip().splitlines() or ["failed"])[-1])
 
 
 def main(argv=None) -> int:

@@ -494,10 +494,10 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
         rows_cpu = [r["framelog_rows"] / r["proxy_cpu_s"] for r in mine
                     if r.get("proxy_cpu_s") and r.get("framelog_rows")]
         fl["median_rows_per_cpu_s"] = median(rows_cpu) if rows_cpu else 0
-        for key, who in (("loop_cpu_ns_per_req", fl), ("loop_cpu_ns_per_req", ft),
-                         ("writer_cpu_ns_per_row", fl)):
-            vals = [r[key] for r in runs if r["proxy"] == (which if who is fl else FRAMETAP)
-                    and r.get(key)]
+        for who, name, key in ((fl, which, "loop_cpu_ns_per_req"),
+                               (ft, FRAMETAP, "loop_cpu_ns_per_req"),
+                               (fl, which, "writer_cpu_ns_per_row")):
+            vals = [r[key] for r in runs if r["proxy"] == name and r.get(key)]
             who["median_" + key] = median(vals) if vals else None
     if PREVIOUS in out["proxies"] and FRAMETAP in out["proxies"]:
         prev, ft = out["proxies"][PREVIOUS], out["proxies"][FRAMETAP]
