@@ -701,7 +701,9 @@ def test_unreadable_parquet_is_named(find, known, tmp_path):
 
 def test_permission_denied_is_named(known):
     """A file the user cannot read is named.  Root reads any file whatever its mode, so
-    as root the check runs in a child process with nobody's uid (setpriv)."""
+    as root the check runs in a child process that drops to nobody's uid after its
+    imports (a first pass over a readable directory loads whatever the check imports
+    lazily): the checkout may sit in a directory nobody cannot enter (mktemp -d)."""
     import shutil
     import subprocess
     import sys
@@ -709,22 +711,25 @@ def test_permission_denied_is_named(known):
     top = tempfile.mkdtemp(prefix="frametap-perm-")
     try:
         os.chmod(top, 0o755)
-        logs = os.path.join(top, "logs")
-        os.mkdir(logs)
-        os.chmod(logs, 0o755)
-        locked = os.path.join(logs, "proxy-h-1-20261118T193320Z-000001.parquet")
+        logs, readable = os.path.join(top, "logs"), os.path.join(top, "readable")
+        for d in (logs, readable):
+            os.mkdir(d)
+            os.chmod(d, 0o755)
+        name = "proxy-h-1-20261118T193320Z-000001.parquet"
+        locked = os.path.join(logs, name)
         write_parquet(locked, known[1]["stream"])
+        write_parquet(os.path.join(readable, name), known[1]["stream"])
         os.chmod(locked, 0)
-        code = ("import sys; from loadgen.analysis import inputs, AnalysisError\n"
+        code = ("import os, sys; from loadgen.analysis import inputs, AnalysisError\n"
+                "inputs.prepare_local([sys.argv[2]], None)\n"
+                "if os.geteuid() == 0:\n"
+                "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
                 "try:\n    inputs.prepare_local([sys.argv[1]], None)\n"
                 "except AnalysisError as e:\n    print(e); sys.exit(2)\n")
-        argv = [sys.executable, "-c", code, logs]
-        if os.geteuid() == 0:
-            assert shutil.which("setpriv"), "setpriv (util-linux) is needed to test as root"
-            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + argv
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        r = subprocess.run(argv, capture_output=True, text=True, cwd=root,
-                           env=dict(os.environ, PYTHONPATH=root), timeout=60)
+        r = subprocess.run([sys.executable, "-c", code, logs, readable], capture_output=True,
+                           text=True, cwd=top, env=dict(os.environ, PYTHONPATH=root),
+                           timeout=60)
         assert r.returncode == 2, r.stdout + r.stderr
         assert r.stdout.strip().startswith(f"{locked}: unreadable: "), r.stdout
     finally:
