@@ -11,7 +11,7 @@ install: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip "setuptools>=77"
 	$(BIN)/python -m pip install -q -e '.[test]'
 	$(BIN)/python -m proxy.protocols --check-build
 	touch $@

@@ -5,8 +5,10 @@ pinned to cpu 1, then for every scenario runs each proxy in turn (pinned to
 cpu 0) with the load client on cpu 1, repeating and alternating the order so
 drift on a noisy machine hits both sides alike:
 
-  a  64 B payloads, 16 conns x 32 deep   throughput   frametap/pass-through rps >= 0.75
-  b  16 KiB payloads, 8 conns x 8 deep   throughput   frametap/pass-through rps >= 0.90
+  a  64 B payloads, 16 conns x 32 deep   throughput   frametap/pass-through rps >= 0.95
+  d  1 KiB payloads, 16 conns x 16 deep  throughput   frametap/pass-through rps >= 0.95
+  b  16 KiB payloads, 8 conns x 8 deep   throughput   frametap/pass-through rps >= 0.95
+  e  1 MiB payloads, 4 conns x 2 deep    throughput   frametap/pass-through rps >= 0.95
   c  64 B payloads, 1 conn x 1 deep      latency      frametap/pass-through p50, p99 <= 1.10
 
 After every frametap run it scrapes the admin /metrics endpoint and checks that
@@ -75,8 +77,10 @@ class Scenario:
 
 
 SCENARIOS = [
-    Scenario("a", "64 B, 16 conns x 32 deep", 16, 32, 64, "throughput", 0.75),
-    Scenario("b", "16 KiB, 8 conns x 8 deep", 8, 8, 16 * 1024, "throughput", 0.90),
+    Scenario("a", "64 B, 16 conns x 32 deep", 16, 32, 64, "throughput", 0.95),
+    Scenario("d", "1 KiB, 16 conns x 16 deep", 16, 16, 1024, "throughput", 0.95),
+    Scenario("b", "16 KiB, 8 conns x 8 deep", 8, 8, 16 * 1024, "throughput", 0.95),
+    Scenario("e", "1 MiB, 4 conns x 2 deep", 4, 2, 1024 * 1024, "throughput", 0.95),
     Scenario("c", "64 B, 1 conn x 1 deep", 1, 1, 64, "latency", 1.10),
 ]
 
@@ -648,7 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, help="unmeasured seconds before each run (default 1)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke check: defaults become 1 repeat x 2 s, 0.5 s warmup")
-    ap.add_argument("--scenarios", default="a,b,c", help="comma list of scenarios to run (default a,b,c)")
+    ap.add_argument("--scenarios", default="a,d,b,e,c",
+                    help="comma list of scenarios to run (default a,d,b,e,c)")
     ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP},{FRAMELOG},{FRAMELOG_SAMPLED}",
                     help="comma list from passthrough,frametap,framelog,framelog1pct (default "
                          "all; the framelog variants are frametap writing a frame log of every "

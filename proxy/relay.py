@@ -9,7 +9,6 @@ side aborts the other.
 """
 
 import asyncio
-import collections
 import itertools
 import logging
 import os
@@ -82,7 +81,9 @@ WRITE_LOW = 64 * 1024
 # faster than the loop or the upstream can take costs no proxy memory (docs/design.md,
 # "File descriptors").
 SETUP_LIMIT = 256
-READ_SLICE = 64 * 1024    # most bytes parsed in one callback: bigger reads go in slices
+# A read this big may have more behind it in the socket: the connection yields to the
+# loop before its next read (ClientSide._yield).  uvloop reads up to 256,000 bytes at once.
+FULL_READ = 128 * 1024
 SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
 
 
@@ -286,8 +287,8 @@ class ClientSide(asyncio.Protocol):
         self.last_bytes = -1         # parser's byte count at the last sweep
         self.last_active = time.monotonic()
         self.setup_owned = False     # setup_done() is this side's to call (Route.SETUP_LIMIT)
-        self.slicing = 0             # directions with a big read being relayed in slices
-        self.backlog = [None, None]  # per direction: deque of the bytes still to relay
+        self.yielding = 0            # bit d: direction d's reading paused until the next
+                                     # loop iteration after a big read (_yield)
         self.client_full = False     # our write buffer to the client is over its mark
 
     # -- client events ---------------------------------------------------------
@@ -376,72 +377,38 @@ class ClientSide(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data):
-        if self.slicing or len(data) > READ_SLICE:
-            self._relay_big(0, data)
-        else:
-            self._relay(0, data)
+        self._relay(0, data)
+        if len(data) >= FULL_READ:
+            self._yield(0)
 
-    def _relay_big(self, d, data):
-        """A read bigger than READ_SLICE (uvloop reads up to 256 KiB at a time, and libuv
-        up to 32 of them in a row while a socket has more): relay it READ_SLICE bytes at
-        a time, one slice per loop iteration with that side's reading paused, so a busy
-        connection cannot hold up the other connections' reads for milliseconds
-        (docs/design.md, "Performance principles").  The bytes keep their order: nothing
-        more is read on that side until its backlog is relayed."""
-        q = self.backlog[d]
-        if q is not None:                  # read while slicing (reading was paused)
-            q.append(memoryview(data))
+    def _yield(self, d):
+        """After a read that may have more behind it, stop reading direction d until the
+        loop's next iteration: libuv reads a readable socket up to 32 times in a row, so
+        one flooding connection would otherwise hold every other connection's reads for
+        milliseconds.  The read itself was relayed whole (its parse cost grows with its
+        frames, not its bytes), so this costs two calls per ~128 KiB, nothing per byte
+        (docs/design.md, "Performance principles")."""
+        if self.closed or self.yielding & (1 << d):
             return
+        if d == 0:
+            transport = self.transport
+        elif self.upstream is not None:
+            transport = self.upstream.transport
+        else:
+            return
+        self.yielding |= 1 << d
+        transport.pause_reading()
+        self.route.loop.call_soon(self._resume, d)
+
+    def _resume(self, d):
+        self.yielding &= ~(1 << d)
         if self.closed or self.upstream is None:
-            mv = memoryview(data)          # early bytes (kept until upstream is up), or
-            for i in range(0, len(mv), READ_SLICE):   # a closing connection: no deferring
-                self._relay(d, mv[i:i + READ_SLICE])
-            return
-        self.backlog[d] = collections.deque([memoryview(data)])
-        self.slicing += 1
-        (self.transport if d == 0 else self.upstream.transport).pause_reading()
-        self._next_slice(d)
-
-    def _next_slice(self, d):
-        q = self.backlog[d]
-        if q is None:
-            return
-        if self.closed:
-            self._end_slicing(d)
-            return
-        mv = q[0]
-        if len(mv) > READ_SLICE:
-            q[0] = mv[READ_SLICE:]
-            mv = mv[:READ_SLICE]
-        else:
-            q.popleft()
-        self._relay(d, mv)
-        if q and not self.closed:
-            self.route.loop.call_soon(self._next_slice, d)
-            return
-        self._end_slicing(d)
-        if self.closed:
-            return
+            return                         # _connect() resumes the client once connected
         if d == 0:
             if not self.paused_by_peer:
                 self.transport.resume_reading()
-        elif not self.client_full and self.upstream is not None:
+        elif not self.client_full:
             self.upstream.transport.resume_reading()
-
-    def _end_slicing(self, d):
-        if self.backlog[d] is not None:
-            self.backlog[d] = None
-            self.slicing -= 1
-
-    def _flush_backlog(self, d):
-        """Relay the rest of direction d's backlog now (before passing on its EOF)."""
-        q = self.backlog[d]
-        while q and not self.closed:
-            mv = q.popleft()
-            for i in range(0, len(mv), READ_SLICE):
-                if not self.closed:
-                    self._relay(d, mv[i:i + READ_SLICE])
-        self._end_slicing(d)
 
     def _relay(self, d, data):
         """Parse and forward one read (or slice) of direction d: the hot path when every
@@ -484,8 +451,6 @@ class ClientSide(asyncio.Protocol):
             self._protocol_error()
 
     def eof_received(self):
-        if self.backlog[0] is not None:
-            self._flush_backlog(0)         # its bytes go before the FIN
         self.client_eof = True
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
@@ -511,14 +476,12 @@ class ClientSide(asyncio.Protocol):
 
     def resume_writing(self):
         self.client_full = False
-        if self.upstream is not None and self.backlog[1] is None:
+        if self.upstream is not None and not self.yielding & 2:
             self.upstream.transport.resume_reading()
 
     # -- upstream events (called by UpstreamSide) ------------------------------
 
     def upstream_eof_received(self):
-        if self.backlog[1] is not None:
-            self._flush_backlog(1)
         self.upstream_eof = True
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
@@ -541,7 +504,7 @@ class ClientSide(asyncio.Protocol):
 
     def upstream_resume_writing(self):
         self.paused_by_peer = False
-        if not self.closed and self.backlog[0] is None:
+        if not self.closed and not self.yielding & 1:
             self.transport.resume_reading()
 
     # -- teardown ---------------------------------------------------------------
@@ -626,10 +589,9 @@ class UpstreamSide(asyncio.Protocol):
 
     def data_received(self, data):
         client = self.client
-        if client.slicing or len(data) > READ_SLICE:
-            client._relay_big(1, data)
-        else:
-            client._relay(1, data)
+        client._relay(1, data)
+        if len(data) >= FULL_READ:
+            client._yield(1)
 
     def eof_received(self):
         return self.client.upstream_eof_received()

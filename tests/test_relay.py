@@ -472,12 +472,12 @@ def test_fd_limit_is_raised_to_the_hard_limit():
     assert capacity == (got - 64) // 2
 
 
-def test_a_big_read_is_parsed_and_relayed_in_slices_in_order():
-    """A read bigger than READ_SLICE (uvloop hands out up to 256 KiB, libuv up to 32 reads
-    in a row) is parsed and forwarded READ_SLICE bytes at a time, one slice per loop
-    iteration, so one busy connection cannot hold the loop for milliseconds: no feed()
-    sees more than READ_SLICE bytes, and both directions arrive whole, in order, with the
-    FIN after the last byte."""
+def test_a_big_read_is_relayed_whole_and_the_connection_yields_before_its_next_read():
+    """A read of FULL_READ bytes or more may have more behind it (uvloop hands out up to
+    256,000 bytes, libuv reads a socket up to 32 times in a row): it is parsed and
+    forwarded whole, then that side stops reading until the loop's next iteration, so one
+    busy connection cannot hold the loop for milliseconds.  Both directions arrive whole,
+    in order, with the FIN after the last byte."""
     from proxy import relay
     n = 20_000                                  # 20,000 x 72 B = 1.4 MB each way
     sent = b"".join(frame(0x01, struct.pack(">I", i) + b"q" * 60) for i in range(n))
@@ -495,6 +495,15 @@ def test_a_big_read_is_parsed_and_relayed_in_slices_in_order():
         writer.close()
 
     async def scenario():
+        loop = asyncio.get_running_loop()
+        ticks = [0]
+
+        def tick():                             # counts loop iterations
+            ticks[0] += 1
+            if not stop:
+                loop.call_soon(tick)
+        stop = []
+        loop.call_soon(tick)
         server = await asyncio.start_server(upstream, "127.0.0.1", 0)
         app = await start_proxy(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
         route = app.routes[0]
@@ -503,7 +512,7 @@ def test_a_big_read_is_parsed_and_relayed_in_slices_in_order():
 
         class Recording(base):                  # the route's own parser, feeds recorded
             def feed(self, d, data):
-                fed.append((d, len(data), self.closed))
+                fed.append((d, len(data), ticks[0]))
                 return base.feed(self, d, data)
         route.parser_class = Recording
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
@@ -511,11 +520,21 @@ def test_a_big_read_is_parsed_and_relayed_in_slices_in_order():
         writer.write_eof()
         got = await asyncio.wait_for(reader.read(), 20)      # until the proxy's FIN
         writer.close()
+        stop.append(1)
         try:
             assert bytes(got_up) == sent
             assert got == back
-            assert max(k for _, k, _ in fed) <= relay.READ_SLICE, fed
             assert sum(k for d, k, _ in fed if d == 0) == len(sent)
+            assert sum(k for d, k, _ in fed if d == 1) == len(back)
+            big = 0
+            for d in (0, 1):
+                feeds = [(k, t) for dd, k, t in fed if dd == d]
+                for (k, t), (_, t2) in zip(feeds, feeds[1:]):
+                    if k >= relay.FULL_READ:
+                        big += 1
+                        assert t2 > t, ("a read of %d bytes was followed by another in "
+                                        "the same loop iteration" % k)
+            assert big, "no read reached FULL_READ: the test did not exercise the yield"
             snap = route.stats.snapshot()
             assert snap["frames"][("c2s", "PRODUCE")] == n
             assert snap["frames"][("s2c", "PRODUCE")] == n
