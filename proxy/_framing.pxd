@@ -84,12 +84,20 @@ cdef enum Reason:
     R_HEADER_TOO_LARGE = 10
     R_PARSER_ERROR = 11
     R_HEADER_RULE = 12       # per-type header rules broken (required/forbidden fields)
-    N_REASONS = 13
+    R_PENDING_BUDGET = 13    # a split header's buffer did not fit [proxy] max_pending_bytes
+    N_REASONS = 14
 
 cdef enum:
     P_EXPIRED = 1            # Pending.flags: counted as a timeout; the late answer is not observed
     P_FIFO = 2               # from the FIFO (correlation id = sequence number)
     P_S2C = 4                # the request travelled server -> client
+
+# Longest probe an insert walks before the map is rehashed under a new seed: at most half
+# full, linear probing with a keyed hash makes a 128-slot chain vanishingly rare.
+cdef enum:
+    MAP_PROBE_LIMIT = 128
+    HBUF_KEEP = 4096         # framing_common.HBUF_KEEP
+
 
 cdef struct Pending:         # 24 bytes
     int64_t t_ns             # monotonic time of the read that carried the request
@@ -322,6 +330,9 @@ cdef class FrameParser:
     # Positions count up; the slot is position & (map_cap - 1).
     cdef MapEntry* map
     cdef Py_ssize_t map_cap             # power of two
+    cdef uint64_t map_seed              # keys the hash (_mix): secret, per connection, new
+                                        # when a probe passes MAP_PROBE_LIMIT (hash flooding)
+    cdef readonly int64_t map_reseeds   # times this map was rehashed under a new seed
     cdef Py_ssize_t map_len
     cdef public Py_ssize_t map_limit
     cdef int32_t* ring
@@ -361,6 +372,7 @@ cdef class FrameParser:
                            const uint8_t* attrs, Py_ssize_t alen)
     cdef int _map_grow(self) except -1
     cdef int _map_resize(self, Py_ssize_t new_cap) except -1
+    cdef int _map_reseed(self) except -1
     cdef int _fifo_grow(self) except -1
     cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1
     cdef int _shrink(self) except -1
@@ -383,6 +395,7 @@ cdef class FrameParser:
 
     cdef int fail(self, int d, int reason, str message) except -1
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1
+    cdef void _hbuf_release(self, int d) noexcept
     # string correlation ids (set_corr_str), recording only
     cdef CorrState* _corr_state(self) noexcept
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
@@ -641,7 +654,7 @@ cdef inline void _map_remove(FrameParser self, Py_ssize_t i) noexcept:
         j = (j + 1) & mask
         if not self.map[j].used:
             break
-        k = _mix(self.map[j].tag, <uint64_t>self.map[j].p.key) & mask
+        k = _mix(self.map_seed, self.map[j].tag, <uint64_t>self.map[j].p.key) & mask
         if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
             self.map[i] = self.map[j]
             self.ring[self.map[i].used - 1] = <int32_t>i
@@ -665,18 +678,22 @@ cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32
     """The current frame is a request answered by key (tag = namespace).  Inline only
     the common case, a new key in a table with room; growing, a full table and a key
     already pending go to FrameParser._expect_key."""
-    cdef Py_ssize_t i, mask
+    cdef Py_ssize_t i, mask, probes = 0
     cdef MapEntry* e
     set_corr(self, d, <int64_t>key, corr_hi)
     if (self.map_len + 1) * 2 > self.map_cap or self.map_len >= self.map_limit:
         return self._expect_key(d, tag, key, corr_hi)
     mask = self.map_cap - 1
-    i = _mix(tag, key) & mask
+    i = _mix(self.map_seed, tag, key) & mask
     while self.map[i].used:                # one probe: the key, or where it goes
         e = &self.map[i]
         if e.tag == tag and <uint64_t>e.p.key == key:
             return self._expect_key(d, tag, key, corr_hi)
         i = (i + 1) & mask
+        probes += 1
+        if probes == MAP_PROBE_LIMIT:      # chosen colliding keys, or astronomically bad
+            self._map_reseed()             # luck: a new secret seed breaks the cluster
+            return self._expect_key(d, tag, key, corr_hi)
     _map_insert(self, d, i, tag, key, corr_hi)
     return 0
 
@@ -713,7 +730,7 @@ cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcep
     if self.map_len == 0:
         return -1
     mask = self.map_cap - 1
-    i = _mix(tag, key) & mask
+    i = _mix(self.map_seed, tag, key) & mask
     while True:
         e = &self.map[i]
         if not e.used:
@@ -839,9 +856,11 @@ cdef inline int8_t _corr_fmt(int32_t corr_hi) noexcept:
     return CORR_SINT if corr_hi == CORR_HI_SIGNED else CORR_INT
 
 
-cdef inline uint64_t _mix(int32_t tag, uint64_t key) noexcept:
-    # splitmix64 finalizer: spreads sequential ids over the table
-    cdef uint64_t z = key + (<uint64_t>tag << 56) + 0x9E3779B97F4A7C15ULL
+cdef inline uint64_t _mix(uint64_t seed, int32_t tag, uint64_t key) noexcept:
+    # splitmix64 finalizer of the key under a secret per-map seed: spreads sequential ids
+    # over the table, and a client cannot pick ids that share a probe chain without the
+    # seed (the finalizer alone is invertible: colliding ids were found offline)
+    cdef uint64_t z = (key ^ seed) + (<uint64_t>tag << 56) + 0x9E3779B97F4A7C15ULL
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
     return z ^ (z >> 31)

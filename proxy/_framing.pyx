@@ -14,6 +14,8 @@ from libc.string cimport memcpy, memset, memcmp, memmove
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint64_t
 
+import os
+
 from proxy.errors import frame_error_class
 from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, record_dict)
@@ -37,7 +39,7 @@ REASON_IDS = {"bad_magic": R_BAD_MAGIC, "bad_version": R_BAD_VERSION,
               "response_mismatch": R_MISMATCH, "bad_header": R_BAD_HEADER,
               "unknown_command": R_UNKNOWN, "bad_body": R_BAD_BODY,
               "header_too_large": R_HEADER_TOO_LARGE, "parser_error": R_PARSER_ERROR,
-              "header_rule": R_HEADER_RULE}
+              "header_rule": R_HEADER_RULE, "pending_budget": R_PENDING_BUDGET}
 KIND_IDS = {"request": K_REQUEST, "response": K_RESPONSE, "oneway": K_ONEWAY,
             "event": K_EVENT}
 
@@ -54,6 +56,19 @@ cdef int64_t _pending_bytes = 0
 cdef int64_t _pending_budget = 1LL << 62
 # one map slot: the entry and its request-ring slot (framing_common.MAP_ENTRY_BYTES)
 cdef int64_t _MAP_SLOT_BYTES = sizeof(MapEntry) + sizeof(int32_t)
+
+# Pending-map seeds: a secret drawn once per process, then one per map by splitmix64.
+cdef uint64_t _seed_state = int.from_bytes(os.urandom(8), "little")
+
+
+cdef uint64_t _next_seed() noexcept:
+    global _seed_state
+    cdef uint64_t z
+    _seed_state += 0x9E3779B97F4A7C15ULL
+    z = _seed_state
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 31)
 
 
 def set_pending_budget(int64_t budget):
@@ -313,6 +328,7 @@ cdef class FrameParser:
             raise MemoryError()
         _pending_bytes += self.fifo_cap * sizeof(Pending)
         self.fifo_limit = DEFAULT_FIFO_LIMIT
+        self.map_seed = _next_seed()
         self.map_limit = DEFAULT_MAP_LIMIT
         self.header_limit = HEADER_LIMIT
         self.captured = [None, None]
@@ -326,6 +342,7 @@ cdef class FrameParser:
         PyMem_Free(self.fifo)
         PyMem_Free(self.map)
         PyMem_Free(self.ring)
+        _pending_bytes -= self.st[0].hcap + self.st[1].hcap
         PyMem_Free(self.st[0].hbuf)
         PyMem_Free(self.st[1].hbuf)
         PyMem_Free(self.st[0].attrs)
@@ -493,6 +510,8 @@ cdef class FrameParser:
         if s.body and not s.capture and s.skip < seen:
             rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
             self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
+        if s.hcap > HBUF_KEEP:
+            self._hbuf_release(d)
         return 0
 
     cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
@@ -518,8 +537,10 @@ cdef class FrameParser:
         return 0
 
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1:
-        """Grow direction d's header buffer to n bytes; -1 after fail() past header_limit."""
+        """Grow direction d's header buffer to n bytes; -2 after fail() past header_limit
+        or the pending budget (-1 is a raised exception)."""
         cdef DirState* s = &self.st[d]
+        global _pending_bytes
         cdef uint8_t* nb
         cdef Py_ssize_t cap
         if n <= s.hcap:
@@ -527,18 +548,35 @@ cdef class FrameParser:
         if n > self.header_limit:
             self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
                       "header limit %d" % (n, s.frame_start, self.header_limit))
-            return -1
+            return -2
         cap = s.hcap if s.hcap else 64
         while cap < n:
             cap *= 2
         if cap > self.header_limit:
             cap = self.header_limit
+        if _pending_bytes + (cap - s.hcap) > _pending_budget:
+            # partial headers are pending memory too: 10,000 connections each holding a
+            # 64 KiB header would otherwise sit outside every budget
+            self.fail(d, R_PENDING_BUDGET, "a header of %d bytes at offset %d does not fit "
+                      "the pending-memory budget (max_pending_bytes)" % (n, s.frame_start))
+            return -2
         nb = <uint8_t*>PyMem_Realloc(s.hbuf, cap)
         if nb is NULL:
             raise MemoryError()
+        _pending_bytes += cap - s.hcap
         s.hbuf = nb
         s.hcap = cap
         return 0
+
+    cdef void _hbuf_release(self, int d) noexcept:
+        """A big split-header buffer is given back once its header is done."""
+        global _pending_bytes
+        cdef DirState* s = &self.st[d]
+        if s.hcap > HBUF_KEEP and s.ghave == 0 and s.have == 0:
+            _pending_bytes -= s.hcap
+            PyMem_Free(s.hbuf)
+            s.hbuf = NULL
+            s.hcap = 0
 
     cdef int _frame_end(self, int d, list out) except -1:
         """The frame's last byte has passed: finish capture/body, emit its record."""
@@ -553,6 +591,8 @@ cdef class FrameParser:
             s.body = 0
             self.on_body_end(d)
         s.ghave = 0
+        if s.hcap > HBUF_KEEP:
+            self._hbuf_release(d)
         if s.open:
             s.open = 0
             self._emit(&s.rec)
@@ -744,6 +784,18 @@ cdef class FrameParser:
 
     # ---- correlation map ------------------------------------------------------
 
+    def set_map_seed(self, uint64_t seed):
+        """Tests only: key the pending map with ``seed`` (rehashing what it holds)."""
+        self.map_seed = seed
+        if self.map_cap:
+            self._map_resize(self.map_cap)
+
+    cdef int _map_reseed(self) except -1:
+        """A probe passed MAP_PROBE_LIMIT: rehash the table, same size, under a new seed."""
+        self.map_seed = _next_seed()
+        self.map_reseeds += 1
+        return self._map_resize(self.map_cap)
+
     cdef int _map_grow(self) except -1:
         """Double the table (64 entries first); 1 when the pending budget refuses."""
         return self._map_resize(self.map_cap * 2 if self.map_cap else 64)
@@ -778,7 +830,7 @@ cdef class FrameParser:
             i = self.ring[r & omask]
             if i < 0:
                 continue                       # answered since
-            j = _mix(old[i].tag, <uint64_t>old[i].p.key) & mask
+            j = _mix(self.map_seed, old[i].tag, <uint64_t>old[i].p.key) & mask
             while new[j].used:
                 j = (j + 1) & mask
             new[j] = old[i]
@@ -839,9 +891,10 @@ cdef class FrameParser:
     cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
         """expect() when the table must grow first, is full, or already holds the key
         (set_corr() done)."""
-        cdef Py_ssize_t i, mask, rmask
+        cdef Py_ssize_t i, mask, rmask, probes = 0
         cdef MapEntry* e
         cdef int32_t j
+        cdef bint reseeded = 0
         if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit \
                 and not self._has_expired():
             self._map_grow()                   # keeps the table at most half full (budget
@@ -852,7 +905,7 @@ cdef class FrameParser:
             _count_error(self.c, d, R_OVERFLOW)
             return 0
         mask = self.map_cap - 1
-        i = _mix(tag, key) & mask
+        i = _mix(self.map_seed, tag, key) & mask
         while self.map[i].used:                # one probe: the key, or where it goes
             e = &self.map[i]
             if e.tag == tag and <uint64_t>e.p.key == key:
@@ -865,6 +918,12 @@ cdef class FrameParser:
                 _ring_push(self, i)
                 return 0
             i = (i + 1) & mask
+            probes += 1
+            if probes == MAP_PROBE_LIMIT and not reseeded:
+                reseeded = 1                   # see expect(): break a chosen cluster
+                self._map_reseed()
+                i = _mix(self.map_seed, tag, key) & mask
+                probes = 0
         if self.map_len >= self.map_limit or (self.map_len + 1) * 2 > self.map_cap:
             # full (the limit, or the budget refused to grow): the oldest expired entry
             # makes room, else the request is dropped, and counted
@@ -876,7 +935,7 @@ cdef class FrameParser:
             self.ring[self.ring_head & rmask] = -1
             self.ring_head += 1
             _map_remove(self, j)
-            i = _mix(tag, key) & mask
+            i = _mix(self.map_seed, tag, key) & mask
             while self.map[i].used:
                 i = (i + 1) & mask
         _map_insert(self, d, i, tag, key, corr_hi)

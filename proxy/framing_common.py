@@ -33,10 +33,13 @@ REASONS = (
     "header_rule",         # 12: a well-formed header breaks the protocol's per-type rules
                            #     (fields required or forbidden for the message type; frame
                            #     forwarded)
+    "pending_budget",      # 13: a header split across reads did not fit the process's
+                           #     pending-memory budget ([proxy] max_pending_bytes)
 )
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
     R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE, \
-    R_PARSER_ERROR, R_HEADER_RULE = range(13)
+    R_PARSER_ERROR, R_HEADER_RULE, R_PENDING_BUDGET = range(14)
+HBUF_KEEP = 4096               # a split-header buffer bigger than this is freed after use
 
 #: Frame kinds (frame log ``kind``), by the ids of _framing.pxd's K_* enum.
 KINDS = ("request", "response", "oneway", "event")

@@ -15,7 +15,7 @@ from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip
                                   MAP_ENTRY_BYTES, PENDING_BYTES, MAP_MIN_CAP, FIFO_MIN_CAP,
                                   UNKNOWN_LABELS,
                                   R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
-                                  K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict)
+                                  R_PENDING_BUDGET, HBUF_KEEP, K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict)
 
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
@@ -249,13 +249,14 @@ class RouteStats:
 
 class _Dir:
     __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "skip", "gbuf",
-                 "body", "capture", "open", "rows", "rec", "taken", "slot")
+                 "body", "capture", "open", "rows", "rec", "taken", "slot", "hcap")
 
     def __init__(self, need):
         self.remaining = 0
         self.frame_start = 0
         self.offset = 0
         self.hdr = bytearray()       # split header
+        self.hcap = 0                # the compiled core's buffer size for hdr/gbuf, accounted
         self.need = need
         self.skip = 0
         self.gbuf = bytearray()      # gather()
@@ -429,6 +430,8 @@ class FrameParser:
             if s.need > self.header_limit:
                 self._too_large(d, s.need)
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
+            if s.need > s.hcap and not self._hbuf_reserve(d, s.need):
+                return self._fatal_prefix(d, chunk_start, emit, mv, out)
             take = min(s.need - len(s.hdr), n - pos)
             s.hdr += mv[pos:pos + take]
             pos += take
@@ -461,6 +464,8 @@ class FrameParser:
                 s.remaining = r - asked
                 if s.body and not s.capture and s.skip < asked:
                     self.on_body(d, memoryview(hdr)[s.skip:])
+                if s.hcap > HBUF_KEEP:
+                    self._hbuf_release(d)
                 if s.remaining == 0:
                     self._frame_end(d, out)
             elif r < 0:
@@ -480,6 +485,28 @@ class FrameParser:
                   "header bytes its parser read, or its body skip is longer (parser "
                   "contract)" % (r, self.st[d].frame_start, asked))
 
+    def _hbuf_reserve(self, d, n):
+        """Twin of the compiled core's split-header buffer: its size (doubling from 64,
+        at most header_limit) counts against the pending budget; False after fail()."""
+        s = self.st[d]
+        cap = s.hcap or 64
+        while cap < n:
+            cap *= 2
+        cap = min(cap, self.header_limit)
+        if _pending["bytes"] + cap - s.hcap > _pending["budget"]:
+            self.fail(d, R_PENDING_BUDGET, "a header of %d bytes at offset %d does not fit "
+                      "the pending-memory budget (max_pending_bytes)" % (n, s.frame_start))
+            return False
+        _pending["bytes"] += cap - s.hcap
+        s.hcap = cap
+        return True
+
+    def _hbuf_release(self, d):
+        s = self.st[d]
+        if s.hcap > HBUF_KEEP and not s.gbuf and not s.hdr:
+            _pending["bytes"] -= s.hcap
+            s.hcap = 0
+
     def _too_large(self, d, n):
         self.fail(d, R_HEADER_TOO_LARGE, "a header of %d bytes at offset %d exceeds the "
                   "header limit %d" % (n, self.st[d].frame_start, self.header_limit))
@@ -495,6 +522,8 @@ class FrameParser:
             s.body = False
             self.on_body_end(d)
         s.gbuf = bytearray()
+        if s.hcap > HBUF_KEEP:
+            self._hbuf_release(d)
         if s.open:
             s.open = False
             self._emit(s.rec)
@@ -543,6 +572,8 @@ class FrameParser:
             return p[:want], want
         if want > self.header_limit:
             self._too_large(d, want)
+            return None, n
+        if want > s.hcap and not self._hbuf_reserve(d, want):
             return None, n
         take = min(want - len(s.gbuf), n)
         s.gbuf += p[:take]
@@ -924,7 +955,8 @@ class FrameParser:
 
     def __del__(self):
         try:
-            _pending["bytes"] -= self.fifo_cap * PENDING_BYTES + self.map_cap * MAP_ENTRY_BYTES
+            _pending["bytes"] -= self.fifo_cap * PENDING_BYTES + self.map_cap * MAP_ENTRY_BYTES \
+                + self.st[0].hcap + self.st[1].hcap
         except AttributeError:                  # __init__ did not finish
             pass
 
