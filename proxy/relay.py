@@ -81,9 +81,11 @@ WRITE_LOW = 64 * 1024
 # faster than the loop or the upstream can take costs no proxy memory (docs/design.md,
 # "File descriptors").
 SETUP_LIMIT = 256
-# A read this big may have more behind it in the socket: the connection yields to the
-# loop before its next read (ClientSide._yield).  uvloop reads up to 256,000 bytes at once.
-FULL_READ = 128 * 1024
+# A read that filled uvloop's whole receive buffer (256,000 bytes) is the one case where
+# libuv reads the same socket again in the same loop iteration (up to 32 times): the
+# connection yields to the loop before its next read (ClientSide._yield).  Any shorter
+# read ends libuv's run on that socket by itself.
+FULL_READ = 256000
 SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
 
 
@@ -386,7 +388,7 @@ class ClientSide(asyncio.Protocol):
         loop's next iteration: libuv reads a readable socket up to 32 times in a row, so
         one flooding connection would otherwise hold every other connection's reads for
         milliseconds.  The read itself was relayed whole (its parse cost grows with its
-        frames, not its bytes), so this costs two calls per ~128 KiB, nothing per byte
+        frames, not its bytes), so this costs two calls per 250 KB, nothing per byte
         (docs/design.md, "Performance principles")."""
         if self.closed or self.yielding & (1 << d):
             return
