@@ -108,7 +108,8 @@ def test_garbage_closes_that_connection_only(garbage):
         good.close()
 
 
-@pytest.mark.parametrize("mode", ["header-binary", "header-compact", "framed-binary"])
+@pytest.mark.parametrize("mode", ["header-binary", "header-compact", "header-zlib",
+                                  "framed-binary", "framed-compact"])
 def test_apache_clients_through_proxy_to_reference_service(gen, tmp_path, mode):
     """Apache's THeader client (and its framed client) against our service via frametap."""
     from thrift.Thrift import TApplicationException as ApacheTApplicationException
@@ -315,3 +316,98 @@ def test_get_user_without_id_is_an_exception_reply_without_traceback(tmp_path):
     assert any("answered a bad call: getUser" in ln and "PROTOCOL_ERROR" in ln
                for ln in lines), log
     assert len(lines) < 200, len(lines)
+
+
+# ---- hostile payloads: thriftpy2 decodes only what passed loadgen.ttheader.wire --------
+
+def _bin_call(name, body):
+    return codec.binary_message(name, codec.CALL, 1, body)
+
+
+HOSTILE = {
+    # a string claiming 2 GB in a 30-byte message (crashed thriftpy2's Cython codec)
+    "name claims 2 GB": b"\x80\x01\x00\x01\x7f\xff\xff\xf0ping\x00\x00\x00\x01\x00",
+    "string claims 2 GB": _bin_call("echo", b"\x0b\x00\x01\x7f\xff\xff\xf0hi\x00"),
+    "non-strict name claims 1 GB": b"\x40\x00\x00\x00echo\x01\x00\x00\x00\x01\x00",
+    # containers of 2^31 elements of a type that reads nothing (a CPU spin)
+    "binary list of STOP": _bin_call("placeOrder", b"\x0f\x00\x02\x00\x7f\xff\xff\xff\x00"),
+    "binary map of VOID": _bin_call("listUsers", b"\x0d\x00\x02\x01\x01\x7f\xff\xff\xff\x00"),
+    "binary list of i64, 2^31": _bin_call("placeOrder", b"\x0f\x00\x02\x0a\x7f\xff\xff\xff"
+                                                        b"\x00"),
+    "compact list of STOP": codec.compact_message("placeOrder", codec.CALL, 1,
+                                                  b"\x29\xf0\xff\xff\xff\xff\x07\x00"),
+    "compact map of 2^31": codec.compact_message("listUsers", codec.CALL, 1,
+                                                 b"\x2b\xff\xff\xff\xff\x07\x88\x00"),
+    "structs 100,000 deep": _bin_call("echo", b"\x0c\x00\x01" * 100000),
+    "compact structs 100,000 deep": codec.compact_message("echo", codec.CALL, 1,
+                                                          b"\x1c" * 100000),
+    "cut short": _bin_call("getUser", b"\x0a\x00\x01\x00\x00"),
+}
+
+
+def test_hostile_payloads_close_that_connection_quickly(tmp_path):
+    """Each payload closes its connection within a second, with a log line; the server
+    process neither crashes nor grows, and serves the next client."""
+    srv = ServeProcess(tmp_path)
+    try:
+        base = srv.status("VmRSS")
+        for label, payload in HOSTILE.items():
+            s = socket.create_connection(("127.0.0.1", srv.port), 10)
+            t0 = time.monotonic()
+            s.sendall(codec.framed(payload))
+            s.settimeout(10)
+            assert s.recv(100) == b"", label
+            assert time.monotonic() - t0 < 1.0, label
+            s.close()
+            assert srv.proc.poll() is None, (label, srv.log()[-2000:])
+        assert srv.status("VmHWM") - base < 32 << 20
+        with ThriftClient("127.0.0.1", srv.port, "framed") as c:
+            assert c.call("echo", "alive") == "alive"
+    finally:
+        log = srv.stop()
+    suppressed = sum(int(n) for n in re.findall(r"(\d+) similar log lines suppressed", log))
+    assert log.count("malformed Thrift message") + suppressed == len(HOSTILE), log
+    assert "Traceback" not in log
+
+
+def test_mutated_calls_never_crash_the_decoder():
+    """Random byte flips, cuts and insertions in every method's call (binary and
+    compact): the dispatcher answers or raises an ordinary exception, quickly."""
+    import random
+    from loadgen.ttheader.server import DemoHandler, Dispatcher
+    demo = idl.load()
+    d = Dispatcher(demo.UserService, DemoHandler(demo))
+    seeds = []
+    for compact in (False, True):
+        for method, args in (("getUser", {"id": 3}), ("echo", {"message": "hi"}),
+                             ("listUsers", {"limit": 3, "filter": {"a": "b"}}),
+                             ("placeOrder", {"userId": 2, "items": [1, 2, 3]}),
+                             ("ping", {}), ("log", {"line": "x"})):
+            buf = idl.memory_buffer()
+            p = idl.protocol(buf, compact)
+            p.write_message_begin(method, codec.CALL, 7)
+            getattr(demo.UserService, method + "_args")(**args).write(p)
+            seeds.append(buf.getvalue())
+    rng = random.Random(21)
+    answered = 0
+    for _ in range(20000):
+        p = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            if not p:
+                break
+            k = rng.randrange(len(p))
+            op = rng.random()
+            if op < 0.6:
+                p[k] = rng.randrange(256)
+            elif op < 0.8:
+                del p[k:k + rng.randint(1, 4)]
+            else:
+                p[k:k] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+        t0 = time.perf_counter()
+        try:
+            d.process(bytes(p))
+            answered += 1
+        except Exception:          # noqa: BLE001 - any ordinary exception closes the peer
+            pass
+        assert time.perf_counter() - t0 < 0.5, bytes(p)
+    assert answered > 1000

@@ -127,7 +127,7 @@ class ThriftClient(common.SocketClient):
         """Read the reply frame of the call in flight into ``result``; returns the
         TApplicationException of an exception reply, else None."""
         _, _, payload = codec.split(self._recv_frame())
-        proto = idl.protocol(idl.memory_buffer(payload), idl.is_compact(payload))
+        proto = idl.reader(payload)
         name, mtype, seq = proto.read_message_begin()
         if seq != self.seq or name != method:
             raise codec.FrameError("reply %s (seq id %d) to call %s (seq id %d)" % (

@@ -6,7 +6,8 @@ Nothing is compiled ahead of time: :func:`load` parses the IDL once per process 
 ``Order``), the declared exception ``NotFound`` and the services (``UserService``,
 ``LegacyUserService``, each with ``<method>_args`` / ``<method>_result`` classes).
 Payloads are encoded and decoded by ``thriftpy2``'s protocols: binary (its Cython
-codec when built, strict or non-strict on input) or compact, chosen per message.
+codec when built, strict or non-strict on input) or compact, chosen per message; bytes
+from a peer are shape-checked first (:func:`reader`, :mod:`loadgen.ttheader.wire`).
 
 Apache's own ``thrift`` library and its generated code are used only by the tests, as an
 independent peer (``tests/thrift_real.py``).
@@ -17,11 +18,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from loadgen.ttheader import wire
+
 IDL = Path(__file__).with_name("frametap_demo.thrift")
 MODULE_NAME = "frametap_demo_thrift"       # thriftpy2 wants the ``_thrift`` suffix
 
 __all__ = ["IDL", "load", "TApplicationException", "TMessageType", "TType", "memory_buffer",
-           "protocol", "is_compact"]
+           "protocol", "reader", "is_compact"]
 
 _lock = threading.Lock()
 _module = None
@@ -45,17 +48,36 @@ def is_compact(payload) -> bool:
     return payload[:1] == b"\x82"
 
 
-def memory_buffer(data: bytes = b""):
-    """A thriftpy2 memory transport (the Cython one when built)."""
+def memory_buffer():
+    """A thriftpy2 memory transport to encode into (the Cython one when built)."""
     from thriftpy2.transport import TMemoryBuffer
-    return TMemoryBuffer(data)
+    return TMemoryBuffer()
 
 
 def protocol(trans, compact: bool):
-    """A thriftpy2 protocol over ``trans``: compact, or binary writing strict messages
-    and reading strict or non-strict ones (as Apache's TBinaryProtocol does)."""
+    """A thriftpy2 protocol to encode with: compact, or strict binary (its Cython codec
+    when built)."""
     if compact:
         from thriftpy2.protocol import TCompactProtocol
         return TCompactProtocol(trans)
     from thriftpy2.protocol import TBinaryProtocol
-    return TBinaryProtocol(trans, strict_read=False)
+    return TBinaryProtocol(trans)
+
+
+def reader(payload: bytes):
+    """A thriftpy2 protocol positioned at the start of ``payload``, a Thrift message from
+    a peer (binary, strict or not, or compact, told by its first byte).
+
+    The bytes pass :func:`loadgen.ttheader.wire.check` first (every length and count
+    within the message: see there why thriftpy2 needs that), raising
+    :class:`~loadgen.ttheader.wire.MalformedMessage`. Binary is then read by the Cython
+    codec through a buffered transport over a Python memory buffer, whose short reads
+    raise instead of copying past the bytes; compact by the Python codec."""
+    wire.check(payload)
+    from thriftpy2.transport.memory import TMemoryBuffer as PyMemoryBuffer
+    if is_compact(payload):
+        from thriftpy2.protocol.compact import TCompactProtocol
+        return TCompactProtocol(PyMemoryBuffer(payload))
+    from thriftpy2.protocol import TBinaryProtocol
+    from thriftpy2.transport import TBufferedTransport
+    return TBinaryProtocol(TBufferedTransport(PyMemoryBuffer(payload)), strict_read=False)

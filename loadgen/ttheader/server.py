@@ -123,7 +123,7 @@ class Dispatcher:
 
     def process(self, payload: bytes):
         compact = idl.is_compact(payload)
-        iprot = idl.protocol(idl.memory_buffer(payload), compact)
+        iprot = idl.reader(payload)
         name, mtype, seq = iprot.read_message_begin()
         oneway = mtype == TMessageType.ONEWAY
         problem = None
