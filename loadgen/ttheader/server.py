@@ -8,7 +8,9 @@ oneway ``log``):
 
 * Payloads are decoded and encoded by ``thriftpy2`` from the IDL loaded at run time
   (``loadgen/ttheader/idl.py``: no compiler, no generated code), binary or compact
-  protocol as the request uses — never by hand. :class:`Dispatcher` plays the part of a
+  protocol as the request uses — never by hand; a payload first passes the shape check
+  of :mod:`loadgen.ttheader.wire` (lengths and counts within its bytes: a malformed one
+  closes its connection with one log line). :class:`Dispatcher` plays the part of a
   generated processor: an unknown method gets a TApplicationException UNKNOWN_METHOD; a
   call missing an argument (every argument of this service is needed) PROTOCOL_ERROR
   naming it; a handler failure INTERNAL_ERROR. Such a bad call is answered, never a
