@@ -447,3 +447,21 @@ def test_wire_check_accepts_what_apache_writes(gen, compact):
         if reply.getvalue():
             wire.check(reply.getvalue())
             assert idl.reader(reply.getvalue()).read_message_begin()[0] == method
+
+
+def test_handler_failure_is_internal_error_without_traceback(caplog):
+    """A handler that fails unexpectedly: INTERNAL_ERROR reply naming the failure, one
+    log line saying where (no traceback), and the connection goes on."""
+    with caplog.at_level("INFO"), ThriftServerThread() as srv:
+        srv.server.handler.echo = lambda message: 1 // 0
+        with ThriftClient("127.0.0.1", srv.port) as c:
+            with pytest.raises(TApplicationException,
+                               match="echo failed: ZeroDivisionError") as e:
+                c.call("echo", "x")
+            assert e.value.type == TApplicationException.INTERNAL_ERROR
+            assert c.last_status == "INTERNAL_ERROR"
+            assert c.call("ping") is None and c.last_status == "OK"
+    bad = [r for r in caplog.records if "answered a bad call" in r.getMessage()]
+    assert len(bad) == 1 and "ZeroDivisionError" in bad[0].getMessage()
+    assert "test_ttheader_server.py" in bad[0].getMessage()           # where it failed
+    assert not [r for r in caplog.records if r.exc_info]

@@ -103,9 +103,11 @@ class DemoHandler:
 class BadCall(Exception):
     """A call answered with the TApplicationException ``.tapp`` instead of a result."""
 
-    def __init__(self, tapp: TApplicationException):
+    def __init__(self, tapp: TApplicationException, detail: str | None = None):
         super().__init__(tapp.message)
+        tapp.__traceback__ = None       # a handler's exception is written, not kept
         self.tapp = tapp
+        self.detail = detail or tapp.message    # for the log line
 
 
 class Dispatcher:
@@ -159,13 +161,14 @@ class Dispatcher:
                 if not self._declared(exc, result):
                     raise BadCall(TApplicationException(
                         TApplicationException.INTERNAL_ERROR,
-                        "%s failed: %s" % (name, describe_exception(exc)))) from None
+                        "%s failed: %s: %s" % (name, type(exc).__name__, exc)),
+                        describe_exception(exc)) from None
             mtype_out, body = TMessageType.REPLY, result
         except BadCall as bad:
             t = bad.tapp.type or 0
             problem = "%s (seq id %d): %s %s" % (
                 name, seq, TAPP_TYPES[t] if 0 <= t < len(TAPP_TYPES) else "TYPE_%d" % t,
-                bad.tapp.message)
+                bad.detail)
             mtype_out, body = TMessageType.EXCEPTION, bad.tapp
         if oneway:
             return None, name, seq, problem
