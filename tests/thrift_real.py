@@ -1,30 +1,96 @@
-"""Apache Thrift's own Python library as a real peer: the demo IDL compiled by Debian's
-``thrift`` compiler, an Apache THeader server (THeaderProtocol accepting THeader,
-framed and unframed clients) and clients in every dialect the parser reads."""
+"""Apache Thrift's own Python library as an independent peer, for the tests only: the
+demo IDL compiled by Apache's ``thrift`` compiler (Debian ``thrift-compiler``) with the
+PyPI ``thrift`` library, an Apache THeader server (THeaderProtocol accepting THeader,
+framed and unframed clients) and clients in every dialect the parser reads.
 
+frametap itself never needs the compiler (its service, client and users load the IDL at
+run time with thriftpy2). ``.ci/run`` installs both; elsewhere the tests that use them
+skip with one line saying what is missing (``FRAMETAP_CI=1``: they fail instead).
+"""
+
+import hashlib
+import importlib
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from loadgen.ttheader import idl
+from loadgen.ttheader.idl import IDL
 
 MODES = ("header-binary", "header-compact", "header-zlib", "framed-binary",
          "framed-compact", "unframed-binary")
 
 
-def thrift_or_skip():
-    """The generated ``frametap_demo`` package; fails in CI when the compiler or the
-    ``thrift`` library is missing, skips (saying why) elsewhere."""
+class Unavailable(RuntimeError):
+    """Apache Thrift (compiler or library) is missing, or compiling the IDL failed."""
+
+
+def _cache_dir():
+    base = os.environ.get("FRAMETAP_THRIFT_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "frametap", "thrift")
+    return Path(base) / hashlib.sha256(IDL.read_bytes()).hexdigest()[:16]
+
+
+def _generate():
+    """Compile the IDL with ``thrift --gen py`` (once per IDL version, cached); returns
+    the directory to put on sys.path."""
+    out = _cache_dir()
+    if (out / "frametap_demo" / "UserService.py").exists():
+        return out
+    thrift = shutil.which("thrift")
+    if thrift is None:
+        raise Unavailable("Apache's `thrift` compiler is not on PATH (Debian: apt-get "
+                          "install thrift-compiler; .ci/run installs it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=out.parent))
+    try:
+        r = subprocess.run([thrift, "--gen", "py", "-out", str(tmp), str(IDL)],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            msg = (r.stderr.strip() or r.stdout.strip()).splitlines()
+            raise Unavailable("thrift --gen py failed: %s" % (msg[-1] if msg else r.returncode))
+        try:
+            tmp.rename(out)
+        except OSError:                      # another process won the race
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_apache():
+    """Apache's generated package ``frametap_demo`` (``.ttypes``, ``.UserService``,
+    ``.LegacyUserService``); raises :class:`Unavailable`."""
     try:
         import thrift  # noqa: F401
-        return idl.load()
-    except (ImportError, idl.IDLError) as e:
+    except ImportError:
+        raise Unavailable("Apache's Python library `thrift` is not installed (pip install "
+                          "thrift; .ci/run installs it)") from None
+    path = str(_generate())
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    pkg = importlib.import_module("frametap_demo")
+    for sub in ("ttypes", "UserService", "LegacyUserService"):
+        importlib.import_module("frametap_demo." + sub)
+    return pkg
+
+
+def thrift_or_skip():
+    """Apache's generated ``frametap_demo`` package; fails in CI (``FRAMETAP_CI``) when
+    the compiler or the ``thrift`` library is missing, skips with one line elsewhere."""
+    try:
+        return load_apache()
+    except Unavailable as e:
         if os.environ.get("FRAMETAP_CI"):
-            pytest.fail(f"Apache Thrift must be available in CI: {e}")
-        pytest.skip(f"Apache Thrift not available: {e}")
+            pytest.fail(f"Apache Thrift peer must be available in CI: {e}")
+        pytest.skip(f"Apache Thrift peer not available: {e}")
 
 
 class Handler:

@@ -1,15 +1,17 @@
 """Sync Thrift RPC client over Kitex TTHeader (default), Apache THeader or framed Thrift,
 on a plain socket (gevent-friendly), for the Locust users and the tests.
 
-Arguments and results are encoded by Apache's ``thrift`` library (the code generated from
-``frametap_demo.thrift``); the envelope by :mod:`proxy.protocols.ttheader.codec`. TTHeader
-requests carry Kitex-style info headers: INFO_INTKEYVALUE FROM_SERVICE (3), TO_SERVICE
-(6), TO_METHOD (9), LOG_ID (2) and a str key ``trace-id``.
+Arguments and results are encoded by ``thriftpy2`` from ``frametap_demo.thrift``
+loaded at run time (``loadgen/ttheader/idl.py``: no compiler, no generated code); the
+envelope by :mod:`proxy.protocols.ttheader.codec`. TTHeader requests carry Kitex-style
+info headers: INFO_INTKEYVALUE FROM_SERVICE (3), TO_SERVICE (6), TO_METHOD (9), LOG_ID
+(2) and a str key ``trace-id``.
 
 Every call gets its own seq id (1, 2, ... per connection, in the message and the header):
 the id the proxy correlates on and the client-side frame log's ``correlation_id``
 (:class:`loadgen.common.SocketClient`). ``call()`` returns the result; a declared
-exception is raised as the IDL's exception class, a TApplicationException as itself;
+exception is raised as the IDL's exception class (``client.gen.NotFound``), an exception
+reply as thriftpy2's :class:`TApplicationException` (re-exported here);
 ``last_status`` is the proxy's status name of the answer (``OK``, ``EXCEPTION``,
 ``UNKNOWN_METHOD``...).
 """
@@ -21,10 +23,11 @@ import os
 
 from loadgen import common
 from loadgen.ttheader import idl
+from loadgen.ttheader.idl import TApplicationException, TMessageType
 from proxy.protocols.ttheader import codec
 from proxy.protocols.ttheader.names import PROTO_BINARY, PROTO_COMPACT, TAPP_TYPES, ZLIB
 
-__all__ = ["ThriftClient", "parse_host", "TRANSPORTS", "PROTOCOLS"]
+__all__ = ["ThriftClient", "TApplicationException", "parse_host", "TRANSPORTS", "PROTOCOLS"]
 
 DEFAULT_PORT = 8888
 TRANSPORTS = ("ttheader", "theader", "framed")
@@ -38,57 +41,9 @@ def parse_host(host: str | None) -> tuple[str, int]:
                              "no host: pass --host ttheader://HOST:PORT")
 
 
-class _Envelope:
-    """A Thrift transport (duck-typed TTransportBase) that sends each flushed message in
-    one TTHeader / THeader / framed frame and reads replies frame by frame."""
-
-    def __init__(self, client: "ThriftClient"):
-        self.c = client
-        self.wbuf = bytearray()
-        self.rbuf = memoryview(b"")
-
-    def isOpen(self):
-        return not self.c.closed
-
-    def write(self, data):
-        self.wbuf += data
-
-    def flush(self):
-        c = self.c
-        payload, self.wbuf = bytes(self.wbuf), bytearray()
-        seq = c.seq
-        if c.transport == "ttheader":
-            frame = codec.ttheader(
-                payload, seq=seq, flags=0x01,
-                proto=PROTO_COMPACT if c.protocol == "compact" else PROTO_BINARY,
-                strinfo={"trace-id": "%016x" % (c._trace ^ seq)},
-                intinfo={3: c.from_service, 6: c.to_service, 9: c.method,
-                         2: "%d" % next(_LOG_IDS)})
-        elif c.transport == "theader":
-            frame = codec.theader(payload, seq=seq,
-                                  proto=PROTO_COMPACT if c.protocol == "compact" else 0,
-                                  transforms=(ZLIB,) if c.zlib else (),
-                                  info={"client": "frametap"})
-        else:
-            frame = codec.framed(payload)
-        c._send(frame)
-
-    def read(self, n):
-        if not self.rbuf:
-            _, _, payload = codec.split(self.c._recv_frame())
-            self.rbuf = memoryview(payload)
-        out = bytes(self.rbuf[:n])
-        self.rbuf = self.rbuf[n:]
-        return out
-
-    def readAll(self, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = self.read(n - len(buf))
-            if not chunk:
-                raise EOFError("short Thrift payload")
-            buf += chunk
-        return buf
+def _tapp_status(t) -> str:
+    t = t or 0
+    return TAPP_TYPES[t] if 0 <= t < len(TAPP_TYPES) else "TYPE_%d" % t
 
 
 class ThriftClient(common.SocketClient):
@@ -102,8 +57,8 @@ class ThriftClient(common.SocketClient):
             raise ValueError(f"transport {transport!r}: expected one of {', '.join(TRANSPORTS)}")
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol {protocol!r}: expected binary or compact")
-        from thrift.protocol import TBinaryProtocol, TCompactProtocol
         self.gen = idl.load()
+        self.service = getattr(self.gen, service)
         self.transport, self.protocol, self.zlib = transport, protocol, zlib
         self.from_service, self.to_service = from_service, to_service
         self.timeout = timeout
@@ -114,11 +69,6 @@ class ThriftClient(common.SocketClient):
         self.method = ""
         self.last_status: str | None = None
         self.last_response_bytes = 0
-        self._env = _Envelope(self)
-        proto = (TCompactProtocol.TCompactProtocol if protocol == "compact"
-                 else TBinaryProtocol.TBinaryProtocol)(self._env)
-        self._client = getattr(self.gen, service).Client(proto)
-        self._oneway = {"log"}
 
     # ---- socket ------------------------------------------------------------------
 
@@ -145,36 +95,95 @@ class ThriftClient(common.SocketClient):
         self.last_response_bytes = len(frame)
         return frame
 
+    # ---- payloads and envelopes --------------------------------------------------
+
+    def encode_call(self, method: str, args, oneway: bool) -> bytes:
+        """The Thrift message of one call (``args``: the ``<method>_args`` struct)."""
+        buf = idl.memory_buffer()
+        proto = idl.protocol(buf, self.protocol == "compact")
+        proto.write_message_begin(method, TMessageType.ONEWAY if oneway else TMessageType.CALL,
+                                  self.seq)
+        args.write(proto)
+        proto.write_message_end()
+        return buf.getvalue()
+
+    def envelope(self, payload: bytes) -> bytes:
+        """``payload`` in this client's framing, with this call's seq id and headers."""
+        seq = self.seq
+        compact = self.protocol == "compact"
+        if self.transport == "ttheader":
+            return codec.ttheader(
+                payload, seq=seq, flags=0x01, proto=PROTO_COMPACT if compact else PROTO_BINARY,
+                strinfo={"trace-id": "%016x" % (self._trace ^ seq)},
+                intinfo={3: self.from_service, 6: self.to_service, 9: self.method,
+                         2: "%d" % next(_LOG_IDS)})
+        if self.transport == "theader":
+            return codec.theader(payload, seq=seq, proto=PROTO_COMPACT if compact else 0,
+                                 transforms=(ZLIB,) if self.zlib else (),
+                                 info={"client": "frametap"})
+        return codec.framed(payload)
+
+    def _read_reply(self, method: str, result):
+        """Read the reply frame of the call in flight into ``result``; returns the
+        TApplicationException of an exception reply, else None."""
+        _, _, payload = codec.split(self._recv_frame())
+        proto = idl.reader(payload)
+        name, mtype, seq = proto.read_message_begin()
+        if seq != self.seq or name != method:
+            raise codec.FrameError("reply %s (seq id %d) to call %s (seq id %d)" % (
+                name, seq, method, self.seq))
+        if mtype == TMessageType.EXCEPTION:
+            exc = TApplicationException()
+            exc.read(proto)
+            return exc
+        if mtype != TMessageType.REPLY:
+            raise codec.FrameError("message type %d in answer to %s" % (mtype, method))
+        result.read(proto)
+        return None
+
     # ---- calls -------------------------------------------------------------------
 
-    def call(self, method: str, *args):
-        """Call ``method`` with ``args``; returns its result (None for void and oneway)."""
-        from thrift.Thrift import TApplicationException
+    def call(self, method: str, *args, **kwargs):
+        """Call ``method`` with ``args`` (positional in IDL order, or by name; an argument
+        left out is not sent); returns its result (None for void and oneway)."""
         self.seq = (self.seq % 0x7FFFFFFF) + 1
         self.method = method
-        self._client._seqid = self.seq
-        oneway = method in self._oneway
-        sent = self._sent(str(self.seq), -1, method, "oneway" if oneway else "request")
+        try:
+            args_cls = getattr(self.service, method + "_args")
+            result = getattr(self.service, method + "_result")()
+        except AttributeError:
+            raise ValueError(f"{method!r} is not a method of "
+                             f"{self.service.__name__}") from None
+        names = [spec[1] for spec in args_cls.thrift_spec.values()]
+        if len(args) > len(names):
+            raise TypeError(f"{method}() takes {len(names)} arguments, {len(args)} given")
+        call_args = args_cls(**dict(zip(names, args)), **kwargs)
+        oneway = bool(result.oneway)
+        frame = self.envelope(self.encode_call(method, call_args, oneway))
         self.last_status = None
         self.last_response_bytes = 0
-        self._env.rbuf = memoryview(b"")
+        sent = self._sent(str(self.seq), -1, method, "oneway" if oneway else "request")
         try:
-            result = getattr(self._client, method)(*args)
-        except TApplicationException as exc:
-            if exc.type == TApplicationException.UNKNOWN and exc.message and \
-                    "failed: unknown result" in exc.message:
-                self.last_status = "OK"        # a reply without its result field
-            else:
-                t = exc.type
-                self.last_status = TAPP_TYPES[t] if 0 <= t < len(TAPP_TYPES) else "TYPE_%d" % t
-            sent.status = self.last_status
-            raise
-        except self.gen.ttypes.NotFound:
-            self.last_status = sent.status = "EXCEPTION"
-            raise
+            self._send(frame)
+            if oneway:
+                return None
+            tapp = self._read_reply(method, result)
         except Exception:
             self.close()                       # the stream's state is unknown now
             raise
-        if not oneway:
-            self.last_status = sent.status = "OK"
-        return result
+        if tapp is not None:
+            self.last_status = sent.status = _tapp_status(tapp.type)
+            raise tapp
+        self.last_status = sent.status = "OK"
+        success = getattr(result, "success", None)
+        if success is not None:
+            return success
+        for fid, spec in result.thrift_spec.items():
+            exc = getattr(result, spec[1]) if fid != 0 else None
+            if exc is not None:
+                self.last_status = sent.status = "EXCEPTION"
+                raise exc
+        if 0 in result.thrift_spec:            # not void, yet no result: as the proxy,
+            raise TApplicationException(       # an empty reply is status OK
+                TApplicationException.MISSING_RESULT, f"{method} failed: unknown result")
+        return None

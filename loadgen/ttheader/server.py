@@ -6,16 +6,24 @@ this server stands in for one. It serves ``frametap_demo.thrift`` (in this folde
 user/order service with structs, lists, maps, a declared exception ``NotFound`` and a
 oneway ``log``):
 
-* Payloads are decoded and encoded by Apache's ``thrift`` library (the code generated
-  from the IDL, its ``Processor``, binary or compact protocol as the request uses) —
-  never by hand. Unknown methods get the library's TApplicationException
-  UNKNOWN_METHOD; a handler failure INTERNAL_ERROR.
+* Payloads are decoded and encoded by ``thriftpy2`` from the IDL loaded at run time
+  (``loadgen/ttheader/idl.py``: no compiler, no generated code), binary or compact
+  protocol as the request uses — never by hand; a payload first passes the shape check
+  of :mod:`loadgen.ttheader.wire` (lengths and counts within its bytes: a malformed one
+  closes its connection with one log line). :class:`Dispatcher` plays the part of a
+  generated processor: an unknown method gets a TApplicationException UNKNOWN_METHOD; a
+  call missing an argument (every argument of this service is needed) PROTOCOL_ERROR
+  naming it; a handler failure INTERNAL_ERROR. Such a bad call is answered, never a
+  traceback: at most one rate-limited log line. Oneway messages are never answered.
 * The envelope is written by :mod:`proxy.protocols.ttheader.codec`, answering in the
   request's dialect: a Kitex TTHeader request gets a TTHeader reply (same seq id and
   flags, protocol id as requested, Kitex-style info headers: INFO_INTKEYVALUE
   FROM_SERVICE / TO_METHOD and the request's LOG_ID, and the str key ``biz-status``),
   TTHeaderFramed when the request was; an Apache THeader request a THeader reply
   (same transforms, zlib included); a framed request a framed reply.
+* zlib payloads are inflated into at most the frame limit (``max_frame_bytes``, 64 MiB
+  by default) per transform: a small frame claiming more (a zip bomb) is refused with a
+  log line and its connection closed, before it can grow the server's memory.
 * Choices the document leaves open (none of it is public Kitex server code): unframed
   Thrift is not served (one log line, the connection closed); a frame whose envelope
   or payload cannot be read is logged and closes that connection only; replies carry
@@ -35,15 +43,15 @@ import random
 import struct
 import sys
 
-from loadgen.common import (CommandLineError, ServerThread, address_arg, serve_main,
-                            service_time_arg)
-from loadgen.serverbase import ReferenceServer, ServerConnection
+from loadgen.common import ServerThread, address_arg, serve_main, service_time_arg
+from loadgen.serverbase import ReferenceServer, ServerConnection, describe_exception
 from loadgen.servicetime import ServiceTime, as_service_time
 from loadgen.ttheader import idl
+from loadgen.ttheader.idl import TApplicationException, TMessageType, TType
 from proxy.protocols.ttheader import codec
-from proxy.protocols.ttheader.names import MAX_FRAME_BYTES, PROTO_COMPACT
+from proxy.protocols.ttheader.names import MAX_FRAME_BYTES, PROTO_COMPACT, TAPP_TYPES
 
-__all__ = ["ThriftServer", "ThriftServerThread", "DemoHandler", "main"]
+__all__ = ["ThriftServer", "ThriftServerThread", "DemoHandler", "Dispatcher", "main"]
 
 log = logging.getLogger("frametap.ttheader.server")
 TRANSPORTS = ("any", "ttheader", "theader", "framed")
@@ -55,7 +63,7 @@ class DemoHandler:
     """The service's behaviour: a deterministic in-memory user directory."""
 
     def __init__(self, gen, error_rate: float = 0.0, rng: random.Random | None = None):
-        self.t = gen.ttypes
+        self.t = gen
         self.error_rate = error_rate
         self.rng = rng or random.Random()
         self.logged = 0
@@ -92,6 +100,95 @@ class DemoHandler:
         self.logged += 1
 
 
+class BadCall(Exception):
+    """A call answered with the TApplicationException ``.tapp`` instead of a result."""
+
+    def __init__(self, tapp: TApplicationException, detail: str | None = None):
+        super().__init__(tapp.message)
+        tapp.__traceback__ = None       # a handler's exception is written, not kept
+        self.tapp = tapp
+        self.detail = detail or tapp.message    # for the log line
+
+
+class Dispatcher:
+    """What a generated processor does, over thriftpy2's service classes: read one call
+    message, run the handler, write the reply message (or none for a oneway message).
+
+    ``process(payload)`` returns ``(reply payload or None, method, seq id, problem)``;
+    ``problem`` is a one-line text when the call was answered with a
+    TApplicationException (unknown method, missing argument, handler failure), else None.
+    A payload that is not a readable call message raises (the connection is closed).
+    """
+
+    def __init__(self, service, handler):
+        self.service = service
+        self.handler = handler
+        self.methods = frozenset(service.thrift_services)
+
+    def process(self, payload: bytes):
+        compact = idl.is_compact(payload)
+        iprot = idl.reader(payload)
+        name, mtype, seq = iprot.read_message_begin()
+        oneway = mtype == TMessageType.ONEWAY
+        problem = None
+        try:
+            if mtype not in (TMessageType.CALL, TMessageType.ONEWAY):
+                iprot.skip(TType.STRUCT)
+                raise BadCall(TApplicationException(
+                    TApplicationException.INVALID_MESSAGE_TYPE,
+                    "%s: message type %d is not a call" % (name, mtype)))
+            if name not in self.methods:
+                iprot.skip(TType.STRUCT)
+                raise BadCall(TApplicationException(TApplicationException.UNKNOWN_METHOD,
+                                                    "Unknown function %s" % name))
+            args = getattr(self.service, name + "_args")()
+            args.read(iprot)
+            result = getattr(self.service, name + "_result")()
+            oneway = oneway or result.oneway
+            values = []
+            for fid, spec in args.thrift_spec.items():
+                value = getattr(args, spec[1])
+                if value is None:
+                    raise BadCall(TApplicationException(
+                        TApplicationException.PROTOCOL_ERROR,
+                        "%s: argument %d (%s) is missing" % (name, fid, spec[1])))
+                values.append(value)
+            try:
+                result.success = getattr(self.handler, name)(*values)
+            except TApplicationException as exc:
+                raise BadCall(exc) from None
+            except Exception as exc:  # noqa: BLE001 - declared, or answered INTERNAL_ERROR
+                if not self._declared(exc, result):
+                    raise BadCall(TApplicationException(
+                        TApplicationException.INTERNAL_ERROR,
+                        "%s failed: %s: %s" % (name, type(exc).__name__, exc)),
+                        describe_exception(exc)) from None
+            mtype_out, body = TMessageType.REPLY, result
+        except BadCall as bad:
+            t = bad.tapp.type or 0
+            problem = "%s (seq id %d): %s %s" % (
+                name, seq, TAPP_TYPES[t] if 0 <= t < len(TAPP_TYPES) else "TYPE_%d" % t,
+                bad.detail)
+            mtype_out, body = TMessageType.EXCEPTION, bad.tapp
+        if oneway:
+            return None, name, seq, problem
+        out = idl.memory_buffer()
+        oprot = idl.protocol(out, compact)
+        oprot.write_message_begin(name, mtype_out, seq)
+        body.write(oprot)
+        oprot.write_message_end()
+        return out.getvalue(), name, seq, problem
+
+    @staticmethod
+    def _declared(exc: Exception, result) -> bool:
+        """Put ``exc`` in ``result``'s field when the IDL declares it (``throws``)."""
+        for fid, spec in result.thrift_spec.items():
+            if fid != 0 and isinstance(exc, spec[2]):
+                setattr(result, spec[1], exc)
+                return True
+        return False
+
+
 class _ThriftConnection(ServerConnection):
     """One client: length-prefixed frames (TTHeader, THeader or framed Thrift)."""
 
@@ -113,8 +210,10 @@ class _ThriftConnection(ServerConnection):
         try:
             reply, method = self.server.handle_frame(frame)
         except Exception as exc:  # noqa: BLE001 - a peer's bytes: one log line, never a traceback
+            why = str(exc) if isinstance(exc, codec.FrameError) else \
+                f"unreadable Thrift message: {type(exc).__name__}: {exc}"   # text: no cycle
             self.server.log_peer(logging.WARNING, "%s: closing connection from %s: %s",
-                                 self.name, self.peer, exc)
+                                 self.name, self.peer, why)
             self.abort()
             return
         if reply is not None:
@@ -144,8 +243,9 @@ class ThriftServer(ReferenceServer):
         self.method_times = {m: as_service_time(t) for m, t in (method_times or {}).items()}
         self.gen = idl.load()
         self.handler = DemoHandler(self.gen, error_rate, random.Random(seed))
-        self.processor = self.gen.UserService.Processor(self.handler)
+        self.dispatcher = Dispatcher(self.gen.UserService, self.handler)
         self.calls = 0
+        self.bad_calls = 0             # answered with a TApplicationException
 
     async def start(self) -> None:
         self.port = await self.listen(self.host, self.port)
@@ -157,21 +257,16 @@ class ThriftServer(ReferenceServer):
 
     def handle_frame(self, frame: bytes):
         """One request frame -> (reply frame or None for oneway, method name)."""
-        from thrift.protocol import TBinaryProtocol, TCompactProtocol
-        from thrift.transport import TTransport
-        transport, fields, payload = codec.split(frame)
+        transport, fields, payload = codec.split(frame, self.max_frame_bytes)
         if self.transport != "any" and transport != self.transport:
             raise codec.FrameError(f"{transport} frame, but this server serves "
                                    f"{self.transport} only")
-        method, mtype, seq = codec.parse_message_header(payload)
-        compact = payload[:1] == b"\x82"
-        proto_cls = TCompactProtocol.TCompactProtocol if compact else \
-            TBinaryProtocol.TBinaryProtocol
-        itrans = TTransport.TMemoryBuffer(payload)
-        otrans = TTransport.TMemoryBuffer()
-        self.processor.process(proto_cls(itrans), proto_cls(otrans))
+        compact = idl.is_compact(payload)
+        out, method, _, problem = self.dispatcher.process(payload)
         self.calls += 1
-        out = otrans.getvalue()
+        if problem is not None:
+            self.bad_calls += 1
+            self.log_peer(logging.INFO, "%s: answered a bad call: %s", self.what, problem)
         if not out:
             return None, method                      # oneway: no reply
         if transport == "ttheader":
@@ -249,12 +344,9 @@ def build_parser(prog: str = "frametap serve ttheader") -> argparse.ArgumentPars
 
 def _make_server(args: argparse.Namespace):
     host, port = args.listen
-    try:
-        server = ThriftServer(host, port, service_time=args.service_time,
-                              method_times=dict(args.method_time), error_rate=args.error_rate,
-                              transport=args.transport)
-    except idl.IDLError as exc:
-        raise CommandLineError(str(exc)) from None
+    server = ThriftServer(host, port, service_time=args.service_time,
+                          method_times=dict(args.method_time), error_rate=args.error_rate,
+                          transport=args.transport)
     return server, f"{host}:{port}"
 
 

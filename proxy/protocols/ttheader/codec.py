@@ -1,9 +1,9 @@
 """Encode and decode whole TTHeader / THeader / framed Thrift frames (used by the
 reference server, the clients and the tests; never by the proxy's hot path).
 
-Thrift *payloads* (arguments, results) are encoded with Apache's ``thrift`` library by
-the server and clients; the helpers here that build message headers and small structs
-by hand exist for golden parser fixtures and garbage.
+Thrift *payloads* (arguments, results) are encoded with ``thriftpy2`` by the reference
+server and clients (``loadgen/ttheader/idl.py``); the helpers here that build message
+headers and small structs by hand exist for golden parser fixtures and garbage.
 """
 
 import struct
@@ -11,15 +11,19 @@ import zlib
 
 from proxy.protocols.ttheader.names import (MAGIC_TTHEADER, MAGIC_THEADER, INFO_KEYVALUE,
                                             INFO_INTKEYVALUE, INFO_ACL_TOKEN, ZLIB, CALL,
-                                            REPLY, EXCEPTION, ONEWAY)
+                                            REPLY, EXCEPTION, ONEWAY, MAX_FRAME_BYTES)
 
-__all__ = ["CALL", "REPLY", "EXCEPTION", "ONEWAY", "FrameError", "varint", "binary_message",
-           "compact_message", "ttheader", "theader", "framed", "split", "read_frame",
-           "tapp_exception", "parse_message_header"]
+__all__ = ["CALL", "REPLY", "EXCEPTION", "ONEWAY", "FrameError", "InflateLimitError",
+           "varint", "binary_message", "compact_message", "ttheader", "theader", "framed",
+           "split", "inflate", "read_frame", "tapp_exception", "parse_message_header"]
 
 
 class FrameError(ValueError):
     """Bytes that are not a frame of the expected kind."""
+
+
+class InflateLimitError(FrameError):
+    """A zlib payload that inflates past the frame limit (a zip bomb, or a limit too low)."""
 
 
 def varint(n):
@@ -159,12 +163,42 @@ def _b(v):
     return v.encode() if isinstance(v, str) else bytes(v)
 
 
-def split(frame):
+_INFLATE_STEP = 1 << 20
+
+
+def inflate(data, max_bytes=MAX_FRAME_BYTES):
+    """zlib-decompress ``data`` into at most ``max_bytes`` bytes, 1 MiB at a time: memory
+    stays bounded by the limit whatever the input claims (a zip bomb costs at most the
+    limit, never what it would inflate to); more output than that raises
+    :class:`InflateLimitError`, a stream that is not whole zlib a :class:`FrameError`."""
+    d = zlib.decompressobj()
+    parts, total, buf = [], 0, data
+    try:
+        while not d.eof:
+            chunk = d.decompress(buf, min(_INFLATE_STEP, max_bytes + 1 - total))
+            buf = d.unconsumed_tail
+            if chunk:
+                total += len(chunk)
+                if total > max_bytes:
+                    parts.clear()           # a traceback kept alive must not keep these
+                    raise InflateLimitError(
+                        "zlib payload of %d bytes inflates past the frame limit of %d bytes"
+                        % (len(data), max_bytes))
+                parts.append(chunk)
+            elif not buf:
+                raise FrameError("zlib payload: truncated stream")
+    except zlib.error as exc:
+        raise FrameError("zlib payload: %s" % exc) from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def split(frame, max_bytes=MAX_FRAME_BYTES):
     """Decode one whole frame: (transport, header fields dict, Thrift payload).
 
     transport is ``"ttheader"``, ``"theader"`` or ``"framed"``; header fields hold
     ``seq``, ``flags``, ``proto``, ``transforms``, ``strinfo``, ``intinfo`` (and
-    ``acl`` is never returned).  zlib payloads come back decompressed.
+    ``acl`` is never returned).  zlib payloads come back decompressed, each transform's
+    output capped at ``max_bytes`` (:func:`inflate`: over it, :class:`InflateLimitError`).
     """
     if len(frame) < 8:
         raise FrameError("short frame")
@@ -231,7 +265,7 @@ def split(frame):
     payload = frame[end:]
     for t in reversed(fields["transforms"]):
         if t == ZLIB:
-            payload = zlib.decompress(payload)
+            payload = inflate(payload, max_bytes)
         else:
             raise FrameError("transform %d not supported by this codec" % t)
     if transport == "ttheader" and len(payload) >= 4 and \
