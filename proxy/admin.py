@@ -107,9 +107,10 @@ class ClientErrorLog:
 class MetricsCache:
     """One /metrics render at a time, shared, and reused for ``max_age`` seconds.
 
-    ``source.pieces()`` yields the body's UTF-8 pieces (``None`` for a step that wrote
-    nothing); each step is bounded, and after ``slice_seconds`` of steps the render
-    returns to the event loop before going on."""
+    ``source.pieces()`` yields the body's UTF-8 pieces in bounded steps; after
+    ``slice_seconds`` of steps, and wherever it yields ``None``, the render returns to
+    the event loop before going on. ``source.process_text()``, when there is one, is
+    blocking and runs in a thread; its text ends the body."""
 
     def __init__(self, loop, source, max_age=MAX_AGE, slice_seconds=SLICE):
         self.loop = loop
@@ -143,11 +144,16 @@ class MetricsCache:
             clock = time.perf_counter
             until = clock() + self.slice
             for piece in self.source.pieces():
-                if piece:
+                if piece is None:            # the next step is a big one: a slice of its own
+                    until = 0.0
+                else:
                     pieces.append(piece)
                 if clock() >= until:
                     await asyncio.sleep(0)
                     until = clock() + self.slice
+            process_text = getattr(self.source, "process_text", None)
+            if process_text is not None:
+                pieces.append(await self.loop.run_in_executor(None, process_text))
             self.body, self.started = tuple(pieces), started
             self.renders += 1
             return self.body
