@@ -74,34 +74,35 @@ class ClientErrorLog:
         self.suppressed = collections.Counter()
         self.total = collections.Counter() # every error noted, by kind (tests, debugging)
 
-    def note(self, kind, peer, detail=None):
+    def note(self, kind, peer=None, detail=None):
+        """One client error of ``kind`` (a key of CLIENT_ERRORS); ``peer`` None: not one
+        client's doing (the connection limit)."""
         self.total[kind] += 1
         if self.window is not None:
             self.suppressed[kind] += 1
             return
         what = CLIENT_ERRORS[kind] + (f": {detail}" if detail else "")
-        self.logger.warning("admin client %s: %s (further admin client errors are counted "
-                            "and summarised every %gs)", peer, what, self.interval)
+        self.logger.warning("admin%s: %s (further admin client errors are counted, one line "
+                            "every %gs)", f" client {peer}" if peer else "", what, self.interval)
         self.window = self.loop.call_later(self.interval, self._flush)
 
-    def _flush(self):
+    def _flush(self, final=False):
         self.window = None
         if not self.suppressed:
             return
         counts = ", ".join(f"{n} {CLIENT_ERRORS[kind].split(' (')[0]}"
                            for kind, n in self.suppressed.most_common())
-        self.logger.warning("admin: %d more client errors in the last %gs, not logged one by "
-                            "one: %s", sum(self.suppressed.values()), self.interval, counts)
+        self.logger.warning("admin: %d more client errors since the last line: %s",
+                            sum(self.suppressed.values()), counts)
         self.suppressed.clear()
-        self.window = self.loop.call_later(self.interval, self._flush)
+        if not final:
+            self.window = self.loop.call_later(self.interval, self._flush)
 
     def close(self):
+        """Log what is still counted (at shutdown)."""
         if self.window is not None:
             self.window.cancel()
-            self.window = None
-        if self.suppressed:
-            self._flush()
-            self.close()
+        self._flush(final=True)
 
 
 class MetricsCache:
@@ -169,6 +170,7 @@ class AdminConnection(asyncio.Protocol):
         self.peer = peer
         self.transport = None
         self.buffer = bytearray()
+        self.scanned = 0                   # bytes of buffer searched for a head's end
         self.busy = False                  # a response is being made or written
         self.out = collections.deque()     # pieces not yet handed to the transport
         self.paused = False                # transport above its high-water mark
@@ -191,7 +193,7 @@ class AdminConnection(asyncio.Protocol):
             if len(self.buffer) > MAX_REQUEST:   # pipelined requests wait their turn
                 self.transport.pause_reading()
             return
-        self._next_request()
+        self._serve_next()
 
     def eof_received(self):
         if self.busy:
@@ -239,14 +241,25 @@ class AdminConnection(asyncio.Protocol):
             self.task = None
         self.transport.abort()
 
+    def _serve_next(self):
+        """Answer the next request if its head is complete."""
+        try:
+            self._next_request()
+        except Exception:                        # a bug: never a traceback per request
+            self.server.failed("handling an admin request")
+            self.abort()
+
     def _next_request(self):
-        end = self.buffer.find(b"\r\n\r\n")
+        # a head arriving a byte at a time is searched once, not once per byte
+        end = self.buffer.find(b"\r\n\r\n", max(0, self.scanned - 3))
         if end < 0 or end + 4 > MAX_REQUEST:
             if end >= 0 or len(self.buffer) > MAX_REQUEST:
                 self._refuse(431, b"request header too large\n")
+            self.scanned = len(self.buffer)
             return
         head = bytes(self.buffer[:end + 4])
         del self.buffer[:end + 4]
+        self.scanned = 0
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split()
         if len(parts) != 3:
@@ -288,7 +301,7 @@ class AdminConnection(asyncio.Protocol):
             raise
         except Exception:
             self.task = None
-            self.server.render_failed()
+            self.server.failed("rendering /metrics")
             self._respond(500, (b"rendering /metrics failed (see the proxy's log)\n",),
                           close=True)
             return
@@ -331,7 +344,7 @@ class AdminConnection(asyncio.Protocol):
         self._arm(self.server.read_timeout, "read_timeout")
         self.transport.resume_reading()
         if self.buffer:
-            self._next_request()
+            self._serve_next()
 
 
 def _describe(exc):
@@ -360,7 +373,8 @@ class AdminServer:
         self.open = 0                  # accepted and not yet closed
         self.connections = set()       # AdminConnection
         self.held = False
-        self._render_error_logged = None
+        self.failures = 0              # errors that were frametap's own (see failed())
+        self._failure_logged = None
 
     @property
     def address(self):
@@ -388,7 +402,7 @@ class AdminServer:
             self.held = True
             for acceptor in self.acceptors:
                 acceptor.hold()
-            self.errors.note("limit", _peer(sock), f"{self.open} open")
+            self.errors.note("limit", None, f"{self.open} open")
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
         except OSError:
@@ -414,13 +428,15 @@ class AdminServer:
             for acceptor in self.acceptors:
                 acceptor.release()
 
-    def render_failed(self):
-        """A /metrics render raised: a bug, logged with its traceback, once per
-        LOG_INTERVAL at most."""
+    def failed(self, what):
+        """Called in an ``except`` block for an error that is frametap's bug, not the
+        client's: logged with its traceback once per LOG_INTERVAL, counted otherwise."""
+        self.failures += 1
         now = self.loop.time()
-        if self._render_error_logged is None or now - self._render_error_logged >= LOG_INTERVAL:
-            self._render_error_logged = now
-            log.exception("admin: rendering /metrics failed")
+        if self._failure_logged is None or now - self._failure_logged >= LOG_INTERVAL:
+            self._failure_logged = now
+            log.exception("admin: %s failed (%d failures so far; a traceback is logged "
+                          "once per %gs)", what, self.failures, LOG_INTERVAL)
 
 
 def _peer(sock):
