@@ -482,24 +482,62 @@ def test_a_request_that_never_completes_times_out():
     run_loop(scenario())
 
 
-def test_concurrent_scrapes_share_one_render_and_get_the_same_body():
+class CountingSource:
+    """An exposition source whose body says which render made it, and when it began."""
+
+    def __init__(self):
+        self.renders = 0
+        self.began = []
+
+    def pieces(self):
+        self.renders += 1
+        self.began.append(time.monotonic())
+        n = self.renders
+        for _ in range(200):
+            yield None                     # 200 steps, each its own slice
+        yield b"render %d\n" % n
+
+
+async def http_get(port, path="/metrics"):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
+    data = await reader.read()
+    writer.close()
+    return data
+
+
+def test_concurrent_scrapes_share_renders_and_every_body_is_read_after_its_request():
     async def scenario():
-        source = BigBody(1 << 20)
+        source = CountingSource()
+        server = await start_admin(source)
+        port = server.address[1]
+        asked = time.monotonic()
+        bodies = await asyncio.gather(*(http_get(port) for _ in range(50)))
+        assert all(b.startswith(b"HTTP/1.1 200") for b in bodies)
+        assert source.renders <= 2            # requests that came during the first share
+        assert source.began[0] >= asked       # the second one; none waits for a third
+        # sequential scrapes never get an old body: each is a render begun after it
+        for _ in range(3):
+            asked = time.monotonic()
+            body = await http_get(port)
+            n = int(body.rsplit(b"render ", 1)[1])
+            assert n == source.renders and source.began[n - 1] >= asked
+        server.close()
+    run_loop(scenario())
+
+
+def test_back_to_back_renders_take_at_most_a_quarter_of_the_time():
+    async def scenario():
+        from proxy.admin import GAP_FACTOR
+        source = CountingSource()
         server = await start_admin(source)
         port = server.address[1]
 
-        async def get():
-            r, w = await asyncio.open_connection("127.0.0.1", port)
-            w.write(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
-            data = await r.read()
-            w.close()
-            return data
-        bodies = await asyncio.gather(*(get() for _ in range(20)))
-        assert all(b.startswith(b"HTTP/1.1 200") for b in bodies)
-        assert all(len(b) > source.size for b in bodies) and len(set(bodies)) == 1
-        assert source.renders == 1
-        await asyncio.sleep(0.6)                   # older than MAX_AGE: rendered again
-        await get()
-        assert source.renders == 2
+        async def scraper(deadline):
+            while time.monotonic() < deadline:
+                assert (await http_get(port)).startswith(b"HTTP/1.1 200")
+        await asyncio.gather(*(scraper(time.monotonic() + 1.5) for _ in range(8)))
+        busy = server.metrics.busy
+        assert busy <= 1.5 / (1 + GAP_FACTOR) + 0.1, busy
         server.close()
     run_loop(scenario())
