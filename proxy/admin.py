@@ -74,7 +74,7 @@ class ClientErrorLog:
         self.interval = interval
         self.window = None                 # TimerHandle while errors are being summarised
         self.suppressed = collections.Counter()
-        self.total = collections.Counter() # every error noted, by kind (tests, debugging)
+        self.total = collections.Counter()  # every error noted, by kind (tests, debugging)
 
     def note(self, kind, peer=None, detail=None):
         """One client error of ``kind`` (a key of CLIENT_ERRORS); ``peer`` None: not one
@@ -368,7 +368,9 @@ class AdminConnection(asyncio.Protocol):
 
 
 def _describe(exc):
-    return exc.strerror or type(exc).__name__ if isinstance(exc, OSError) else repr(exc)
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return repr(exc)
 
 
 class AdminServer:
@@ -392,6 +394,7 @@ class AdminServer:
         self.errors = None             # ClientErrorLog
         self.open = 0                  # accepted and not yet closed
         self.connections = set()       # AdminConnection
+        self.connecting = set()        # tasks handing accepted sockets to the loop
         self.held = False
         self.failures = 0              # errors that were frametap's own (see failed())
         self._failure_logged = None
@@ -429,7 +432,9 @@ class AdminServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
         except OSError:
             pass
-        self.loop.create_task(self._connect(sock))
+        task = self.loop.create_task(self._connect(sock))
+        self.connecting.add(task)          # the loop holds tasks weakly
+        task.add_done_callback(self.connecting.discard)
 
     async def _connect(self, sock):
         peer = _peer(sock)
