@@ -12,7 +12,7 @@ from proxy.addresses import format_address
 from proxy.admin import AdminServer
 from proxy.errors import ConfigError
 from proxy.framing import set_pending_budget
-from proxy.metrics import make_registry
+from proxy.metrics import Exposition
 from proxy.relay import Route
 
 log = logging.getLogger("frametap")
@@ -101,8 +101,9 @@ class ProxyApp:
                          "to reach more)", wanted, fd_limit, capacity)
         if self.config.admin_listen is not None:
             host, port = self.config.admin_listen
-            self.admin = AdminServer(make_registry(lambda: self.routes, lambda: self.framelog),
-                                     lambda: self.ready, host, port, self.reserve)
+            self.admin = AdminServer(Exposition(lambda: self.routes, lambda: self.framelog),
+                                     lambda: self.ready, host, port, self.reserve,
+                                     getattr(self.config, "admin_max_connections", 64))
             await self._bind(self.admin.start(), self._key("admin.listen"), (host, port))
         for i, route in enumerate(self.routes):
             await self._bind(route.start(), self._key(f"routes[{i}].listen"), route.cfg.listen)
