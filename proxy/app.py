@@ -1,6 +1,7 @@
 """Runs a whole proxy: every route's listener, the admin endpoint, graceful shutdown."""
 
 import asyncio
+import gc
 import os
 import errno
 import logging
@@ -115,6 +116,11 @@ class ProxyApp:
             log.info("admin: http://%s:%d/metrics", *self.admin.address)
         if self.config.framelog is not None:
             self.framelog = start_framelog(self.config.framelog, self.routes)
+        # Everything built at start-up (modules, protocol tables, config) lives as long as
+        # the process: out of the collector's sight, a full collection walks only what the
+        # connections made (~10 ms of loop time per full pass before)
+        gc.collect()
+        gc.freeze()
 
     def _key(self, key):
         """A config key as the user named it (a flag in single-route mode)."""
