@@ -113,7 +113,16 @@ class GeventFrameLog(FrameLog):
         # process then held its rows until exit and dropped all past the buffer's limit)
         if self._pool is None:
             return FrameLog.flush(self, finish, partial)
-        return self._pool.apply(FrameLog.flush, (self, finish, partial))
+        error = self._pool.apply(self._flush_in_pool, (finish, partial))
+        if error is not None:           # raised here, in the greenlet that asked (gevent's
+            raise error                 # pool would print a traceback of its own)
+
+    def _flush_in_pool(self, finish, partial):
+        try:
+            FrameLog.flush(self, finish, partial)
+        except Exception as exc:
+            return exc
+        return None
 
 
 # ---------------------------------------------------------------------- rows

@@ -288,6 +288,8 @@ class FileSink:
                     closer.close()
             except Exception:
                 pass
+        if self._writer is not None:
+            self._writer.is_open = False    # else its __del__ retries close() and prints
         tmp, ident = self._tmp, self._ident
         self._reset()
         if tmp is not None:
