@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -116,6 +117,32 @@ def jsonl_bytes(table):
 
 
 _JSONL = None
+
+
+def unusable_directory(path):
+    """Why frame-log files cannot be written into ``path`` (created when missing), or
+    None: the start-up check of ``--framelog DIR`` / ``[framelog] dir`` (a probe file is
+    created and removed, which also catches a read-only file system when root)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        return "not a directory"
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            return "not a directory (a part of the path is a file)"
+        return "cannot create the directory: %s" % (exc.strerror or exc)
+    if not os.path.isdir(path):
+        return "not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".frametap-probe-", suffix=".tmp", dir=path)
+    except OSError as exc:
+        return "cannot write files there: %s" % (exc.strerror or exc)
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as exc:
+        return "cannot remove files there: %s" % (exc.strerror or exc)
+    return None
 
 
 def new_run_id():
