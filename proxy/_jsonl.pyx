@@ -17,11 +17,14 @@ utf8 to utf8, and the null type; any other column type raises TypeError.
 """
 
 import json
+import os
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
+from libc.errno cimport errno, EINTR
+from posix.unistd cimport write as c_write
 
 import pyarrow as pa
 
@@ -50,7 +53,9 @@ cdef struct Col:
     int64_t off                   # the array's offset
     const uint8_t* values         # integers, dictionary indices, map offsets (int32)
     SArr s                        # K_STR: the strings
-    const uint8_t* dtext          # K_DICT: the rendered values, concatenated
+    const uint8_t* null_text      # prefix + 'null'
+    Py_ssize_t null_len
+    const uint8_t* dtext          # K_DICT: prefix + each value rendered, concatenated
     const int64_t* doff           # ... value i is dtext[doff[i]:doff[i + 1]]
     int64_t dn
     SArr keys                     # K_MAP
@@ -87,6 +92,12 @@ cdef inline void _put(Buf* b, const uint8_t* s, Py_ssize_t n) noexcept nogil:
         b.len += n
 
 
+cdef inline void _put_nc(Buf* b, const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    """_put() into room reserved already (a row's fixed part)."""
+    memcpy(b.p + b.len, s, n)
+    b.len += n
+
+
 cdef inline bint _bit(const uint8_t* bits, int64_t i) noexcept nogil:
     return bits is NULL or (bits[i >> 3] >> (i & 7)) & 1
 
@@ -96,6 +107,7 @@ cdef inline bint _bit(const uint8_t* bits, int64_t i) noexcept nogil:
 cdef uint64_t _POW10[20]
 cdef uint8_t _DIGITS2[200]
 cdef uint8_t _HEX[16]
+cdef uint64_t _SEED = 0xCBF29CE484222325ULL   # the map keys' hash basis, per process
 
 
 cdef void _init() noexcept:
@@ -114,6 +126,16 @@ cdef void _init() noexcept:
 
 
 _init()
+
+
+def _seed():
+    """A random hash basis per process: keys chosen to collide cost what others cost."""
+    global _SEED
+    import os
+    _SEED ^= int.from_bytes(os.urandom(8), "little")
+
+
+_seed()
 
 
 cdef inline Py_ssize_t _fmt_u64(uint8_t* out, uint64_t v) noexcept nogil:
@@ -135,8 +157,7 @@ cdef inline Py_ssize_t _fmt_u64(uint8_t* out, uint64_t v) noexcept nogil:
 
 
 cdef inline void _put_int(Buf* b, int64_t v) noexcept nogil:
-    if _reserve(b, 21) < 0:
-        return
+    """v in decimal, into room reserved already (at most 20 bytes)."""
     if v < 0:
         b.p[b.len] = 45
         b.len += 1 + _fmt_u64(b.p + b.len + 1, <uint64_t>0 - <uint64_t>v)
@@ -319,7 +340,7 @@ cdef void _put_map(Buf* b, Col* c, int64_t row, Scratch* sc) noexcept nogil:
         for i in range(k):
             s0 = c.keys.offs[c.keys.off + p0 + i]
             s1 = c.keys.offs[c.keys.off + p0 + i + 1]
-            hv = 0xCBF29CE484222325ULL
+            hv = _SEED
             for j in range(s0, s1):
                 hv = (hv ^ c.keys.data[j]) * 0x100000001B3ULL
             h = <Py_ssize_t>(hv & mask)
@@ -369,22 +390,32 @@ cdef int _sarr(SArr* a, arr) except -1:
     return 0
 
 
-def _render(values):
-    """A dictionary's values, each rendered once: (concatenated bytes, offsets)."""
-    parts = [b"null" if v is None else json.dumps(v).encode() for v in values.to_pylist()]
+def _render(prefix, values):
+    """A dictionary's values, each rendered once after the column's prefix:
+    (concatenated bytes, offsets, longest)."""
+    parts = [prefix + (b"null" if v is None else json.dumps(v).encode())
+             for v in values.to_pylist()]
     offs = [0]
     for p in parts:
         offs.append(offs[len(offs) - 1] + len(p))
-    return b"".join(parts), pa.array(offs, pa.int64()).buffers()[1]
+    return (b"".join(parts), pa.array(offs, pa.int64()).buffers()[1],
+            max([len(p) for p in parts] or [0]))
 
 
-cdef int _describe(Col* c, arr, list keep) except -1:
+cdef Py_ssize_t _describe(Col* c, arr, bytes prefix, list keep) except -1:
+    """Fill c for arr; returns the most bytes a row's value of it takes besides the
+    contents of its strings (reserved per row, so those writes need no check)."""
     cdef object t = arr.type
+    cdef Py_ssize_t most = len(prefix) + 4
+    null_text = prefix + b"null"
+    keep.append(null_text)
+    c.null_text = <const uint8_t*>(<bytes>null_text)
+    c.null_len = len(null_text)
     c.off = arr.offset
     c.valid = NULL
     if pa.types.is_null(t):
         c.kind = K_NULL
-        return 0
+        return most
     bufs = arr.buffers()
     if arr.null_count:
         c.valid = _addr(bufs[0])
@@ -392,9 +423,11 @@ cdef int _describe(Col* c, arr, list keep) except -1:
         c.kind = K_INT
         c.width = t.bit_width // 8
         c.values = _addr(bufs[1])
+        return len(prefix) + 21
     elif pa.types.is_string(t):
         c.kind = K_STR
         _sarr(&c.s, arr)
+        return most + 2
     elif pa.types.is_dictionary(t):
         if not (pa.types.is_signed_integer(t.index_type)
                 and (pa.types.is_string(t.value_type) or pa.types.is_null(t.value_type))):
@@ -406,12 +439,13 @@ cdef int _describe(Col* c, arr, list keep) except -1:
         ibufs = ind.buffers()
         c.valid = _addr(ibufs[0]) if ind.null_count else NULL
         c.values = _addr(ibufs[1])
-        text, offs = _render(arr.dictionary)
+        text, offs, longest = _render(prefix, arr.dictionary)
         keep.append(text)
         keep.append(offs)
         c.dtext = <const uint8_t*>(<bytes>text)
         c.doff = <const int64_t*>_addr(offs)
         c.dn = len(arr.dictionary)
+        return max(most, longest)
     elif pa.types.is_map(t):
         c.kind = K_MAP
         c.values = _addr(bufs[1])
@@ -420,48 +454,86 @@ cdef int _describe(Col* c, arr, list keep) except -1:
         keep.append(items)
         _sarr(&c.keys, keys)
         _sarr(&c.items, items)
-    else:
-        raise TypeError("frame-log JSON: no writer for a column of %s" % t)
+        return most + 2
+    raise TypeError("frame-log JSON: no writer for a column of %s" % t)
+
+
+cdef enum:
+    BLOCK = 256 * 1024            # written out whenever this much is formatted
+
+
+cdef int _drain(Buf* b, int fd, int64_t* written) noexcept nogil:
+    """Write the formatted block to fd (all of it); 0, or the errno of the failure."""
+    cdef Py_ssize_t off = 0, n
+    while off < b.len:
+        n = c_write(fd, b.p + off, b.len - off)
+        if n < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        off += n
+    written[0] += b.len
+    b.len = 0
     return 0
 
 
-cdef void _rows(Buf* b, Col* cols, int ncols, int64_t n, Scratch* sc) noexcept nogil:
+cdef int _rows(Buf* b, Col* cols, int ncols, int64_t n, Py_ssize_t row_most, Scratch* sc,
+               int fd, int64_t* written) noexcept nogil:
+    """Format n rows into b (fd >= 0: written out block by block, so the buffer stays
+    small and warm in the cache); returns 0 or the errno of a failed write.  Each row
+    reserves ``row_most`` bytes first: its fixed parts (prefixes, numbers, dictionary
+    values) are copied without a check; strings reserve what they need."""
     cdef int64_t r, v
-    cdef int k
+    cdef int k, err
     cdef Col* c
     for r in range(n):
+        if _reserve(b, row_most) < 0:
+            return 0
         for k in range(ncols):
             c = &cols[k]
-            _put(b, c.prefix, c.prefix_len)
             if c.kind == K_NULL or not _bit(c.valid, c.off + r):
-                _put(b, <const uint8_t*>"null", 4)
-            elif c.kind == K_INT:
-                _put_int(b, _load_int(c.values, c.width, c.off + r))
+                _put_nc(b, c.null_text, c.null_len)
             elif c.kind == K_DICT:
                 v = _load_int(c.values, c.width, c.off + r)
                 if 0 <= v < c.dn:
-                    _put(b, c.dtext + c.doff[v], c.doff[v + 1] - c.doff[v])
+                    _put_nc(b, c.dtext + c.doff[v], c.doff[v + 1] - c.doff[v])
                 else:
-                    _put(b, <const uint8_t*>"null", 4)
+                    _put_nc(b, c.null_text, c.null_len)
+            elif c.kind == K_INT:
+                _put_nc(b, c.prefix, c.prefix_len)
+                _put_int(b, _load_int(c.values, c.width, c.off + r))
             elif c.kind == K_STR:
+                _put_nc(b, c.prefix, c.prefix_len)
                 _put_sarr(b, &c.s, r)
+                if _reserve(b, row_most) < 0:       # the rest of the row's fixed parts
+                    return 0
             else:
+                _put_nc(b, c.prefix, c.prefix_len)
                 _put_map(b, c, r, sc)
+                if _reserve(b, row_most) < 0:
+                    return 0
         if ncols == 0:
-            _put(b, <const uint8_t*>"{", 1)
-        _put(b, <const uint8_t*>"}\n", 2)
+            _put_nc(b, <const uint8_t*>"{", 1)
+        _put_nc(b, <const uint8_t*>"}\n", 2)
         if b.failed:
-            return
+            return 0
+        if fd >= 0 and b.len >= BLOCK:
+            err = _drain(b, fd, written)
+            if err:
+                return err
+    if fd >= 0 and b.len:
+        return _drain(b, fd, written)
+    return 0
 
 
-def format_table(table):
-    """``table`` (a pyarrow Table or RecordBatch) as JSON Lines bytes, one line per row."""
+cdef object _format(table, int fd):
     cdef list keep = []
     cdef Col* cols = NULL
     cdef Buf b
     cdef Scratch sc
-    cdef int k, ncols
-    cdef int64_t n
+    cdef int k, ncols, err = 0
+    cdef int64_t n, written = 0
+    cdef Py_ssize_t row_most
     if isinstance(table, pa.RecordBatch):
         batches = [table]
     else:
@@ -487,15 +559,20 @@ def format_table(table):
             if n == 0:
                 continue
             keep.clear()
+            row_most = 3
             for k in range(ncols):
                 arr = batch.column(k)
                 keep.append(arr)
-                _describe(&cols[k], arr, keep)
+                row_most += _describe(&cols[k], arr, prefixes[k], keep)
             with nogil:
-                if _reserve(&b, n * 64) == 0:
-                    _rows(&b, cols, ncols, n, &sc)
+                if _reserve(&b, BLOCK + 65536 if fd >= 0 else n * 64) == 0:
+                    err = _rows(&b, cols, ncols, n, row_most, &sc, fd, &written)
             if b.failed:
                 raise MemoryError("frame-log JSON: no memory for a batch's lines")
+            if err:
+                raise OSError(err, os.strerror(err))
+        if fd >= 0:
+            return written
         if b.len == 0:
             return b""
         return PyBytes_FromStringAndSize(<char*>b.p, b.len)
@@ -504,3 +581,17 @@ def format_table(table):
         free(b.p)
         free(sc.table)
         free(sc.last)
+
+
+def format_table(table):
+    """``table`` (a pyarrow Table or RecordBatch) as JSON Lines bytes, one line per row."""
+    return _format(table, -1)
+
+
+def write_table(table, int fd):
+    """``table`` as JSON Lines written to file descriptor ``fd`` in blocks of 256 KiB,
+    formatted and written without the GIL and never held whole in memory; returns the
+    bytes written, raises OSError when a write fails (part of the lines may be written)."""
+    if fd < 0:
+        raise ValueError("write_table needs a file descriptor")
+    return _format(table, fd)

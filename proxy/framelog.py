@@ -90,33 +90,52 @@ def jsonl_bytes_py(table):
     return ("\n".join(out) + "\n").encode()
 
 
-def _jsonl_writer():
-    """The JSON Lines encoder: compiled (lines formatted from the Arrow buffers without
-    the GIL, no Python object per row) unless FRAMETAP_NO_EXTENSIONS selects the twin."""
-    if os.environ.get("FRAMETAP_NO_EXTENSIONS"):
-        return jsonl_bytes_py
-    try:
-        from proxy._jsonl import format_table
-    except ImportError as exc:  # pragma: no cover - build problem
-        raise ImportError(
-            "frametap's compiled extensions are missing (%s); build them with `pip install "
-            ".` or `python setup.py build_ext --inplace`, or set FRAMETAP_NO_EXTENSIONS=1"
-            % exc) from exc
-    return format_table
+def _jsonl_native():
+    """The compiled JSON Lines writer (``proxy._jsonl``: lines formatted from the Arrow
+    buffers and written without the GIL, no Python object per row), or None when
+    FRAMETAP_NO_EXTENSIONS selects the pure-Python twin."""
+    global _JSONL
+    if _JSONL is None:
+        if os.environ.get("FRAMETAP_NO_EXTENSIONS"):
+            _JSONL = False
+        else:
+            try:
+                from proxy import _jsonl
+            except ImportError as exc:  # pragma: no cover - build problem
+                raise ImportError(
+                    "frametap's compiled extensions are missing (%s); build them with `pip "
+                    "install .` or `python setup.py build_ext --inplace`, or set "
+                    "FRAMETAP_NO_EXTENSIONS=1" % exc) from exc
+            _JSONL = _jsonl
+    return _JSONL or None
+
+
+_JSONL = None
 
 
 def jsonl_bytes(table):
     """A batch (a pyarrow Table of SCHEMA's columns) as JSON Lines bytes."""
-    global _JSONL
-    if _JSONL is None:
-        _JSONL = _jsonl_writer()
-    try:
-        return _JSONL(table)
-    except TypeError:           # a column type the compiled writer has no code for
-        return jsonl_bytes_py(table)
+    native = _jsonl_native()
+    if native is not None:
+        try:
+            return native.format_table(table)
+        except TypeError:       # a column type the compiled writer has no code for
+            pass
+    return jsonl_bytes_py(table)
 
 
-_JSONL = None
+def write_jsonl(file, table):
+    """Append a batch to ``file`` (a binary file object) as JSON Lines: the compiled
+    writer formats and writes it in 256 KiB blocks straight to the descriptor."""
+    native = _jsonl_native()
+    if native is not None:
+        file.flush()
+        try:
+            native.write_table(table, file.fileno())
+            return
+        except TypeError:       # raised before anything is written
+            pass
+    file.write(jsonl_bytes_py(table))
 
 
 def unusable_directory(path):
@@ -245,7 +264,7 @@ class FileSink:
             if self.fmt == "parquet":
                 self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
             else:
-                self._file.write(jsonl_bytes(table))
+                write_jsonl(self._file, table)
                 self._file.flush()
             size = self._file.tell()
         except Exception as exc:           # the disk, or a batch the encoder refuses

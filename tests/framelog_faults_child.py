@@ -190,19 +190,19 @@ def main():
     elif FAULT == "exception":
         import pyarrow.parquet as pq_mod
         real_write_table = pq_mod.ParquetWriter.write_table
-        real_jsonl = framelog_mod._JSONL
+        real_jsonl = framelog_mod.write_jsonl
 
         def failing_write_table(self, *a, **kw):
             pq_mod.ParquetWriter.write_table = real_write_table
             raise RuntimeError("injected: encoder failed")
 
-        def failing_jsonl(table):
-            framelog_mod._JSONL = real_jsonl
+        def failing_jsonl(file, table):
+            framelog_mod.write_jsonl = real_jsonl
             raise RuntimeError("injected: encoder failed")
         if FMT == "parquet":
             pq_mod.ParquetWriter.write_table = failing_write_table
         else:
-            framelog_mod._JSONL = failing_jsonl
+            framelog_mod.write_jsonl = failing_jsonl
         side.produce()
         side.flush()                           # the encoder raises: file + batch lost
         seen["encoder_failed"] = state()
