@@ -86,15 +86,38 @@ cdef inline int _reserve(Buf* b, Py_ssize_t n) noexcept nogil:
     return 0
 
 
+cdef inline void _copy(uint8_t* d, const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    """memcpy without a call for the short copies that make up a line (two overlapping
+    loads and stores that stay inside [s, s + n))."""
+    cdef uint64_t a, z
+    cdef uint32_t a4, z4
+    if n > 16:
+        memcpy(d, s, n)
+    elif n >= 8:
+        memcpy(&a, s, 8)
+        memcpy(&z, s + n - 8, 8)
+        memcpy(d, &a, 8)
+        memcpy(d + n - 8, &z, 8)
+    elif n >= 4:
+        memcpy(&a4, s, 4)
+        memcpy(&z4, s + n - 4, 4)
+        memcpy(d, &a4, 4)
+        memcpy(d + n - 4, &z4, 4)
+    else:
+        while n > 0:
+            n -= 1
+            d[n] = s[n]
+
+
 cdef inline void _put(Buf* b, const uint8_t* s, Py_ssize_t n) noexcept nogil:
     if _reserve(b, n) == 0:
-        memcpy(b.p + b.len, s, n)
+        _copy(b.p + b.len, s, n)
         b.len += n
 
 
 cdef inline void _put_nc(Buf* b, const uint8_t* s, Py_ssize_t n) noexcept nogil:
     """_put() into room reserved already (a row's fixed part)."""
-    memcpy(b.p + b.len, s, n)
+    _copy(b.p + b.len, s, n)
     b.len += n
 
 
@@ -138,11 +161,19 @@ def _seed():
 _seed()
 
 
+cdef extern from *:
+    int __builtin_clzll(unsigned long long) nogil
+
+
 cdef inline Py_ssize_t _fmt_u64(uint8_t* out, uint64_t v) noexcept nogil:
-    cdef Py_ssize_t n = 1, i
+    cdef Py_ssize_t n, i
     cdef uint64_t q
-    while n < 20 and v >= _POW10[n]:
+    # digits from the bit length (1233/4096 ~ log10 2), corrected by one comparison
+    n = 1 if v == 0 else (((64 - __builtin_clzll(v)) * 1233) >> 12) + 1
+    if n < 20 and v >= _POW10[n]:
         n += 1
+    elif n > 1 and v < _POW10[n - 1]:
+        n -= 1
     i = n
     while v >= 100:
         q = v // 100
