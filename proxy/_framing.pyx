@@ -1537,6 +1537,21 @@ cdef class FrameLogBuffer:
         self.free_list[self.nfree] = i
         self.nfree += 1
 
+    def route_counts(self, chunks):
+        """{route index: records} in chunks ``chunks`` (indexes): what a batch that could
+        not be converted held, so the writer counts those rows as dropped."""
+        cdef dict out = {}
+        cdef int i
+        cdef Py_ssize_t j
+        cdef LogChunk* c
+        for i in chunks:
+            if i < 0 or i >= self.nchunks:
+                raise IndexError("no chunk %d" % i)
+            c = &self.chunks[i]
+            for j in range(c.n):
+                out[c.recs[j].route] = out.get(c.recs[j].route, 0) + 1
+        return out
+
     def dropped_counts(self):
         """{route name: records dropped because every chunk was full}."""
         return {self.routes[i].route: self.dropped[i] for i in range(self.nroutes)

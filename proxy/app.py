@@ -44,6 +44,15 @@ def connection_capacity(fd_limit):
     return max(0, (fd_limit - FD_HEADROOM) // 2)
 
 
+def check_framelog_dir(directory, key):
+    """An unusable frame-log directory (a file, unwritable) is a configuration error:
+    one line naming the key and exit 2, rather than a proxy that drops every row."""
+    from proxy.framelog import unusable_directory
+    why = unusable_directory(directory)
+    if why is not None:
+        raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{directory}': {why}")
+
+
 def start_framelog(cfg, routes):
     """The proxy's frame log (docs/design.md, "Frame log"): one native buffer shared by
     every route with ``framelog = true``, drained by a writer thread."""
@@ -85,6 +94,8 @@ class ProxyApp:
         self.reserve = None            # descriptors kept for /metrics at the fd limit
 
     async def start(self):
+        if self.config.framelog is not None:   # refused before anything is bound
+            check_framelog_dir(self.config.framelog.dir, self._key("framelog.dir"))
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
