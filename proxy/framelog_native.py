@@ -150,8 +150,8 @@ class NativeSource:
         svals, svalid = c["status_idx"]
         snames = []
         for k in c["status_keys"]:
-            if k == -1:
-                snames.append("timeout")
+            if k < 0:                        # -1 timeout, -2 cut off by a close
+                snames.append("timeout" if k == -1 else "closed")
                 continue
             code = k & 0xFFFFFFFF
             if code >= 1 << 31:

@@ -88,10 +88,12 @@ def _per_route_protocol(key):
     return rows
 
 
-def _timeouts(sc):
-    for s in sc.snaps:
-        for op, v in s["timeouts"].items():
-            yield (s["route"], s["protocol"], op), v
+def _per_opcode(key):
+    def rows(sc):
+        for s in sc.snaps:
+            for op, v in s[key].items():
+                yield (s["route"], s["protocol"], op), v
+    return rows
 
 
 def _protocol_errors(sc):
@@ -161,7 +163,10 @@ FAMILIES = (
     ("frametap_requests_in_flight", "gauge", "Requests sent and not yet answered", RP,
      _per_route_protocol("in_flight")),
     ("frametap_request_timeouts", "counter", "Requests with no answer within "
-     "request_timeout, or whose connection closed first", RP + ("opcode",), _timeouts),
+     "request_timeout", RP + ("opcode",), _per_opcode("timeouts")),
+    ("frametap_request_cutoffs", "counter", "Requests whose connection closed before their "
+     "answer (a run's end, a reset, an upstream that went away)", RP + ("opcode",),
+     _per_opcode("cutoffs")),
     ("frametap_unmatched_responses", "counter", "Responses that matched no pending request",
      RP, _per_route_protocol("unmatched")),
     ("frametap_protocol_errors", "counter", "Protocol violations seen",
