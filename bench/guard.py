@@ -20,9 +20,12 @@ than a 64 KiB read slice); 1 MiB: one request at a time.
 
 Start-up, imports and connection set-up are not counted: on each connection, after a
 warm-up, the counters are started at a marker and read at another (callgrind: ``vgdb
-zero`` and ``vgdb dump`` on the running proxy; strace: attached with -p and detached),
-for a window of n batches and then one of 2n batches; the figure is
-(count(2n) - count(n)) / (n * batch), which also cancels what the markers cost.
+zero`` and ``vgdb dump`` on the running proxy; strace: attached with -p, detached), once
+with no load (what the markers cost) and then for windows of n batches each (callgrind 5,
+strace 9). A window's figure is (its count - the empty window's) / (n * batch); the
+guard's figure is the median window's. (1 MiB frames arrive while the proxy reads them:
+now and then a read splits in two and costs a read, a write and an epoll call more; the
+median keeps such a window from moving the figure.)
 
     python bench/guard.py                      # measure this checkout, compare
     python bench/guard.py --tree ../old        # another checkout, built in place
@@ -77,12 +80,12 @@ class Shape:
     size: int       # payload bytes of one PRODUCE request
     batch: int      # requests in one client write; all answered before the next write
     warmup: int     # batches before the first marker
-    n: int          # batches in the first window (the second has 2n)
+    n: int          # batches in one measured window
 
-    @property
-    def requests(self) -> int:         # per tool: warm-up + n + 2n batches
-        return (self.warmup + 3 * self.n) * self.batch
 
+#: measured windows per size and tool: the figure is the median window's. strace windows
+#: cost ~10 ms, callgrind's 0.3-2 s.
+WINDOWS = {"callgrind": 5, "strace": 9}
 
 SHAPES = [
     Shape("64B", 64, batch=16, warmup=16, n=128),
@@ -141,6 +144,10 @@ def git_commit(tree: Path) -> dict:
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "proxy", "setup.py")
     return {"commit": git("rev-parse", "HEAD") or "unknown",
             "subject": git("log", "-1", "--format=%s")[:200],
+            # the measured code: the last commit that changed it, and proxy/'s tree hash
+            # (equal on every commit with the same proxy/, whatever else changed)
+            "code_commit": git("log", "-1", "--format=%H", "--", "proxy", "setup.py"),
+            "proxy_tree": git("rev-parse", "HEAD:proxy"),
             "dirty": bool(dirty)}
 
 
@@ -366,7 +373,7 @@ class Strace:
             raise GuardError("strace did not detach within 60 s") from None
         text = self.out.read_text()
         calls = parse_strace_counts(text)
-        if not calls:
+        if not calls and text.strip():     # an empty window writes nothing at all
             raise GuardError(f"strace -c wrote no counts:\n{text[-1000:]}")
         return {"syscalls": sum(calls.values()), "by_name": calls}
 
@@ -385,7 +392,9 @@ def parse_strace_counts(text: str) -> dict:
 
 def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: str,
                  runlabel: str) -> dict:
-    """One proxy process under ``tool``; per shape one connection, warm-up, two windows."""
+    """One proxy process under ``tool``; per shape one connection: warm-up, an empty
+    window (what the markers cost), then WINDOWS[tool_name] windows of ``shape.n`` batches;
+    the figure is the median window's count less the empty one's, per request."""
     port = free_port()
     argv = tool.wrap([sys.executable, "-m", "proxy", "proxy", "--protocol", "flymq",
                       "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{flyload_port}",
@@ -406,30 +415,36 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
                 log(f"{runlabel} {tool_name}: proxy up in {time.monotonic() - t0:.1f} s")
             t1 = time.monotonic()
             client.run(shape.warmup)
+            tool.start()
+            empty = tool.stop()
             windows = []
-            for batches in (shape.n, 2 * shape.n):
+            for _ in range(WINDOWS[tool_name]):
                 tool.start()
-                client.run(batches)
+                client.run(shape.n)
                 windows.append(tool.stop())
             client.close()
             if proc.poll() is not None:
                 raise GuardError(f"the proxy died (exit {proc.returncode})")
             reqs = shape.n * shape.batch
-            key = "instructions" if "instructions" in windows[0] else "syscalls"
-            r = {f"{key}_per_request": (windows[1][key] - windows[0][key]) / reqs}
+            key = "instructions" if "instructions" in empty else "syscalls"
+            if min(w[key] for w in windows) <= 0:
+                raise GuardError(f"{tool_name} counted nothing in a window of {reqs} requests")
+            values = [(w[key] - empty[key]) / reqs for w in windows]
+            mid = sorted(range(len(values)), key=values.__getitem__)[len(values) // 2]
+            r = {f"{key}_per_request": values[mid],
+                 f"{key}_windows": [round(v, 3) for v in values]}
             if key == "syscalls":
-                names = set(windows[0]["by_name"]) | set(windows[1]["by_name"])
-                r["by_name"] = {k: round((windows[1]["by_name"].get(k, 0)
-                                          - windows[0]["by_name"].get(k, 0)) / reqs, 3)
-                                for k in sorted(names)}
+                w, names = windows[mid]["by_name"], set(windows[mid]["by_name"])
+                r["by_name"] = {k: round((w.get(k, 0) - empty["by_name"].get(k, 0)) / reqs, 3)
+                                for k in sorted(names | set(empty["by_name"]))}
             results[shape.name] = r
-            value = r[f"{key}_per_request"]
             extra = ""
             if key == "syscalls":
                 extra = "  (" + ", ".join(f"{g} {v:.2f}" for g, v in
                                           group_syscalls(r["by_name"]).items()) + ")"
-            log(f"{runlabel} {tool_name}: {shape.name:>5} {fmt(key, value):>12} {key}/request{extra}"
-                f"  [{client.done:,} requests, {time.monotonic() - t1:.1f} s]")
+            log(f"{runlabel} {tool_name}: {shape.name:>5} {fmt(key, values[mid]):>12} "
+                f"{key}/request{extra}  [windows {fmt(key, min(values))}-{fmt(key, max(values))}; "
+                f"{client.done:,} requests, {time.monotonic() - t1:.1f} s]")
     except BaseException:
         text = logfile.read_text(errors="replace").strip().splitlines()
         if text:
@@ -438,6 +453,13 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
     finally:
         stop(proc)
     return results
+
+
+def load_shapes(shapes: list) -> dict:
+    """The load shape as the reference records it (a reference taken with another one
+    cannot be compared)."""
+    return {s.name: {**{k: v for k, v in asdict(s).items() if k != "name"},
+                     "windows": dict(WINDOWS)} for s in shapes}
 
 
 def fmt(figure: str, value: float) -> str:
@@ -456,7 +478,7 @@ def group_syscalls(by_name: dict) -> dict:
 # --------------------------------------------------------------------------- compare
 
 
-def measure(tree: Path, shapes: list, runs: int) -> dict:
+def measure(tree: Path, shapes: list, runs: int, tools=("callgrind", "strace")) -> dict:
     """{shape: {figure: median, ...}} with each run's values and the spread."""
     per_run = []
     with tempfile.TemporaryDirectory(prefix="frametap-guard-") as tmp:
@@ -472,7 +494,8 @@ def measure(tree: Path, shapes: list, runs: int) -> dict:
             for i in range(runs):
                 label = f"[{i + 1}/{runs}]"
                 one = {s.name: {} for s in shapes}
-                for tool_name, tool in (("callgrind", Callgrind(work)), ("strace", Strace(work))):
+                for tool_name in tools:
+                    tool = Callgrind(work) if tool_name == "callgrind" else Strace(work)
                     for name, r in measure_tool(tool, fport, tree, shapes, tool_name,
                                                 label).items():
                         one[name].update(r)
@@ -483,6 +506,8 @@ def measure(tree: Path, shapes: list, runs: int) -> dict:
     for s in shapes:
         f = {}
         for fig in FIGURES:
+            if fig not in per_run[0][s.name]:
+                continue
             values = [run[s.name][fig] for run in per_run]
             med = statistics.median(values)
             f[fig] = round(med, 3)
@@ -490,7 +515,10 @@ def measure(tree: Path, shapes: list, runs: int) -> dict:
                 f[fig.replace("_per_request", "_runs")] = [round(v, 3) for v in values]
                 f[fig.replace("_per_request", "_spread_pct")] = round(
                     100 * (max(values) - min(values)) / med, 2) if med else 0.0
-        by = [run[s.name]["by_name"] for run in per_run]
+        by = [run[s.name]["by_name"] for run in per_run if "by_name" in run[s.name]]
+        if not by:
+            figures[s.name] = f
+            continue
         f["syscalls_by_name"] = {k: round(statistics.median(b.get(k, 0) for b in by), 3)
                                  for k in sorted({k for b in by for k in b})}
         f["syscalls_by_group"] = group_syscalls(f["syscalls_by_name"])
@@ -513,6 +541,8 @@ def compare(ref: dict, figures: dict) -> tuple[list, list]:
                             f"(take them with --update)")
             continue
         for fig in FIGURES:
+            if fig not in got:
+                continue
             tol = tolerance(ref, size, fig)
             base, now = want[fig], got[fig]
             change = (now - base) / base if base else float("inf")
@@ -546,6 +576,8 @@ def main(argv=None) -> int:
                     help="measure N times; figures are medians, the spread is printed (1)")
     ap.add_argument("--sizes", default=",".join(s.name for s in SHAPES),
                     help="comma list of " + ", ".join(s.name for s in SHAPES) + " (all)")
+    ap.add_argument("--only", choices=["all", "instructions", "syscalls"], default="all",
+                    help="measure one of the two figures (all); for a quick look, not for CI")
     ap.add_argument("--build", action="store_true",
                     help="build the tree's extensions in place first (setup.py build_ext)")
     ap.add_argument("--json", metavar="FILE", help="also write the measured figures here")
@@ -558,8 +590,8 @@ def main(argv=None) -> int:
     names = [n.strip() for n in args.sizes.split(",") if n.strip()]
     if not names or set(names) - set(known):
         ap.error(f"--sizes: a comma list of {', '.join(known)}")
-    if args.update and names != list(known):
-        ap.error("--update measures every size (leave out --sizes)")
+    if args.update and (names != list(known) or args.only != "all"):
+        ap.error("--update measures every size and figure (leave out --sizes and --only)")
     shapes = [known[n] for n in names]
     tree = Path(args.tree).resolve()
     ref_path = Path(args.reference)
@@ -576,22 +608,25 @@ def main(argv=None) -> int:
         log("python {python}, uvloop {uvloop}, Cython {cython}, {valgrind}, {strace}".format(
             **versions))
         for s in shapes:
-            log(f"{s.name}: {s.warmup} warm-up batches, then windows of {s.n} and {2 * s.n} "
-                f"batches of {s.batch} request(s) on one connection")
-        figures = measure(tree, shapes, args.runs)
+            log(f"{s.name}: {s.warmup} warm-up batches, then windows of {s.n} batches of "
+                f"{s.batch} request(s) on one connection (callgrind {WINDOWS['callgrind']}, "
+                f"strace {WINDOWS['strace']} windows)")
+        figures = measure(tree, shapes, args.runs,
+                          {"all": ("callgrind", "strace"), "instructions": ("callgrind",),
+                           "syscalls": ("strace",)}[args.only])
     except GuardError as exc:
         print(f"guard: ERROR {exc}", file=sys.stderr)
         return 2
     elapsed = time.monotonic() - started
-    shape_doc = {s.name: {k: v for k, v in asdict(s).items() if k != "name"} for s in shapes}
+    shape_doc = load_shapes(shapes)
     result = {"tree": str(tree), **commit, "runs": args.runs, "seconds": round(elapsed, 1),
               "versions": versions, "shapes": shape_doc, "figures": figures}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     if args.runs > 1:
         for size, f in figures.items():
-            log(f"spread over {args.runs} runs, {size}: instructions "
-                f"{f['instructions_spread_pct']:.2f} %, syscalls {f['syscalls_spread_pct']:.2f} %")
+            log(f"spread (max - min) / median over {args.runs} runs, {size}: " + ", ".join(
+                f"{k.split('_')[0]} {v:.2f} %" for k, v in f.items() if k.endswith("_spread_pct")))
 
     if args.update:
         old = json.loads(ref_path.read_text()) if ref_path.exists() else {}
@@ -636,7 +671,9 @@ def main(argv=None) -> int:
             + ", ".join(f"{k} {ref['versions'][k]} -> {versions[k]}" for k in changed)
             + "): instruction counts may move with it")
     on = ref.get("measured_on", {})
-    log(f"reference: {on.get('commit', '?')[:10]} ({on.get('date', '?')}): {ref.get('reason', '')[:100]}")
+    same = on.get("proxy_tree") and on.get("proxy_tree") == commit["proxy_tree"] and not commit["dirty"]
+    log(f"reference: {on.get('commit', '?')[:10]} ({on.get('date', '?')}"
+        f"{', the same proxy/ as this tree' if same else ''}): {ref.get('reason', '')[:100]}")
     rows, failures = compare(ref, figures)
     print(f"  {'size':>5} {'figure':<21} {'measured':>14} {'reference':>14} {'change':>8} "
           f"{'tol':>6}")
