@@ -151,6 +151,18 @@ def git_commit(tree: Path) -> dict:
             "dirty": bool(dirty)}
 
 
+def sources_of(tree: Path, pyx: Path) -> list[Path]:
+    """A .pyx, its own .pxd and the .pxd files it cimports from this tree."""
+    out = [pyx] + [p for p in [pyx.with_suffix(".pxd")] if p.exists()]
+    for line in pyx.read_text(errors="replace").splitlines():
+        m = re.match(r"\s*(?:from\s+([\w.]+)\s+cimport|cimport\s+([\w.]+))", line)
+        if m:
+            dep = tree / ((m.group(1) or m.group(2)).replace(".", "/") + ".pxd")
+            if dep.exists():
+                out.append(dep)
+    return out
+
+
 def check_build(tree: Path) -> None:
     """The tree's compiled extensions are what ``python -m proxy`` imports there, and are
     newer than their sources: a guard on a stale or pure-Python build measures nothing."""
@@ -169,10 +181,10 @@ def check_build(tree: Path) -> None:
         if not path.name.endswith(".so") or tree.resolve() not in path.parents:
             raise GuardError(f"{tree}: imports {path}, not a compiled extension of this "
                              f"checkout\n{build}")
-    pxd = max((p.stat().st_mtime for p in (tree / "proxy").rglob("*.pxd")), default=0.0)
     for pyx in (tree / "proxy").rglob("*.pyx"):
         sos = list(pyx.parent.glob(pyx.stem + ".*.so"))
-        if not sos or min(s.stat().st_mtime for s in sos) < max(pyx.stat().st_mtime, pxd):
+        if not sos or min(s.stat().st_mtime for s in sos) < max(
+                p.stat().st_mtime for p in sources_of(tree, pyx)):
             raise GuardError(f"{tree}: {pyx.relative_to(tree)} is newer than its build\n{build}")
 
 
@@ -285,6 +297,9 @@ class Client:
 # --------------------------------------------------------------------------- counters
 
 
+KEEP_PROFILES = None        # --keep-profiles DIR
+
+
 class Callgrind:
     """The proxy under callgrind; a window's instructions are read with vgdb zero/dump."""
 
@@ -293,6 +308,7 @@ class Callgrind:
         self.prefix = str(workdir / "vgdb")
         self.out = workdir / "callgrind.out"
         self.pid = None
+        self.label = "window"                  # names kept profiles
 
     def wrap(self, argv: list) -> list:
         return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}",
@@ -317,6 +333,9 @@ class Callgrind:
                 text = path.read_text(errors="replace")
                 if "\ntotals:" in text:              # written last: the dump is complete
                     m = re.search(r"^summary:\s*(\d+)", text, re.M)
+                    if KEEP_PROFILES is not None:     # --keep-profiles: for callgrind_annotate
+                        KEEP_PROFILES.mkdir(parents=True, exist_ok=True)
+                        shutil.copy(path, KEEP_PROFILES / f"{self.label}.{path.name}")
                     path.unlink()
                     if m is None:
                         raise GuardError(f"no summary line in {path.name}")
@@ -415,6 +434,7 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
                 log(f"{runlabel} {tool_name}: proxy up in {time.monotonic() - t0:.1f} s")
             t1 = time.monotonic()
             client.run(shape.warmup)
+            tool.label = shape.name
             tool.start()
             empty = tool.stop()
             windows = []
@@ -581,7 +601,12 @@ def main(argv=None) -> int:
     ap.add_argument("--build", action="store_true",
                     help="build the tree's extensions in place first (setup.py build_ext)")
     ap.add_argument("--json", metavar="FILE", help="also write the measured figures here")
+    ap.add_argument("--keep-profiles", metavar="DIR", type=Path,
+                    help="keep each callgrind window's profile here (callgrind_annotate "
+                         "FILE shows which functions a figure's change went to)")
     args = ap.parse_args(argv)
+    global KEEP_PROFILES
+    KEEP_PROFILES = args.keep_profiles
     if args.update and not (args.reason and args.reason.strip()):
         ap.error("--update needs --reason \"...\": the reference changes only deliberately")
     if args.runs < 1:

@@ -310,6 +310,7 @@ cdef class FrameParser:
     cdef int64_t now_ns                 # one clock read per feed() call
     cdef readonly object error          # FrameError after a fatal protocol error, else None
     cdef readonly bint closed
+    cdef readonly Py_ssize_t feed_frames # headers parsed by the last feed() (the relay's yield)
     cdef public object options          # the route's [routes.options] table (dict)
     cdef object _tracer                 # callable(dict) per record (tests), or None
     cdef readonly bint recording        # records are wanted (a tracer or the frame log)

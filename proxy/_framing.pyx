@@ -401,6 +401,7 @@ cdef class FrameParser:
         if self.error is not None or self.closed:
             return 0
         s.offset += n
+        self.feed_frames = 0
         # One clock read per read, not per frame (docs/design.md, "Performance principles").
         self.now_ns = monotonic_ns()
         self.c.relayed[d] += n
@@ -425,6 +426,7 @@ cdef class FrameParser:
                     asked = s.need
                     r = self.on_header(d, buf + pos, n - pos)
                     if r > 0:
+                        self.feed_frames += 1
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
                             return self._contract_error(d, r, asked, pos, emit, mv, out)
@@ -477,6 +479,7 @@ cdef class FrameParser:
             asked = s.have
             r = self.on_header(d, s.hbuf, s.have)
             if r > 0:
+                self.feed_frames += 1
                 if r < asked or (s.body and (s.skip > asked or s.skip > r)):
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)

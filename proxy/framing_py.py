@@ -349,6 +349,7 @@ class FrameParser:
         self.now_ns = 0
         self.error = None
         self.closed = False
+        self.feed_frames = 0                 # headers parsed by the last feed()
         self.conn_id = 0
         self._tracer = None
         self.recording = False
@@ -374,6 +375,7 @@ class FrameParser:
         n = len(mv)
         chunk_start = s.offset
         s.offset += n
+        self.feed_frames = 0
         self.now_ns = monotonic_ns()
         self.stats.relayed[d] += n
         pos = 0
@@ -398,6 +400,7 @@ class FrameParser:
                     asked = s.need
                     r = self.on_header(d, mv[pos:], n - pos)
                     if r > 0:
+                        self.feed_frames += 1
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
                             self._short_frame(d, r, asked)
@@ -450,6 +453,7 @@ class FrameParser:
             asked = len(s.hdr)
             r = self.on_header(d, s.hdr, asked)
             if r > 0:
+                self.feed_frames += 1
                 if r < asked or (s.body and (s.skip > asked or s.skip > r)):
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)

@@ -86,6 +86,10 @@ SETUP_LIMIT = 256
 # connection yields to the loop before its next read (ClientSide._yield).  Any shorter
 # read ends libuv's run on that socket by itself.
 FULL_READ = 256000
+# ... and only when that read held this many frames: parsing costs per frame, so a read of
+# big frames (16 KiB, 1 MiB) costs what the pass-through pays and never yields, while 32
+# reads of 64 frames in a row stay under a millisecond of parsing
+YIELD_FRAMES = 64
 SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
 
 
@@ -380,16 +384,17 @@ class ClientSide(asyncio.Protocol):
 
     def data_received(self, data):
         self._relay(0, data)
-        if len(data) >= FULL_READ:
+        if len(data) >= FULL_READ and self.parser.feed_frames >= YIELD_FRAMES:
             self._yield(0)
 
     def _yield(self, d):
-        """After a read that may have more behind it, stop reading direction d until the
-        loop's next iteration: libuv reads a readable socket up to 32 times in a row, so
-        one flooding connection would otherwise hold every other connection's reads for
-        milliseconds.  The read itself was relayed whole (its parse cost grows with its
-        frames, not its bytes), so this costs two calls per 250 KB, nothing per byte
-        (docs/design.md, "Performance principles")."""
+        """After a read that filled uvloop's buffer with many frames, stop reading
+        direction d until the loop's next iteration: libuv reads a readable socket up to
+        32 times in a row, so one connection flooding small frames would otherwise hold
+        every other connection's reads for milliseconds of parsing.  The read itself was
+        relayed whole (its parse cost grows with its frames, not its bytes), so this costs
+        two calls per 250 KB of small frames, nothing per byte, and nothing at all for
+        big frames (docs/design.md, "Performance principles")."""
         if self.closed or self.yielding & (1 << d):
             return
         if d == 0:
@@ -592,7 +597,7 @@ class UpstreamSide(asyncio.Protocol):
     def data_received(self, data):
         client = self.client
         client._relay(1, data)
-        if len(data) >= FULL_READ:
+        if len(data) >= FULL_READ and client.parser.feed_frames >= YIELD_FRAMES:
             client._yield(1)
 
     def eof_received(self):
