@@ -313,6 +313,7 @@ cdef class FrameParser:
     cdef readonly Py_ssize_t feed_frames # headers parsed by the last feed() (the relay's yield)
     cdef public object options          # the route's [routes.options] table (dict)
     cdef object _tracer                 # callable(dict) per record (tests), or None
+    cdef object _tracer_error           # what the tracer raised, re-raised when feed()/close()/expire() return
     cdef readonly bint recording        # records are wanted (a tracer or the frame log)
     cdef FrameLogBuffer log             # the frame log this connection writes to, or None
     cdef int32_t log_route              # this route's index in log

@@ -373,14 +373,24 @@ cdef class FrameParser:
         if self.output is not None:
             self.output = None                 # belongs to the previous call only
         if PyBytes_Check(data):
-            return self._feed(direction, data, <const uint8_t*>PyBytes_AS_STRING(data),
-                              PyBytes_GET_SIZE(data))
-        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-        try:
-            r = self._feed(direction, data, <const uint8_t*>view.buf, view.len)
-        finally:
-            PyBuffer_Release(&view)
+            r = self._feed(direction, data, <const uint8_t*>PyBytes_AS_STRING(data),
+                           PyBytes_GET_SIZE(data))
+        else:
+            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+            try:
+                r = self._feed(direction, data, <const uint8_t*>view.buf, view.len)
+            finally:
+                PyBuffer_Release(&view)
+        if self._tracer_error is not None:
+            self._raise_tracer_error()
         return r
+
+    def _raise_tracer_error(self):
+        """A test's tracer raised (an assertion, say): the test fails with it, after the
+        parser finished the call in a consistent state."""
+        err, self._tracer_error = self._tracer_error, None
+        if err is not None:
+            raise err
 
     cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
                           Py_ssize_t n) except -1:
@@ -765,8 +775,9 @@ cdef class FrameParser:
             if rec.corr_fmt == CORR_STR and cid is not NULL:
                 row["correlation_id"] = cid[:cid_len].decode("utf-8", "replace")
             self._tracer(row)
-        except Exception:
-            pass
+        except BaseException as exc:       # raised when the public call returns
+            if self._tracer_error is None:
+                self._tracer_error = exc
 
     @property
     def tracer(self):
@@ -1035,9 +1046,10 @@ cdef class FrameParser:
                 self._timeout(p, self.map[i].tag)
                 n += 1
             self.ring_live += 1
-        if n >= limit:
-            return n                     # more may be due: the caller comes back
-        self._shrink()
+        if n < limit:                    # else more may be due: the caller comes back
+            self._shrink()
+        if self._tracer_error is not None:
+            self._raise_tracer_error()
         return n
 
     def close(self):
@@ -1071,6 +1083,8 @@ cdef class FrameParser:
             for d in range(2):
                 if self.st[d].have > 0 or self.st[d].remaining > 0:
                     _count_error(self.c, d, R_TRUNCATED)
+        if self._tracer_error is not None:
+            self._raise_tracer_error()
 
     def _forget_all(self):
         """Empty both tables and give their memory back (a closed connection)."""

@@ -352,6 +352,7 @@ class FrameParser:
         self.feed_frames = 0                 # headers parsed by the last feed()
         self.conn_id = 0
         self._tracer = None
+        self._tracer_error = None
         self.recording = False
         self.log = None
         self.log_route = 0
@@ -362,6 +363,19 @@ class FrameParser:
     # ---- hot path -------------------------------------------------------------
 
     def feed(self, direction, data):
+        r = self._feed(direction, data)
+        if self._tracer_error is not None:
+            self._raise_tracer_error()
+        return r
+
+    def _raise_tracer_error(self):
+        """A test's tracer raised (an assertion, say): the test fails with it, after the
+        parser finished the call in a consistent state (as the compiled core does)."""
+        err, self._tracer_error = self._tracer_error, None
+        if err is not None:
+            raise err
+
+    def _feed(self, direction, data):
         if direction not in (0, 1):
             raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
         d = direction
@@ -852,8 +866,9 @@ class FrameParser:
         if self._tracer is not None:
             try:
                 self._tracer(dict(row))
-            except Exception:
-                pass
+            except BaseException as exc:    # raised when the public call returns
+                if self._tracer_error is None:
+                    self._tracer_error = exc
 
     def _record_dict(self, rec):
         return record_dict(self.stats, self.conn_id,
@@ -939,8 +954,12 @@ class FrameParser:
             self.map_dead[k] = p
             n += 1
         if n >= limit:
+            if self._tracer_error is not None:
+                self._raise_tracer_error()
             return n                            # more may be due: the caller comes back
         self._shrink()
+        if self._tracer_error is not None:
+            self._raise_tracer_error()
         return n
 
     def _shrink(self):
@@ -991,6 +1010,8 @@ class FrameParser:
             for d in range(2):
                 if self.st[d].hdr or self.st[d].remaining > 0:
                     self.stats.error(d, R_TRUNCATED)
+        if self._tracer_error is not None:
+            self._raise_tracer_error()
 
     def abandon(self):
         for p in list(self._pending()):
