@@ -529,20 +529,21 @@ def _drop(record):
     pass
 
 
-def flat_frame(name, nbytes):
-    """One frame of about `nbytes` whose bytes after a short header pass unread: the
-    baseline for what the reads of an attack cost by themselves."""
-    n = max(nbytes - 64, 16)
+def small_frame(name, i):
+    """A small request of protocol `name` (correlation id i + 1): many of them, one a
+    read, are the baseline for what a read costs by itself."""
+    i += 1
     if name == "ttheader":
-        m = _thrift_call(1, 5) + b"\x0b\x00\x01" + _be(4, n) + bytes(n) + b"\x00"
+        m = _thrift_call(1, i) + b"\x00"
         return _be(4, len(m)) + m
     if name == "rocketmq":
-        return _rocket(b'{"code":10,"flag":0,"opaque":5}', bytes(n))
+        return _rocket(b'{"code":10,"flag":0,"opaque":%d}' % i)
     if name == "fleximq":
-        return _flexi(5, b"\x81" + _mp_str("topic") + _mp_str("t"), bytes(n))
+        return _flexi(8, b"\x81" + _mp_str("keepalive") + b"\x81" + _mp_str("timestamp") +
+                      b"\xcf" + _be(8, i))
     if name == "flymq":
-        return b"\xaf\x01\x01\x00" + _be(4, 7 + n) + _be(2, 5) + b"topic" + bytes(n)
-    return _stream(23, bytes(n))                # rabbitmq-stream: a Heartbeat with a body
+        return b"\xaf\x01\x01\x00" + _be(4, 7) + _be(2, 5) + b"topic"
+    return _stream(11, _be(4, i) + _sstr(b"ref") + _sstr(b"s"))   # QueryOffset
 
 
 def _twins(name):
