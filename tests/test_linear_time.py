@@ -13,9 +13,10 @@ chosen so that a parser which walks a structure again from its start for every p
 (the ttheader parser before issue 19) costs far more; such a run is stopped as soon as
 it is over the bound, so it fails fast.
 
-Floods of requests whose correlation ids collide in the compiled pending map's hash
-must cost at most FLOOD_RATIO times the same requests with random ids; they are
-expected to fail until that hash is seeded (marked xfail until then).
+Floods of requests whose correlation ids collide in the compiled pending map's unkeyed
+hash (splitmix64's finalizer, as on 8d1b3c1, where they cost 50-300x random ids) must
+cost at most FLOOD_RATIO times the same requests with random ids: the map's hash is
+keyed by a secret per-connection seed (3a0b681), which such ids cannot know.
 
 Times are CPU time of this thread (time.thread_time), so other processes on the machine
 do not count; a check over its bound is measured once more before it fails.
@@ -106,11 +107,7 @@ def test_structures_fed_one_byte_a_read_cost_linear_time(proto, label, impl):
     _check_linear(proto, impl, BYTE_SIZE[label], "bytes")
 
 
-UNSEEDED = pytest.mark.xfail(
-    reason="the compiled pending map's hash (_mix in proxy/_framing.pxd) is unkeyed: "
-           "colliding ids probe one cluster until it is seeded (issue 19)", strict=False)
-FLOOD_CASES = [pytest.param(proto, label, impl, id="%s-%s" % (proto, label),
-                            marks=[UNSEEDED] if label == "c-parser" else [])
+FLOOD_CASES = [pytest.param(proto, label, impl, id="%s-%s" % (proto, label))
                for proto, label, impl in CASES if proto != "flymq"]   # FlyMQ: FIFO, no ids
 
 
