@@ -164,6 +164,55 @@ cdef struct Info:                # what the header's info section held
     int err                      # 1: malformed (counted once, as bad_header)
 
 
+# ---- walks that go on across reads (issue 19: linear time however a message is split)
+#
+# A message whose end (unframed) or status (an EXCEPTION's type field) is found by
+# walking it may need many reads: on_header() asks want_header() for the end of the next
+# element only, and is called again with more bytes.  Each walk keeps where it stopped
+# (per direction, in Resume) and goes on from there, so every byte is walked once.  The
+# core calls on_header() again for the same frame after it returned 0 (want_header()),
+# so a direction's saved walk belongs to the frame being read until on_header() returns
+# a length or fails.
+
+cdef struct XWalk:               # exception_status(): the field to go on from
+    Py_ssize_t i
+    int64_t last                 # compact: the id of the field before it
+
+
+cdef struct WLevel:              # walk_binary(): one open struct, map or list/set
+    int64_t left                 # elements left (a map counts keys and values)
+    uint8_t ft                   # 12 struct, 13 map, 14/15 list/set
+    uint8_t kt                   # map key type, list/set element type
+    uint8_t vt                   # map value type
+
+
+cdef struct SkipWalk:            # walk_binary(): where an unframed message's walk stopped
+    Py_ssize_t pos               # next byte to read
+    int sp                       # open levels on stack (the outermost struct is level 0)
+    int cur                      # type of the value that starts at pos, -1: none (the
+                                 # top level's next field header or element comes next)
+    WLevel* stack                # MAX_DEPTH + 1 levels (heap, first unframed message)
+
+
+cdef enum:
+    W_NONE = 0                   # Resume.stage: no walk under way
+    W_UNFRAMED = 1               # an unframed message's end is being walked (sk)
+    W_FRAMED = 2                 # a framed message's header is read (framing, total, p0,
+                                 # hb, hi); its message is being read (x)
+
+
+cdef struct Resume:              # per direction: the frame being read across reads
+    int stage                    # W_*
+    int framing
+    int64_t total
+    Py_ssize_t p0
+    Py_ssize_t hb
+    Info hi
+    bint xfresh                  # x not started: it begins at the message body
+    XWalk x
+    SkipWalk sk
+
+
 cdef inline int32_t be32s(const uint8_t* h) noexcept:
     return <int32_t>((<uint32_t>h[0] << 24) | (<uint32_t>h[1] << 16) | (<uint32_t>h[2] << 8)
                      | h[3])
@@ -357,15 +406,20 @@ cdef inline int _give_up(int r) noexcept:
     return M_NEED if r == M_NEED else M_OK
 
 
-cdef int exception_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim,
+cdef int exception_status(Msg* m, const uint8_t* h, XWalk* x, Py_ssize_t lim,
                           Py_ssize_t fend) noexcept:
     """EXCEPTION: the TApplicationException's type (field 2, i32) into m.status; a
     missing type (Node's), or a struct that cannot be walked, is 0 (UNKNOWN).  Returns
-    M_NEED only while more of the frame may still come."""
+    M_NEED only while more of the frame may still come.
+
+    Resumable: the walk starts at field x.i (x.last: the compact id before it) and,
+    on M_NEED, leaves x at the field it could not finish, so the next call with more
+    bytes goes on from there instead of from the struct's first field (a message
+    split into many reads costs what it costs in one; issue 19)."""
     cdef int r, ft, size
-    cdef int64_t fid, last = 0, n
+    cdef int64_t fid, last = x.last, n
     cdef uint8_t b
-    cdef Py_ssize_t j
+    cdef Py_ssize_t j, i = x.i
     m.status = 0
     if m.ptype == P_PROTOBUF:                   # Kitex pbError: TypeID is field 1, varint
         r = chk(m, i + 1, lim, fend)
@@ -379,6 +433,8 @@ cdef int exception_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim
                 m.status = <int32_t><uint32_t>m.var
         return M_OK
     while True:
+        x.i = i                                 # the field to go on from
+        x.last = last
         r = chk(m, i + 1, lim, fend)
         if r:
             return _give_up(r)
@@ -442,84 +498,122 @@ cdef int exception_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim
                 i += size
 
 
-cdef Py_ssize_t skip_binary(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, int ft,
-                            int depth) noexcept:
-    """Index after the binary-protocol value of type ft at h[i:]; -1 malformed, -2 more
-    bytes needed (m.need).  Only unframed messages need this: their end is where their
-    struct ends."""
-    cdef int size, t, kt, vt, et
+cdef Py_ssize_t walk_binary(Msg* m, const uint8_t* h, Py_ssize_t lim, SkipWalk* w) noexcept:
+    """Index after the binary-protocol struct that w's walk started (w.pos, w.sp = 0,
+    w.cur = 12); -1 malformed, -2 more bytes needed (m.need), with w left where the walk
+    stopped, so the call with more bytes goes on from there.  Only unframed messages
+    need this: their end is where their struct ends.  It asks for the same bytes, and
+    decides the same, as walking the value recursively (nesting past MAX_DEPTH is
+    malformed)."""
+    cdef Py_ssize_t i = w.pos
+    cdef int sp = w.sp, t = w.cur, size, vs
     cdef int64_t n, k
-    if depth > MAX_DEPTH:
-        return -1
-    size = bin_fixed(ft)
-    if size >= 0:
-        if i + size > lim:
-            m.need = i + size
-            return -2
-        return i + size
-    if ft == 11:
-        if i + 4 > lim:
-            m.need = i + 4
-            return -2
-        n = be32s(h + i)
-        if n < 0:
-            return -1
-        if i + 4 + n > lim:
-            m.need = i + 4 + n
-            return -2
-        return i + 4 + n
-    if ft == 12:
-        while True:
+    cdef WLevel* top
+    cdef WLevel* stack = w.stack
+    while True:
+        if t >= 0:                              # the value of type t at i, depth sp
+            if sp > MAX_DEPTH:
+                return -1
+            size = bin_fixed(t)
+            if size >= 0:
+                if i + size > lim:
+                    m.need = i + size
+                    break
+                i += size
+            elif t == 11:
+                if i + 4 > lim:
+                    m.need = i + 4
+                    break
+                n = be32s(h + i)
+                if n < 0:
+                    return -1
+                if i + 4 + n > lim:
+                    m.need = i + 4 + n
+                    break
+                i += 4 + n
+            elif t == 12:
+                top = &stack[sp]
+                top.ft = 12
+                sp += 1
+            elif t == 13:
+                if i + 6 > lim:
+                    m.need = i + 6
+                    break
+                n = be32s(h + i + 2)
+                if n < 0:
+                    return -1
+                top = &stack[sp]
+                top.ft = 13
+                top.kt = h[i]
+                top.vt = h[i + 1]
+                top.left = 2 * n
+                sp += 1
+                i += 6
+            elif t == 14 or t == 15:
+                if i + 5 > lim:
+                    m.need = i + 5
+                    break
+                n = be32s(h + i + 1)
+                if n < 0:
+                    return -1
+                top = &stack[sp]
+                top.ft = 14
+                top.kt = h[i]
+                top.left = n
+                sp += 1
+                i += 5
+            else:
+                return -1
+            t = -1
+        if sp == 0:
+            return i                            # the message's struct ended
+        top = &stack[sp - 1]
+        if top.ft == 12:                        # a field header, or STOP
             if i + 1 > lim:
                 m.need = i + 1
-                return -2
+                break
+            if h[i] == 0:
+                i += 1
+                sp -= 1
+                continue
+            if i + 3 > lim:
+                m.need = i + 3
+                break
             t = h[i]
-            i += 1
-            if t == 0:
-                return i
-            if i + 2 > lim:
-                m.need = i + 2
-                return -2
-            i = skip_binary(m, h, i + 2, lim, t, depth + 1)
-            if i < 0:
-                return i
-    if ft == 13:
-        if i + 6 > lim:
-            m.need = i + 6
-            return -2
-        kt = h[i]
-        vt = h[i + 1]
-        n = be32s(h + i + 2)
-        if n < 0:
-            return -1
-        i += 6
-        k = 0
-        while k < n:
-            i = skip_binary(m, h, i, lim, kt, depth + 1)
-            if i < 0:
-                return i
-            i = skip_binary(m, h, i, lim, vt, depth + 1)
-            if i < 0:
-                return i
-            k += 1
-        return i
-    if ft == 14 or ft == 15:
-        if i + 5 > lim:
-            m.need = i + 5
-            return -2
-        et = h[i]
-        n = be32s(h + i + 1)
-        if n < 0:
-            return -1
-        i += 5
-        k = 0
-        while k < n:
-            i = skip_binary(m, h, i, lim, et, depth + 1)
-            if i < 0:
-                return i
-            k += 1
-        return i
-    return -1
+            i += 3
+        elif top.left == 0:
+            sp -= 1
+        else:
+            if sp <= MAX_DEPTH:                 # fixed-size elements: every whole one here
+                if top.ft == 13:
+                    size = bin_fixed(top.kt)
+                    vs = bin_fixed(top.vt)
+                    if size > 0 and vs > 0 and not top.left & 1:
+                        k = (lim - i) // (size + vs)
+                        if k > top.left >> 1:
+                            k = top.left >> 1
+                        i += k * (size + vs)
+                        top.left -= 2 * k
+                else:
+                    size = bin_fixed(top.kt)
+                    if size > 0:
+                        k = (lim - i) // size
+                        if k > top.left:
+                            k = top.left
+                        i += k * size
+                        top.left -= k
+                if top.left == 0:
+                    sp -= 1
+                    continue
+            if top.ft == 13:
+                t = top.kt if (top.left & 1) == 0 else top.vt
+            else:
+                t = top.kt
+            top.left -= 1
+    w.pos = i
+    w.sp = sp
+    w.cur = t
+    return -2
 
 
 cdef const char* int_key_name(int key) noexcept:
@@ -558,6 +652,7 @@ cdef class TTHeaderParser(FrameParser):
 
     cdef Msg m
     cdef Info hi
+    cdef Resume rs[2]            # per direction: a walk under way across reads
     cdef z_stream zs
     cdef bint zready             # zs initialised (on the first zlib frame)
     cdef uint8_t* zbuf           # ZOUT_MAX bytes, allocated on the first zlib frame
@@ -575,15 +670,34 @@ cdef class TTHeaderParser(FrameParser):
             inflateEnd(&self.zs)
         if self.zbuf is not NULL:
             PyMem_Free(self.zbuf)
+        PyMem_Free(self.rs[0].sk.stack)         # one block for both directions
+
+    cdef int _stacks(self) except -1:
+        """The unframed walks' level stacks (both directions, one block), on the first
+        unframed message of the connection."""
+        cdef WLevel* p
+        if self.rs[0].sk.stack is NULL:
+            p = <WLevel*>PyMem_Malloc(2 * (MAX_DEPTH + 1) * sizeof(WLevel))
+            if p is NULL:
+                raise MemoryError()
+            self.rs[0].sk.stack = p
+            self.rs[1].sk.stack = p + (MAX_DEPTH + 1)
+        return 0
 
     # ---- framing ----------------------------------------------------------------
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         cdef Msg* m = &self.m
         cdef Info* hi = &self.hi
+        cdef Resume* rs = &self.rs[d]
         cdef int64_t length, total, start = self.st[d].frame_start
         cdef int framing, magic, r
         cdef Py_ssize_t hsz, p0, hb, lim
+        if rs.stage == W_FRAMED:                # the header was read: go on with the message
+            hi[0] = rs.hi
+            total = rs.total
+            lim = avail if avail < total else <Py_ssize_t>total
+            return self._framed_message(d, h, rs.p0, lim, total, rs.hb, rs.framing)
         if h[0] == 0x80 and h[1] == 0x01:
             return self._unframed(d, h, avail)
         length = be32(h)
@@ -651,10 +765,31 @@ cdef class TTHeaderParser(FrameParser):
             if <int64_t>be32s(h + p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        r = self._message(h, p0, lim, total,
-                          hi.proto == PROTO_PROTOBUF or framing == F_FRAMED)
+        rs.xfresh = True
+        return self._framed_message(d, h, p0, lim, total, hb, framing)
+
+    cdef int64_t _framed_message(self, int d, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim,
+                                 int64_t total, Py_ssize_t hb, int framing) except -2:
+        """The message of a framed frame whose header is read (self.hi).  When it needs
+        more bytes, what the header held and how far the message was read are kept
+        (self.rs[d]), so the next call does not read the header's infos again."""
+        cdef Resume* rs = &self.rs[d]
+        cdef Info* hi = &self.hi
+        cdef int r = self._message(h, p0, lim, total,
+                                   hi.proto == PROTO_PROTOBUF or framing == F_FRAMED, rs)
         if r == M_NEED:
-            return want_header(self, d, m.need)
+            if rs.stage != W_FRAMED:
+                rs.stage = W_FRAMED
+                rs.framing = framing
+                rs.total = total
+                rs.p0 = p0
+                rs.hb = hb
+                rs.hi = hi[0]
+            r = want_header(self, d, self.m.need)
+            if r < 0:
+                rs.stage = W_NONE
+            return r
+        rs.stage = W_NONE
         if r == M_BAD:
             self._count_bad(d, h, total, hb, framing)
         else:
@@ -662,12 +797,17 @@ cdef class TTHeaderParser(FrameParser):
         return total
 
     cdef int _message(self, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim, Py_ssize_t fend,
-                      bint allow_pb) noexcept:
+                      bint allow_pb, Resume* rs) noexcept:
         # Never look past header_limit, so that what is read does not depend on how the
         # bytes were split into reads: a need beyond it is a malformed message, or for
-        # an application exception's type, UNKNOWN.
+        # an application exception's type, UNKNOWN.  The message header is read again on
+        # every call (a few fixed-size reads); an EXCEPTION's walk goes on from rs.x
+        # (rs NULL: from the struct's first field, for the inflated prefix of a zlib
+        # payload, which is inflated anew for every step anyway).
         cdef Msg* m = &self.m
         cdef Py_ssize_t cap = self.header_limit
+        cdef XWalk fresh
+        cdef XWalk* x = &fresh
         cdef int r
         if lim > cap:
             lim = cap
@@ -676,7 +816,14 @@ cdef class TTHeaderParser(FrameParser):
             if m.mtype == REPLY:
                 r = reply_status(m, h, m.body, lim, fend)
             elif m.mtype == EXCEPTION:
-                r = exception_status(m, h, m.body, lim, fend)
+                if rs is not NULL:
+                    x = &rs.x
+                if rs is NULL or rs.xfresh:
+                    x.i = m.body
+                    x.last = 0
+                    if rs is not NULL:
+                        rs.xfresh = False
+                r = exception_status(m, h, x, lim, fend)
                 if r == M_NEED and m.need > cap:
                     m.status = 0
                     return M_OK
@@ -720,7 +867,7 @@ cdef class TTHeaderParser(FrameParser):
                 return total
             n = ZOUT_MAX - self.zs.avail_out
             more = ret != Z_STREAM_END and n < ZOUT_MAX and step < cap
-            r = self._message(self.zbuf, 0, n, -1 if more else n, False)
+            r = self._message(self.zbuf, 0, n, -1 if more else n, False, NULL)
             if r == M_BAD:
                 self._count_bad(d, h, total, hb, framing)
                 return total
@@ -730,22 +877,42 @@ cdef class TTHeaderParser(FrameParser):
             grow *= 2
 
     cdef int64_t _unframed(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
+        """An unframed message: its end is where its struct ends, walked (at most
+        header_limit bytes) once however the message is split into reads: the walk goes
+        on from where the previous call stopped (self.rs[d].sk)."""
         cdef Msg* m = &self.m
+        cdef Resume* rs = &self.rs[d]
+        cdef SkipWalk* sk = &rs.sk
+        cdef XWalk x
         cdef Py_ssize_t end = 0
         cdef Py_ssize_t lim = avail if avail < self.header_limit else self.header_limit
         cdef int r = read_message(m, h, 0, lim, -1, False)
         if r == M_OK:
-            end = skip_binary(m, h, m.body, lim, 12, 0)
+            if rs.stage != W_UNFRAMED:
+                if sk.stack is NULL:
+                    self._stacks()
+                rs.stage = W_UNFRAMED
+                sk.pos = m.body
+                sk.sp = 0
+                sk.cur = 12
+            end = walk_binary(m, h, lim, sk)
             if end == -2:
                 r = M_NEED
             elif end < 0:
                 r = M_BAD
-            elif m.mtype == REPLY:
-                reply_status(m, h, m.body, end, end)
-            elif m.mtype == EXCEPTION:
-                exception_status(m, h, m.body, end, end)
+            else:
+                x.i = m.body
+                x.last = 0
+                if m.mtype == REPLY:
+                    reply_status(m, h, m.body, end, end)
+                elif m.mtype == EXCEPTION:
+                    exception_status(m, h, &x, end, end)
         if r == M_NEED:
-            return want_header(self, d, m.need)
+            r = want_header(self, d, m.need)
+            if r < 0:
+                rs.stage = W_NONE
+            return r
+        rs.stage = W_NONE
         if r == M_BAD:
             self.fail(d, R_BAD_BODY, "unframed Thrift message at offset %d is malformed" %
                       self.st[d].frame_start)

@@ -58,6 +58,46 @@ class Info:
         self.tom_off = self.tom_len = -1
 
 
+# ---- walks that go on across reads (issue 19; the compiled parser's Resume, XWalk and
+# SkipWalk): a direction's saved walk belongs to the frame being read until on_header()
+# returns a length or fails.
+W_NONE, W_UNFRAMED, W_FRAMED = 0, 1, 2
+
+
+class XWalk:
+    """exception_status(): the field to go on from (``last``: the compact id before it)."""
+    __slots__ = ("i", "last")
+
+    def __init__(self, i=0):
+        self.i = i
+        self.last = 0
+
+
+class SkipWalk:
+    """walk_binary(): where an unframed message's walk stopped.  ``stack`` holds the
+    open levels as [ft, kt, vt, left] (the outermost struct first); ``cur`` is the type
+    of the value that starts at ``pos`` (-1: the top level's next field or element)."""
+    __slots__ = ("pos", "stack", "cur")
+
+    def __init__(self, pos):
+        self.pos = pos
+        self.stack = []
+        self.cur = 12
+
+
+class Resume:
+    """Per direction: the frame being read across reads."""
+    __slots__ = ("stage", "framing", "total", "p0", "hb", "hi", "xfresh", "x", "sk")
+
+    def __init__(self):
+        self.stage = W_NONE
+        self.framing = self.total = self.p0 = self.hb = 0
+        self.hi = None           # (proto, xform, tom_off, tom_len, err) of the header read
+        self.xfresh = True
+        self.x = XWalk()
+        self.sk = None
+
+
 def _chk(m, k, lim, fend):
     """Are bytes up to index k there?  M_OK; M_BAD when the frame ends first (fend >= 0);
     else M_NEED with m.need = k."""
@@ -193,11 +233,13 @@ _BIN_FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8, 16: 16}
 _CPT_FIXED = {1: 0, 2: 0, 3: 1, 7: 8, 13: 16}
 
 
-def exception_status(m, h, i, lim, fend):
+def exception_status(m, h, x, lim, fend):
     """EXCEPTION: the TApplicationException's type (field 2, i32) into m.status; a
     missing type (Node's), or a struct that cannot be walked, is 0 (UNKNOWN).
-    Returns M_NEED only while more of the frame may still come."""
+    Returns M_NEED only while more of the frame may still come.  Resumable: starts at
+    field ``x.i`` and, on M_NEED, leaves ``x`` at the field it could not finish."""
     m.status = 0
+    i = x.i
     if m.ptype == P_PROTOBUF:                   # Kitex pbError: TypeID is field 1, varint
         r = _chk(m, i + 1, lim, fend)
         if r:
@@ -209,8 +251,9 @@ def exception_status(m, h, i, lim, fend):
             if r == M_OK:
                 m.status = _i32(m.var)
         return M_OK
-    last = 0
+    last = x.last
     while True:
+        x.i, x.last = i, last                   # the field to go on from
         r = _chk(m, i + 1, lim, fend)
         if r:
             return M_NEED if r == M_NEED else M_OK
@@ -270,74 +313,103 @@ def exception_status(m, h, i, lim, fend):
                 return M_OK
 
 
-def skip_binary(m, h, i, lim, ft, depth):
-    """Index after the binary-protocol value of type ft at h[i:]; -1 malformed, -2 more
-    bytes needed (m.need).  Only unframed messages need this: their end is where their
-    struct ends."""
-    if depth > MAX_DEPTH:
-        return -1
-    size = _BIN_FIXED.get(ft, -1)
-    if size >= 0:
-        if i + size > lim:
-            m.need = i + size
-            return -2
-        return i + size
-    if ft == 11:
-        if i + 4 > lim:
-            m.need = i + 4
-            return -2
-        n = _be32s(h, i)
-        if n < 0:
-            return -1
-        if i + 4 + n > lim:
-            m.need = i + 4 + n
-            return -2
-        return i + 4 + n
-    if ft == 12:
-        while True:
+def walk_binary(m, h, lim, w):
+    """Index after the binary-protocol struct whose walk ``w`` holds; -1 malformed, -2
+    more bytes needed (m.need), with ``w`` left where the walk stopped so that the call
+    with more bytes goes on from there.  Only unframed messages need this: their end is
+    where their struct ends.  Asks for the same bytes, and decides the same, as walking
+    the value recursively (nesting past MAX_DEPTH is malformed)."""
+    i = w.pos
+    stack = w.stack
+    t = w.cur
+    while True:
+        if t >= 0:                              # the value of type t at i, depth len(stack)
+            if len(stack) > MAX_DEPTH:
+                return -1
+            size = _BIN_FIXED.get(t, -1)
+            if size >= 0:
+                if i + size > lim:
+                    m.need = i + size
+                    break
+                i += size
+            elif t == 11:
+                if i + 4 > lim:
+                    m.need = i + 4
+                    break
+                n = _be32s(h, i)
+                if n < 0:
+                    return -1
+                if i + 4 + n > lim:
+                    m.need = i + 4 + n
+                    break
+                i += 4 + n
+            elif t == 12:
+                stack.append([12, 0, 0, 0])
+            elif t == 13:
+                if i + 6 > lim:
+                    m.need = i + 6
+                    break
+                n = _be32s(h, i + 2)
+                if n < 0:
+                    return -1
+                stack.append([13, h[i], h[i + 1], 2 * n])
+                i += 6
+            elif t == 14 or t == 15:
+                if i + 5 > lim:
+                    m.need = i + 5
+                    break
+                n = _be32s(h, i + 1)
+                if n < 0:
+                    return -1
+                stack.append([14, h[i], 0, n])
+                i += 5
+            else:
+                return -1
+            t = -1
+        if not stack:
+            return i                            # the message's struct ended
+        top = stack[-1]
+        if top[0] == 12:                        # a field header, or STOP
             if i + 1 > lim:
                 m.need = i + 1
-                return -2
+                break
+            if h[i] == 0:
+                i += 1
+                stack.pop()
+                continue
+            if i + 3 > lim:
+                m.need = i + 3
+                break
             t = h[i]
-            i += 1
-            if t == 0:
-                return i
-            if i + 2 > lim:
-                m.need = i + 2
-                return -2
-            i = skip_binary(m, h, i + 2, lim, t, depth + 1)
-            if i < 0:
-                return i
-    if ft == 13:
-        if i + 6 > lim:
-            m.need = i + 6
-            return -2
-        kt, vt, n = h[i], h[i + 1], _be32s(h, i + 2)
-        if n < 0:
-            return -1
-        i += 6
-        for _ in range(n):
-            i = skip_binary(m, h, i, lim, kt, depth + 1)
-            if i < 0:
-                return i
-            i = skip_binary(m, h, i, lim, vt, depth + 1)
-            if i < 0:
-                return i
-        return i
-    if ft == 14 or ft == 15:
-        if i + 5 > lim:
-            m.need = i + 5
-            return -2
-        et, n = h[i], _be32s(h, i + 1)
-        if n < 0:
-            return -1
-        i += 5
-        for _ in range(n):
-            i = skip_binary(m, h, i, lim, et, depth + 1)
-            if i < 0:
-                return i
-        return i
-    return -1
+            i += 3
+        elif top[3] == 0:
+            stack.pop()
+        else:
+            if len(stack) <= MAX_DEPTH:         # fixed-size elements: every whole one here
+                if top[0] == 13:
+                    size = _BIN_FIXED.get(top[1], -1)
+                    vs = _BIN_FIXED.get(top[2], -1)
+                    if size > 0 and vs > 0 and not top[3] & 1:
+                        k = min(top[3] >> 1, (lim - i) // (size + vs))
+                        i += k * (size + vs)
+                        top[3] -= 2 * k
+                else:
+                    size = _BIN_FIXED.get(top[1], -1)
+                    if size > 0:
+                        k = min(top[3], (lim - i) // size)
+                        i += k * size
+                        top[3] -= k
+                if top[3] == 0:
+                    stack.pop()
+                    continue
+            if top[0] == 13:
+                t = top[1] if (top[3] & 1) == 0 else top[2]
+            else:
+                t = top[1]
+            top[3] -= 1
+    w.pos = i
+    w.cur = t
+    return -2
 
 
 class TTHeaderParser(FrameParser):
@@ -353,11 +425,17 @@ class TTHeaderParser(FrameParser):
         self.header_limit = HEADER_LIMIT
         self.m = Msg()
         self.hi = Info()
+        self.rs = (Resume(), Resume())          # per direction: a walk under way
 
     # ---- framing ----------------------------------------------------------------
 
     def on_header(self, d, h, avail):
-        m = self.m
+        rs = self.rs[d]
+        if rs.stage == W_FRAMED:                # the header was read: go on with the message
+            hi = self.hi
+            hi.proto, hi.xform, hi.tom_off, hi.tom_len, hi.err = rs.hi
+            return self._framed_message(d, h, rs.p0, min(avail, rs.total), rs.total, rs.hb,
+                                        rs.framing)
         start = self.st[d].frame_start
         if h[0] == 0x80 and h[1] == 0x01:
             return self._unframed(d, h, avail)
@@ -423,20 +501,37 @@ class TTHeaderParser(FrameParser):
             if _be32s(h, p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        r = self._message(h, p0, lim, total,
-                          hi.proto == PROTO_PROTOBUF or framing == F_FRAMED)
+        self.rs[d].xfresh = True
+        return self._framed_message(d, h, p0, lim, total, hb, framing)
+
+    def _framed_message(self, d, h, p0, lim, total, hb, framing):
+        """The message of a framed frame whose header is read (self.hi).  When it needs
+        more bytes, what the header held and how far the message was read are kept
+        (self.rs[d]), so the next call does not read the header's infos again."""
+        rs = self.rs[d]
+        hi = self.hi
+        r = self._message(h, p0, lim, total, hi.proto == PROTO_PROTOBUF or framing == F_FRAMED,
+                          rs)
         if r == M_NEED:
-            return self.want_header(d, m.need)
+            if rs.stage != W_FRAMED:
+                rs.stage, rs.framing, rs.total, rs.p0, rs.hb = W_FRAMED, framing, total, p0, hb
+                rs.hi = (hi.proto, hi.xform, hi.tom_off, hi.tom_len, hi.err)
+            r = self.want_header(d, self.m.need)
+            if r < 0:
+                rs.stage = W_NONE
+            return r
+        rs.stage = W_NONE
         if r == M_BAD:
             self._count_bad(d, h, total, hb, framing)
         else:
             self._count(d, h, h, total, hb, framing)
         return total
 
-    def _message(self, h, p0, lim, fend, allow_pb):
+    def _message(self, h, p0, lim, fend, allow_pb, rs):
         # Never look past header_limit, so that what is read does not depend on how the
         # bytes were split into reads: a need beyond it is a malformed message, or for
-        # an application exception's type, UNKNOWN.
+        # an application exception's type, UNKNOWN.  An EXCEPTION's walk goes on from
+        # rs.x (rs None: from the struct's first field, for a zlib payload's prefix).
         m = self.m
         cap = self.header_limit
         if lim > cap:
@@ -446,7 +541,13 @@ class TTHeaderParser(FrameParser):
             if m.mtype == REPLY:
                 r = reply_status(m, h, m.body, lim, fend)
             elif m.mtype == EXCEPTION:
-                r = exception_status(m, h, m.body, lim, fend)
+                if rs is None:
+                    x = XWalk(m.body)
+                else:
+                    x = rs.x
+                    if rs.xfresh:
+                        x.i, x.last, rs.xfresh = m.body, 0, False
+                r = exception_status(m, h, x, lim, fend)
                 if r == M_NEED and m.need > cap:
                     m.status = 0
                     return M_OK
@@ -474,7 +575,7 @@ class TTHeaderParser(FrameParser):
                 return total
             n = len(out)
             more = not eof and n < ZOUT_MAX and step < cap
-            r = self._message(out, 0, n, -1 if more else n, False)
+            r = self._message(out, 0, n, -1 if more else n, False, None)
             if r == M_BAD:
                 self._count_bad(d, h, total, hb, framing)
                 return total
@@ -484,11 +585,16 @@ class TTHeaderParser(FrameParser):
             grow *= 2
 
     def _unframed(self, d, h, avail):
+        """An unframed message: its end is where its struct ends, walked (at most
+        header_limit bytes) once however the message is split into reads."""
         m = self.m
+        rs = self.rs[d]
         lim = min(avail, self.header_limit)        # the whole message within the limit
         r = read_message(m, h, 0, lim, -1, False)
         if r == M_OK:
-            end = skip_binary(m, h, m.body, lim, 12, 0)
+            if rs.stage != W_UNFRAMED:
+                rs.stage, rs.sk = W_UNFRAMED, SkipWalk(m.body)
+            end = walk_binary(m, h, lim, rs.sk)
             if end == -2:
                 r = M_NEED
             elif end < 0:
@@ -497,9 +603,13 @@ class TTHeaderParser(FrameParser):
                 if m.mtype == REPLY:
                     reply_status(m, h, m.body, end, end)
                 elif m.mtype == EXCEPTION:
-                    exception_status(m, h, m.body, end, end)
+                    exception_status(m, h, XWalk(m.body), end, end)
         if r == M_NEED:
-            return self.want_header(d, m.need)
+            r = self.want_header(d, m.need)
+            if r < 0:
+                rs.stage = W_NONE
+            return r
+        rs.stage, rs.sk = W_NONE, None
         if r == M_BAD:
             self.fail(d, R_BAD_BODY, "unframed Thrift message at offset %d is malformed" %
                       self.st[d].frame_start)
