@@ -70,6 +70,7 @@ fields are read in place from the core's contiguous header bytes (copied by the 
 only when a header spans reads).
 """
 
+cimport cython
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 from libc.string cimport memset, strlen
 
@@ -768,7 +769,8 @@ cdef class TTHeaderParser(FrameParser):
         rs.xfresh = True
         return self._framed_message(d, h, p0, lim, total, hb, framing)
 
-    cdef int64_t _framed_message(self, int d, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim,
+    @cython.final
+    cdef inline int64_t _framed_message(self, int d, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim,
                                  int64_t total, Py_ssize_t hb, int framing) except -2:
         """The message of a framed frame whose header is read (self.hi).  When it needs
         more bytes, what the header held and how far the message was read are kept
@@ -796,7 +798,8 @@ cdef class TTHeaderParser(FrameParser):
             self._count(d, h, h, total, hb, framing)
         return total
 
-    cdef int _message(self, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim, Py_ssize_t fend,
+    @cython.final
+    cdef inline int _message(self, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim, Py_ssize_t fend,
                       bint allow_pb, Resume* rs) noexcept:
         # Never look past header_limit, so that what is read does not depend on how the
         # bytes were split into reads: a need beyond it is a malformed message, or for
