@@ -121,8 +121,13 @@ class ReadyProcess:
         except FileNotFoundError:
             return ""
 
-    def signal(self, sig):
+    def send_signal(self, sig):
         self.proc.send_signal(sig)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
 
     def wait(self, timeout=None):
         return self.proc.wait(timeout)
