@@ -6,7 +6,8 @@ a proxy, as a process     :func:`proxy_process` (``frametap proxy --ready-file``
 a reference server        ``loadgen.<protocol>.server.*Thread`` in-process, or
                           :func:`server_process` (``frametap serve P --ready-file``)
 a Locust run              :func:`run_locust` (headless, ``--json`` read strictly;
-                          ``processes=N``), :func:`start_locust_master` /
+                          ``processes=N``); :func:`start_locust` in the background
+                          (ports from its ready file), :func:`start_locust_master` /
                           :func:`start_locust_worker` for a distributed run
 Prometheus                :func:`start_prometheus` (binds port 0, reads its log)
 an event loop             ``tests.support.run()``, ``tests.conftest.LoopThread``:
@@ -16,16 +17,16 @@ a port                    bind 0 and ask; :func:`free_port` + :func:`retry_on_co
 ========================  ===========================================================
 """
 
-from tests._support.locust import (LOCUST, LocustRun, csv_stats, json_stats, locust_cmd,
-                                   locust_env, run_locust, start_locust_master,
-                                   start_locust_worker)
+from tests._support.locust import (LOCUST, LocustProcess, LocustRun, csv_stats, json_stats,
+                                   locust_cmd, locust_env, run_locust, start_locust,
+                                   start_locust_master, start_locust_worker)
 from tests._support.ports import PortCollision, collided, free_port, retry_on_collision
 from tests._support.processes import (FRAMETAP, ROOT, ProxyProcess, ReadyProcess,
                                       ServerProcess, frametap_env, host_port, proxy_process,
                                       server_process, stop_process)
 from tests._support.prometheus import start_prometheus
 
-__all__ = ["LOCUST", "LocustRun", "csv_stats", "json_stats", "locust_cmd", "locust_env",
+__all__ = ["LOCUST", "LocustProcess", "LocustRun", "start_locust", "csv_stats", "json_stats", "locust_cmd", "locust_env",
            "run_locust", "start_locust_master", "start_locust_worker", "PortCollision",
            "collided", "free_port", "retry_on_collision", "FRAMETAP", "ROOT", "ProxyProcess",
            "ReadyProcess", "ServerProcess", "frametap_env", "host_port", "proxy_process",

@@ -7,9 +7,12 @@ Locust only ever runs in subprocesses (importing it would gevent-patch pytest).
 
     run = run_locust(..., processes=2)     # --processes 2, master port retried on collision
 
-    with start_locust_master(tmp, "flymq", host, expect_workers=2, args=[...]) as master:
-        master.master_port, master.metrics           # bound on port 0, from its ready file
-        start_locust_worker(...)
+    with start_locust(tmp, "flymq", host, args=["--frametap-metrics", "127.0.0.1:0"]) as run:
+        run.metrics                                  # bound on port 0, from its ready file
+        out, err = run.communicate(60)
+
+    with start_locust_master(tmp, "flymq", host, expect_workers=2) as master:
+        start_locust_worker(master, "flymq")         # master.master_port: bound on port 0
 
 ``--json`` is on by default and read strictly: stdout must be one JSON document (a
 ``--processes`` worker prints none of its own, see loadgen/plugins.py), so a stray print
@@ -25,7 +28,8 @@ from tests._support.ports import PortCollision, collided, retry_on_collision
 from tests._support.processes import ROOT, ReadyProcess, frametap_env, host_port
 
 __all__ = ["LOCUST", "locust_env", "locust_cmd", "LocustRun", "run_locust", "json_stats",
-           "csv_stats", "start_locust_master", "start_locust_worker", "LocustMaster"]
+           "csv_stats", "start_locust", "start_locust_master", "start_locust_worker",
+           "LocustProcess"]
 
 LOCUST = [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py"]
 
@@ -118,9 +122,11 @@ def run_locust(protocol, host, classes=(), users=4, duration="4s", args=(), env=
     return once()
 
 
-class LocustMaster(ReadyProcess):
-    """A ``--master`` process bound on port 0: :attr:`master_port` for the workers,
-    :attr:`metrics` (``host:port`` of ``--frametap-metrics``, when given)."""
+class LocustProcess(ReadyProcess):
+    """A running headless Locust (plain, ``--master`` or ``--processes`` parent) that
+    wrote its ``--frametap-ready-file``: :attr:`master_port` for workers, :attr:`metrics`
+    (``host:port`` of ``--frametap-metrics``, when given). Its stdout (the ``--json``
+    document) is read by :meth:`communicate`; stderr goes to the log file."""
 
     @property
     def master_port(self):
@@ -131,24 +137,50 @@ class LocustMaster(ReadyProcess):
         return self.ready["metrics"]
 
     def communicate(self, timeout=None):
-        """(stdout, stderr log text) once the master exits."""
+        """(stdout, stderr log text) once Locust exits."""
         out, _ = self.proc.communicate(timeout=timeout)
         return out, self.log_text()
+
+
+
+
+def start_locust(tmp, protocol, host, classes=(), users=4, duration="10s", args=(),
+                 env=None, processes=None, name="locust"):
+    """A headless run in the background, returned once it listens (its ready file
+    written). ``processes=N``: ``--processes N`` on a free master port, started again on
+    another when Locust reports the port taken (its workers are forked before the master
+    binds, so it cannot be 0)."""
+    def once(port=None):
+        extra = list(args)
+        if port is not None:
+            extra = ["--processes", str(processes), "--master-bind-host", "127.0.0.1",
+                     "--master-bind-port", str(port), "--master-port", str(port)] + extra
+        try:
+            return LocustProcess(locust_cmd(host, classes, users, duration, extra), tmp, name,
+                                 env=locust_env(protocol, env),
+                                 ready_option="--frametap-ready-file", stdout=subprocess.PIPE)
+        except AssertionError as exc:
+            if port is not None and collided(str(exc)):
+                raise PortCollision(str(exc)[-500:]) from None
+            raise
+
+    if processes:
+        return retry_on_collision(once)
+    return once()
 
 
 def start_locust_master(tmp, protocol, host, classes=(), expect_workers=1, users=4,
                         duration="10s", args=(), env=None, name="locust-master"):
     """A headless ``--master`` on 127.0.0.1 port 0 (``--json`` on stdout, which the
-    caller reads with :meth:`LocustMaster.communicate`); returns once it listens."""
-    cmd = locust_cmd(host, classes, users, duration,
-                     ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", "0",
-                      "--expect-workers", str(expect_workers)] + list(args))
-    return LocustMaster(cmd, tmp, name, env=locust_env(protocol, env),
-                        ready_option="--frametap-ready-file", stdout=subprocess.PIPE)
+    caller reads with :meth:`LocustProcess.communicate`); returns once it listens."""
+    return start_locust(tmp, protocol, host, classes, users, duration,
+                        ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
+                         "0", "--expect-workers", str(expect_workers)] + list(args),
+                        env=env, name=name)
 
 
 def start_locust_worker(master, protocol, env=None, stderr=None, args=()):
-    """A ``--worker`` of ``master`` (a :class:`LocustMaster`); returns the Popen."""
+    """A ``--worker`` of ``master`` (a :class:`LocustProcess`); returns the Popen."""
     cmd = LOCUST + ["--worker", "--master-host", "127.0.0.1", "--master-port",
                     str(master.master_port), "--loglevel", "WARNING", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=locust_env(protocol, env),
