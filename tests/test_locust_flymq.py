@@ -1,32 +1,22 @@
 """A real headless Locust run of the packaged locustfile against the reference server."""
 
-import csv
-import os
 import subprocess
-import sys
 
 from loadgen.flymq.server import FlyMQServerThread
+from tests._support.locust import LOCUST, csv_stats, locust_env, run_locust
+from tests._support.processes import ROOT
 
 # Locust is only ever imported in subprocesses: importing it here would gevent-patch the
 # pytest process (and every test after this one).
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _run_locust(port, csv_prefix, extra_env=None, users=4, duration="3s"):
-    env = dict(os.environ, FRAMETAP_PROTOCOLS="flymq")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
-         "-u", str(users), "-r", str(users), "-t", duration, "--host", f"127.0.0.1:{port}",
-         "--csv", str(csv_prefix), "--only-summary", "--loglevel", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_locust("flymq", f"127.0.0.1:{port}", users=users, duration=duration,
+                      env=extra_env, json_stats=False, csv=csv_prefix)
 
 
 def _stats(csv_prefix):
-    with open(f"{csv_prefix}_stats.csv", newline="") as f:
-        return {(row["Type"], row["Name"]): row for row in csv.DictReader(f)}
+    return csv_stats(csv_prefix)
 
 
 def test_headless_locust_run_produces_and_fetches_without_failures(tmp_path):
@@ -72,11 +62,8 @@ def test_failures_are_reported_through_exception(tmp_path):
 
 
 def _list_users(protocols):
-    env = dict(os.environ, FRAMETAP_PROTOCOLS=protocols)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py",
-                           "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(LOCUST + ["--list"], cwd=ROOT, env=locust_env(protocols),
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_locustfile_protocol_selection():
