@@ -1,5 +1,6 @@
 """Shared fixtures: both parser implementations, the loop-error check, a loop in a thread,
-and the rule that puts a test module in the pure-Python tier (marker ``twins``).
+and the rules that mark tests: the pure-Python tier (``twins``) and the tests that start
+a real service (``slow``).
 
 The helpers themselves live in tests/_support/ (see its docstring for the one way to
 start a proxy, a server, a Locust run or Prometheus); ``free_port`` and
@@ -109,9 +110,16 @@ def tests_parser_twins(module):
     return module.__name__.rpartition(".")[2] in TWINS_MODULES
 
 
+#: Fixtures that start a real service (a Spark session, a RabbitMQ node, Prometheus): a
+#: test using one, even indirectly, is ``slow`` (``make test-fast`` leaves it out).
+SLOW_FIXTURES = {"spark", "rabbitmq_node", "prometheus"}
+
+
 def pytest_collection_modifyitems(config, items):
     verdicts = {}
     for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
         module = getattr(item, "module", None)
         if module is None or module.__name__ == __name__:
             continue

@@ -8,6 +8,8 @@ from tests._support.locust import csv_stats, run_locust
 
 # Locust is only ever imported in subprocesses (it gevent-patches the importing process).
 
+pytestmark = pytest.mark.slow          # Locust runs: seconds each (make test-fast skips them)
+
 
 def _run_locust(host, csv_prefix, users=6, duration="4s", extra_env=None):
     return run_locust("fleximq", host, users=users, duration=duration, env=extra_env,

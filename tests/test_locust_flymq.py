@@ -2,12 +2,16 @@
 
 import subprocess
 
+import pytest
+
 from loadgen.flymq.server import FlyMQServerThread
 from tests._support.locust import LOCUST, csv_stats, locust_env, run_locust
 from tests._support.processes import ROOT
 
 # Locust is only ever imported in subprocesses: importing it here would gevent-patch the
 # pytest process (and every test after this one).
+
+pytestmark = pytest.mark.slow          # Locust runs: seconds each (make test-fast skips them)
 
 
 def _run_locust(port, csv_prefix, extra_env=None, users=4, duration="3s"):
