@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from loadgen.flymq.server import FlyMQServerThread
-from tests._support.locust import LOCUST, csv_stats, locust_env, run_locust
+from tests._support.locust import FRAMETAP_LOAD, LOCUST, csv_stats, locust_env, run_locust
 from tests._support.processes import ROOT
 
 # Locust is only ever imported in subprocesses: importing it here would gevent-patch the
@@ -63,6 +63,25 @@ def test_failures_are_reported_through_exception(tmp_path):
         stats[("flymq", "PRODUCE")]["Request Count"]) > 0
     with open(tmp_path / "fail_failures.csv", newline="") as f:
         assert "authentication required" in f.read()
+
+
+def test_frametap_load_json_with_processes_prints_one_document():
+    """``frametap load --json --processes 2``: the forked workers send their numbers to the
+    parent and print nothing of their own, so stdout is exactly one JSON document (Locust
+    prints ``--json`` in every process: each worker added its own ``[]``) and it holds
+    the workers' requests."""
+    with FlyMQServerThread() as srv:
+        run = run_locust("flymq", f"127.0.0.1:{srv.port}", ["FlyMQProducer"], users=2,
+                         duration="3s", processes=2, entry=FRAMETAP_LOAD)
+        stored = sum(p.high_watermark for t in srv.server.topics.values()
+                     for p in t.partitions)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # run.entries parsed the whole of stdout as one document (json.loads, not a scan)
+    assert run.stdout.lstrip().startswith("[") and run.stdout.count("\n]") == 1, run.stdout[:500]
+    produce = run.stats["PRODUCE"]
+    assert produce["num_requests"] > 0 and produce["num_failures"] == 0
+    # both workers' PRODUCEs are in it: the server stored at least as many records
+    assert stored >= produce["num_requests"]
 
 
 def _list_users(protocols):
