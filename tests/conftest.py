@@ -17,7 +17,7 @@ import pytest
 from proxy import framing_py
 from tests._support import loopcheck
 from tests._support.ports import free_port  # noqa: F401  (re-exported)
-from tests.parsers import impl_fixture
+from tests.parsers import TRACER_ERRORS, impl_fixture
 
 flymq_impl, IMPLS = impl_fixture("flymq")   # (RouteStats, FlyMQParser), compiled and twin
 
@@ -74,7 +74,12 @@ def loop_errors(request):
     ``@pytest.mark.loop_errors(pattern, ...)`` or ``loop_errors.expect(pattern)``."""
     allowed = [p for m in request.node.iter_markers("loop_errors") for p in m.args]
     errors = loopcheck.begin(allowed)
+    del TRACER_ERRORS[:]
     yield errors
+    if TRACER_ERRORS:     # the parsers swallow what a tracer raises (tests/parsers.py)
+        raised, TRACER_ERRORS[:] = list(TRACER_ERRORS), []
+        pytest.fail("a parser tracer raised (the parser swallowed it):\n  "
+                    + "\n  ".join(raised), pytrace=False)
     if errors.hooked:
         gc.collect()      # a future nobody awaited reports its exception when collected
     unexpected = errors.unexpected()

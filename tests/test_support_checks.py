@@ -137,3 +137,19 @@ upstream = "{srv.role('broker')}"
         assert proxy.proc.returncode == 0, proxy.log_text()[-2000:]
         assert not ready_path.exists()
     assert not srv.ready_path.exists()
+
+
+def test_a_raising_tracer_is_reported_though_the_parser_swallows_it():
+    """Both twins swallow a tracer's exception; checked_tracer keeps it for teardown."""
+    from tests.parsers import TRACER_ERRORS, checked_tracer, make, parser_impls
+    from proxy.protocols.flymq.conformance import frame as fly_frame
+    for impl in parser_impls("flymq").values():
+        stats, parser = make(impl, "flymq")
+
+        def picky(row):
+            raise AssertionError("tracer check failed")
+        parser.tracer = checked_tracer(picky)
+        parser.feed(0, fly_frame(0x01, b"\x00" * 8))     # a request: one record
+    assert len(TRACER_ERRORS) == len(parser_impls("flymq"))
+    assert "tracer check failed" in TRACER_ERRORS[0]
+    del TRACER_ERRORS[:]                 # expected here: do not fail this test
