@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frametap-installed
 SOURCES := pyproject.toml setup.py $(shell find proxy -name '*.pyx' -o -name '*.pxd')
 
-.PHONY: demo test test-fast bench soak install clean
+.PHONY: demo test test-fast bench soak guard guard-update install clean
 
 install: $(STAMP)
 
@@ -33,6 +33,18 @@ bench: $(STAMP)
 	$(BIN)/python bench/framelog_bench.py
 	command -v valgrind >/dev/null && $(BIN)/python bench/callgrind_writer.py || true
 	$(BIN)/python bench/protocol_benches.py
+
+# The CI performance guard (bench/guard.py --help): the proxy's instructions (callgrind) and
+# system calls (strace) per relayed FlyMQ request at 64 B, 16 KiB and 1 MiB, against
+# bench/guard_reference.json; fails when a figure grows by more than its tolerance.
+guard: $(STAMP)
+	$(BIN)/python bench/guard.py $(GUARD_ARGS)
+
+# Re-take the reference (medians of 3 runs) after a deliberate change, then commit it:
+#   make guard-update REASON="relay: ... (why the figures moved)"
+guard-update: $(STAMP)
+	@test -n "$(REASON)" || { echo 'usage: make guard-update REASON="why the figures moved"' >&2; exit 2; }
+	$(BIN)/python bench/guard.py --update --runs 3 --reason "$(REASON)" $(GUARD_ARGS)
 
 # Issue 8's hostile-network figures: fuzzing both parser twins (10 M mutated frames per
 # protocol), 10,000 idle connections on one route, upstreams that never answer.

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from callgrind_parsers import callgrind_total  # noqa: E402  (one valgrind runner for both)
 
 
-def _child(mode: str, records: int, batch_chunks: int) -> None:
+def _child(mode: str, records: int, batch_chunks: int, fmt: str = "parquet") -> None:
     """Under callgrind: fill (and, for mode "all", write) ``records`` records."""
     sys.path.insert(0, str(Path.cwd()))
     sys.path.insert(0, str(Path.cwd() / "bench"))
@@ -41,16 +41,18 @@ def _child(mode: str, records: int, batch_chunks: int) -> None:
         return
     directory = tempfile.mkdtemp(prefix="frametap-cgwriter-")
     try:
-        framelog_bench.one_pass(records, 32768, "parquet", directory, batch_chunks)
+        framelog_bench.one_pass(records, 32768, fmt, directory, batch_chunks)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _count(checkout: Path, mode: str, records: int, batch_chunks: int) -> int:
+def _count(checkout: Path, mode: str, records: int, batch_chunks: int,
+           fmt: str = "parquet") -> int:
     try:
         return callgrind_total(str(Path(__file__).resolve()),
                                ["--child", mode, "--records", str(records),
-                                "--batch-chunks", str(batch_chunks)], cwd=checkout)
+                                "--batch-chunks", str(batch_chunks), "--format", fmt],
+                               cwd=checkout)
     except RuntimeError as exc:
         raise SystemExit(f"callgrind_writer: {mode} {records:,} records: "
                          + (str(exc).strip().splitlines() or ["failed"])[-1])
@@ -65,10 +67,12 @@ def main(argv=None) -> int:
                     help="32768-record chunks per row group (default 4)")
     ap.add_argument("--checkout", default=str(ROOT),
                     help="frametap checkout to measure, built in place (default this one)")
+    ap.add_argument("--format", choices=["parquet", "jsonl"], default="parquet",
+                    help="frame-log format written (default parquet)")
     ap.add_argument("--child", choices=["fill", "all"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        _child(args.child, args.records, args.batch_chunks)
+        _child(args.child, args.records, args.batch_chunks, args.format)
         return 0
     if shutil.which("valgrind") is None:
         print("callgrind_writer: valgrind is not installed (apt-get install valgrind)",
@@ -80,12 +84,12 @@ def main(argv=None) -> int:
     steps = [("all", n), ("all", 3 * n), ("fill", n), ("fill", 3 * n)]
     for i, (mode, records) in enumerate(steps, 1):
         print(f"[{i}/{len(steps)}] callgrind: {mode} {records:,} records ...", flush=True)
-        counts[mode, records] = _count(checkout, mode, records, args.batch_chunks)
+        counts[mode, records] = _count(checkout, mode, records, args.batch_chunks, args.format)
     writer = ((counts["all", 3 * n] - counts["all", n])
               - (counts["fill", 3 * n] - counts["fill", n])) / (2 * n)
     fill = (counts["fill", 3 * n] - counts["fill", n]) / (2 * n)
     print(f"{checkout}: writer {writer:,.1f} instructions per record "
-          f"({args.batch_chunks} chunk(s) of 32768 per row group); "
+          f"into {args.format} ({args.batch_chunks} chunk(s) of 32768 per row group); "
           f"filling the buffer (FlyMQ parser + append) {fill:,.1f}")
     return 0
 

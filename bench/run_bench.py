@@ -288,6 +288,7 @@ class Env:
     frametap_cwd: Path | None
     previous_dir: Path | None = None
     proxy_cpus: str = PROXY_CPU
+    framelog_format: str = "parquet"
 
 
 def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, int, int | None, Path]:
@@ -304,6 +305,7 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
         logs = env.logdir / f"{run_id}-{which}-framelogs"
         cfg = env.logdir / f"{run_id}-{which}.toml"
         cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n[framelog]\ndir = "{logs}"\n'
+                       f'format = "{env.framelog_format}"\n'
                        f'sample = {FRAMELOG_TARGETS[which][0]}\n[[routes]]\nname = "flymq"\n'
                        f'protocol = "flymq"\nlisten = "127.0.0.1:{listen}"\n'
                        f'upstream = "127.0.0.1:{env.server_port}"\n')
@@ -404,6 +406,10 @@ def framelog_counts(directory: Path, seconds: float) -> dict:
     import pyarrow.parquet as pq
     files = sorted(directory.glob("*.parquet"))
     rows = sum(pq.read_metadata(f).num_rows for f in files)
+    for f in sorted(directory.glob("*.jsonl")):      # [framelog] format = "jsonl"
+        with open(f, "rb") as fh:
+            rows += sum(block.count(b"\n") for block in iter(lambda: fh.read(1 << 20), b""))
+        files.append(f)
     size = sum(f.stat().st_size for f in files)
     shutil.rmtree(directory, ignore_errors=True)
     return {"framelog_rows": rows, "framelog_rows_per_s": round(rows / seconds),
@@ -432,6 +438,8 @@ def progress_line(sc: Scenario, rep: int, repeats: int, r: dict) -> str:
     parts = [f"[{sc.key} {rep + 1}/{repeats}] {r['proxy']:<11}",
              f"rps={r['rps']:>11,.0f}", f"p50={r['p50_us']:>6}us", f"p99={r['p99_us']:>6}us",
              f"client_cpu={r['client_cpu_pct']:5.1f}%"]
+    if "max_us" in r:
+        parts.append(f"max={r['max_us'] / 1000:.1f}ms")
     if "proxy_cpu_pct" in r:
         parts.append(f"proxy_cpu={r['proxy_cpu_pct']:5.1f}%")
     if "proxy_cpu_ns_per_req" in r:
@@ -477,6 +485,9 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
             "median_rps": median([r["rps"] for r in mine]),
             "median_p50_us": median([r["p50_us"] for r in mine]),
             "median_p99_us": median([r["p99_us"] for r in mine]),
+            "max_us": [r.get("max_us") for r in mine],
+            "median_max_us": median([r["max_us"] for r in mine if r.get("max_us") is not None]
+                                    or [0]),
             "median_client_cpu_pct": median([r["client_cpu_pct"] for r in mine]),
             "cpu_ns_per_req": [r.get("proxy_cpu_ns_per_req") for r in mine],
             "run_cpu_ns_per_req": [r.get("run_cpu_ns_per_req") for r in mine],
@@ -707,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list from passthrough,frametap,framelog,framelog1pct (default "
                          "all; the framelog variants are frametap writing a frame log of every "
                          "/ 1%% of connections, run in scenario a only)")
+    ap.add_argument("--framelog-format", choices=["parquet", "jsonl"], default="parquet",
+                    help="[framelog] format of the framelog variants (default parquet)")
     ap.add_argument("--previous", type=Path, metavar="DIR",
                     help="also run frametap from this checkout (built in place: `python setup.py "
                          "build_ext --inplace`), interleaved: the before build of a hot-path change")
@@ -779,7 +792,7 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
     try:
         wait_port(server_port, server, 10, "flyload server", server_log)
         env = Env(flyload, server_port, server.pid, args.seconds, args.warmup, workdir, frametap_cwd,
-                  args.previous, args.proxy_cpus)
+                  args.previous, args.proxy_cpus, args.framelog_format)
         log(f"python {platform.python_version()} ({sys.executable}); flyload in {workdir}")
         if framing_file:
             kind = "PURE-PYTHON (not compiled!)" if ".py " in framing_file + " " else "compiled"

@@ -107,10 +107,22 @@ class GeventFrameLog(FrameLog):
             from gevent import monkey
             self._lock = monkey.get_original("_thread", "allocate_lock")()
 
-    def flush(self, finish=False):
+    def flush(self, finish=False, partial=True):
+        # FrameLog's writer loop calls flush(partial=...): the signature must stay
+        # FrameLog.flush's (a mismatch killed the writer on its first wake-up, and each
+        # process then held its rows until exit and dropped all past the buffer's limit)
         if self._pool is None:
-            return FrameLog.flush(self, finish)
-        return self._pool.apply(FrameLog.flush, (self, finish))
+            return FrameLog.flush(self, finish, partial)
+        error = self._pool.apply(self._flush_in_pool, (finish, partial))
+        if error is not None:           # raised here, in the greenlet that asked (gevent's
+            raise error                 # pool would print a traceback of its own)
+
+    def _flush_in_pool(self, finish, partial):
+        try:
+            FrameLog.flush(self, finish, partial)
+        except Exception as exc:
+            return exc
+        return None
 
 
 # ---------------------------------------------------------------------- rows

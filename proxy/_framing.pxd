@@ -95,6 +95,9 @@ cdef enum:
 # Longest probe an insert walks before the map is rehashed under a new seed: at most half
 # full, linear probing with a keyed hash makes a 128-slot chain vanishingly rare.
 cdef enum:
+    EV_TIMEOUT = 0           # FrameRecord.status of a K_EVENT row: no answer in time
+    EV_CLOSED = 1            # ... its connection closed before the answer (a cut-off)
+cdef enum:
     MAP_PROBE_LIMIT = 128
     HBUF_KEEP = 4096         # framing_common.HBUF_KEEP
 
@@ -195,6 +198,7 @@ cdef struct Counters:
     uint64_t messages[2][OPCODE_SLOTS]
     uint64_t relayed[2]                 # frametap_bytes_total
     uint64_t timeouts[OPCODE_SLOTS]
+    uint64_t cutoffs[OPCODE_SLOTS]      # unanswered when the connection closed
     uint64_t unmatched
     int64_t in_flight
     uint64_t errors[2][REASON_SLOTS]

@@ -267,6 +267,7 @@ cdef class RouteStats:
         while len(statuses) < STATUS_SLOTS:
             statuses.append("other")
         frames, fbytes, msgs, responses, hist, timeouts, errors = {}, {}, {}, {}, {}, {}, {}
+        cutoffs = {}
         for d in range(2):
             for s in range(OPCODE_SLOTS):
                 if self.c.frames[d][s]:
@@ -293,11 +294,13 @@ cdef class RouteStats:
                     hist[(name, OUTCOMES[o])] = (counts, self.c.hist_sum[s][o])
             if self.c.timeouts[s]:
                 timeouts[name] = timeouts.get(name, 0) + self.c.timeouts[s]
+            if self.c.cutoffs[s]:
+                cutoffs[name] = cutoffs.get(name, 0) + self.c.cutoffs[s]
         return {
             "route": self.route, "protocol": self.protocol,
             "frames": frames, "frame_bytes": fbytes, "messages": msgs,
             "bytes": {DIRECTIONS[0]: self.c.relayed[0], DIRECTIONS[1]: self.c.relayed[1]},
-            "responses": responses, "hist": hist, "timeouts": timeouts,
+            "responses": responses, "hist": hist, "timeouts": timeouts, "cutoffs": cutoffs,
             "unmatched": self.c.unmatched, "in_flight": self.c.in_flight, "errors": errors,
             "conn_active": self.conn_active, "conn_total": self.conn_total,
             "conn_rejected": self.conn_rejected,
@@ -632,7 +635,10 @@ cdef class FrameParser:
         cdef CorrText* t
         cdef CorrState* cs
         p.flags |= P_EXPIRED
-        self.c.timeouts[p.slot] += 1
+        if self.closed:                    # close(): its connection ended first
+            self.c.cutoffs[p.slot] += 1
+        else:
+            self.c.timeouts[p.slot] += 1
         self.c.in_flight -= 1
         if not self.recording:
             return
@@ -649,6 +655,7 @@ cdef class FrameParser:
         ev.req_slot = <int16_t>p.slot
         ev.direction = 1 if p.flags & P_S2C else 0
         ev.kind = K_EVENT
+        ev.status = EV_CLOSED if self.closed else EV_TIMEOUT
         ev.outcome = OUTCOME_NONE
         cs = self.cs
         t = self._ctext_find(ev.direction, p.slot, p.key) if cs is not NULL and cs.len else NULL
@@ -1537,6 +1544,21 @@ cdef class FrameLogBuffer:
         self.free_list[self.nfree] = i
         self.nfree += 1
 
+    def route_counts(self, chunks):
+        """{route index: records} in chunks ``chunks`` (indexes): what a batch that could
+        not be converted held, so the writer counts those rows as dropped."""
+        cdef dict out = {}
+        cdef int i
+        cdef Py_ssize_t j
+        cdef LogChunk* c
+        for i in chunks:
+            if i < 0 or i >= self.nchunks:
+                raise IndexError("no chunk %d" % i)
+            c = &self.chunks[i]
+            for j in range(c.n):
+                out[c.recs[j].route] = out.get(c.recs[j].route, 0) + 1
+        return out
+
     def dropped_counts(self):
         """{route name: records dropped because every chunk was full}."""
         return {self.routes[i].route: self.dropped[i] for i in range(self.nroutes)
@@ -1676,9 +1698,10 @@ cdef class FrameLogBuffer:
                         _setbit(v_req, o)
                     else:
                         p_reqk[o] = 0
-                    # status by key route << 32 | code; -1 marks a timeout event
+                    # status by key route << 32 | code; -1 marks a timeout event, -2 a
+                    # request cut off by its connection's close
                     if f.kind == K_EVENT:
-                        p_sk[o] = _dense_index(&d_status, -1)
+                        p_sk[o] = _dense_index(&d_status, -2 if f.status == EV_CLOSED else -1)
                         _setbit(v_sk, o)
                     elif f.has_status:
                         p_sk[o] = _dense_index(&d_status, (<int64_t>r.route << 32)

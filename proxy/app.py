@@ -1,6 +1,7 @@
 """Runs a whole proxy: every route's listener, the admin endpoint, graceful shutdown."""
 
 import asyncio
+import gc
 import os
 import errno
 import logging
@@ -12,7 +13,7 @@ from proxy.addresses import format_address
 from proxy.admin import AdminServer
 from proxy.errors import ConfigError
 from proxy.framing import set_pending_budget
-from proxy.metrics import make_registry
+from proxy.metrics import Exposition
 from proxy.relay import Route
 
 log = logging.getLogger("frametap")
@@ -41,6 +42,15 @@ def raise_fd_limit():
 def connection_capacity(fd_limit):
     """Proxied connections the fd limit allows: two descriptors each, plus headroom."""
     return max(0, (fd_limit - FD_HEADROOM) // 2)
+
+
+def check_framelog_dir(directory, key):
+    """An unusable frame-log directory (a file, unwritable) is a configuration error:
+    one line naming the key and exit 2, rather than a proxy that drops every row."""
+    from proxy.framelog import unusable_directory
+    why = unusable_directory(directory)
+    if why is not None:
+        raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{directory}': {why}")
 
 
 def start_framelog(cfg, routes):
@@ -85,6 +95,8 @@ class ProxyApp:
         self.reserve = None            # descriptors kept for /metrics at the fd limit
 
     async def start(self):
+        if self.config.framelog is not None:   # refused before anything is bound
+            check_framelog_dir(self.config.framelog.dir, self._key("framelog.dir"))
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -102,8 +114,9 @@ class ProxyApp:
                          "to reach more)", wanted, fd_limit, capacity)
         if self.config.admin_listen is not None:
             host, port = self.config.admin_listen
-            self.admin = AdminServer(make_registry(lambda: self.routes, lambda: self.framelog),
-                                     lambda: self.ready, host, port, self.reserve)
+            self.admin = AdminServer(Exposition(lambda: self.routes, lambda: self.framelog),
+                                     lambda: self.ready, host, port, self.reserve,
+                                     getattr(self.config, "admin_max_connections", 64))
             await self._bind(self.admin.start(), self._key("admin.listen"), (host, port))
         for i, route in enumerate(self.routes):
             await self._bind(route.start(), self._key(f"routes[{i}].listen"), route.cfg.listen)
@@ -117,6 +130,11 @@ class ProxyApp:
             await self._write_ready_file()
         if self.config.framelog is not None:
             self.framelog = start_framelog(self.config.framelog, self.routes)
+        # Everything built at start-up (modules, protocol tables, config) lives as long as
+        # the process: out of the collector's sight, a full collection walks only what the
+        # connections made (~10 ms of loop time per full pass before)
+        gc.collect()
+        gc.freeze()
 
     def bound_addresses(self):
         """What ``--ready-file`` holds: each route's listen address by route name and the

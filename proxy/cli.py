@@ -99,6 +99,7 @@ def build_config(args):
             fl = cfg.framelog or FramelogConfig()
             if args.framelog is not None:
                 fl.dir = args.framelog
+                cfg.key_names["framelog.dir"] = "--framelog"
             if args.run_id is not None:
                 fl.run_id = args.run_id
             cfg.framelog = fl

@@ -66,6 +66,7 @@ class Range:
 #: Every numeric key, by its TOML path ("routes." = each [[routes]] table). Listener
 #: ports are 0..65535 (0: any free port), upstream ports 1..65535 (proxy.addresses).
 RANGES = {
+    "admin.max_connections": Range(int, 1, 100_000),
     "proxy.shutdown_timeout": Range(float, 0, 3600, "s"),
     "proxy.max_pending_bytes": Range(int, 1 * MiB, 64 * GiB, "bytes"),
     "framelog.rotate_bytes": Range(int, 1 * KiB, 1 * TiB, "bytes"),
@@ -121,6 +122,8 @@ class FramelogConfig:
 class Config:
     routes: list
     admin_listen: tuple | None = None
+    #: admin connections open at once; more wait in the listen backlog
+    admin_max_connections: int = 64
     framelog: FramelogConfig | None = None
     shutdown_timeout: float = 10.0
     #: bytes buffered towards slow readers, all connections together, before reads pause
@@ -238,9 +241,10 @@ def config_from_dict(data, names=None):
         raise bad_value("config", data, "expected a table")
     _check_keys(data, {"admin", "framelog", "routes", "proxy"}, "config")
     admin = _table(data, "admin", "admin", " ([admin] with listen = \"host:port\")")
-    _check_keys(admin, {"listen"}, "admin")
+    _check_keys(admin, {"listen", "max_connections"}, "admin")
     admin_listen = (parse_address(admin["listen"], keys("admin.listen"), allow_port_zero=True)
                     if "listen" in admin else None)
+    admin_max_connections = _number(admin, "max_connections", "admin", 64, keys)
     proxy = _table(data, "proxy", "proxy", " ([proxy] with shutdown_timeout, max_pending_bytes)")
     _check_keys(proxy, {"shutdown_timeout", "max_pending_bytes"}, "proxy")
     shutdown_timeout = _number(proxy, "shutdown_timeout", "proxy", 10.0, keys)
@@ -286,7 +290,8 @@ def config_from_dict(data, names=None):
             raise bad_value(keys(f"routes[{i}].listen"), format_address(r.listen),
                             "another route listens there")
         seen_listen.add(r.listen)
-    return Config(routes=routes, admin_listen=admin_listen, framelog=framelog,
+    return Config(routes=routes, admin_listen=admin_listen,
+                  admin_max_connections=admin_max_connections, framelog=framelog,
                   shutdown_timeout=shutdown_timeout, max_pending_bytes=max_pending_bytes,
                   key_names=dict(names or {}))
 

@@ -33,7 +33,7 @@ class Conversation:
     counters: dict = field(default_factory=dict)   # subset of counters(stats) to match
     records: list = None                  # per record: a dict of fields to match, in order
     options: dict = field(default_factory=dict)    # parser options for this conversation
-    close: bool = True                    # close() at the end (unanswered -> timeouts)
+    close: bool = True                    # close() at the end (unanswered -> cutoffs)
 
     def bursts(self):
         """Consecutive same-direction steps joined: [(direction, bytes)]."""

@@ -16,10 +16,12 @@ The pieces:
 """
 
 import datetime
+import errno
 import json
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -77,6 +79,91 @@ PARQUET_OPTIONS = {"write_batch_size": 65536, "max_rows_per_page": 1 << 22,
                    "data_page_size": 8 << 20}
 
 
+def jsonl_bytes_py(table):
+    """A batch as JSON Lines, one Python object per row (the pure-Python twin's writer,
+    and the reference output of the compiled one: ``proxy._jsonl``)."""
+    out = []
+    for row in table.to_pylist():
+        if row.get("attrs") is not None:
+            row["attrs"] = dict(row["attrs"])
+        out.append(json.dumps(row, separators=(",", ":")))
+    return ("\n".join(out) + "\n").encode()
+
+
+def _jsonl_native():
+    """The compiled JSON Lines writer (``proxy._jsonl``: lines formatted from the Arrow
+    buffers and written without the GIL, no Python object per row), or None when
+    FRAMETAP_NO_EXTENSIONS selects the pure-Python twin."""
+    global _JSONL
+    if _JSONL is None:
+        if os.environ.get("FRAMETAP_NO_EXTENSIONS"):
+            _JSONL = False
+        else:
+            try:
+                from proxy import _jsonl
+            except ImportError as exc:  # pragma: no cover - build problem
+                raise ImportError(
+                    "frametap's compiled extensions are missing (%s); build them with `pip "
+                    "install .` or `python setup.py build_ext --inplace`, or set "
+                    "FRAMETAP_NO_EXTENSIONS=1" % exc) from exc
+            _JSONL = _jsonl
+    return _JSONL or None
+
+
+_JSONL = None
+
+
+def jsonl_bytes(table):
+    """A batch (a pyarrow Table of SCHEMA's columns) as JSON Lines bytes."""
+    native = _jsonl_native()
+    if native is not None:
+        try:
+            return native.format_table(table)
+        except TypeError:       # a column type the compiled writer has no code for
+            pass
+    return jsonl_bytes_py(table)
+
+
+def write_jsonl(file, table):
+    """Append a batch to ``file`` (a binary file object) as JSON Lines: the compiled
+    writer formats and writes it in 256 KiB blocks straight to the descriptor."""
+    native = _jsonl_native()
+    if native is not None:
+        file.flush()
+        try:
+            native.write_table(table, file.fileno())
+            return
+        except TypeError:       # raised before anything is written
+            pass
+    file.write(jsonl_bytes_py(table))
+
+
+def unusable_directory(path):
+    """Why frame-log files cannot be written into ``path`` (created when missing), or
+    None: the start-up check of ``--framelog DIR`` / ``[framelog] dir`` (a probe file is
+    created and removed, which also catches a read-only file system when root)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        return "not a directory"
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            return "not a directory (a part of the path is a file)"
+        return "cannot create the directory: %s" % (exc.strerror or exc)
+    if not os.path.isdir(path):
+        return "not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".frametap-probe-", suffix=".tmp", dir=path)
+    except OSError as exc:
+        return "cannot write files there: %s" % (exc.strerror or exc)
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError as exc:
+        return "cannot remove files there: %s" % (exc.strerror or exc)
+    return None
+
+
 def new_run_id():
     """A run id for a process that was not given one: UTC start time + 8 random hex."""
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -91,13 +178,32 @@ def file_stem(source, start, host=None, pid=None):
                             stamp.strftime("%Y%m%dT%H%M%SZ"))
 
 
+class SinkError(Exception):
+    """A frame-log file could not be written, finished or kept: ``lost`` is {route: rows}
+    that were in it (and in the batch being written), none of which reached a finished
+    file: the caller counts them as dropped.  ``cause`` is the underlying exception."""
+
+    def __init__(self, cause, lost):
+        super().__init__(str(cause))
+        self.cause = cause
+        self.lost = lost
+
+    @property
+    def reason(self):
+        return getattr(self.cause, "strerror", None) or str(self.cause) or \
+            type(self.cause).__name__
+
+
 class FileSink:
     """Rotating frame-log files of one process in one directory.
 
-    ``write(table)`` appends a batch (one Parquet row group) and raises OSError when the
-    disk fails; the sink then abandons the file (its rows are lost: ``abandon()``
-    returns their per-route counts) and opens a fresh one on the next write.
-    ``finished`` callbacks receive ``(path, rows_by_route)`` for each completed file.
+    ``write(table)`` appends a batch (one Parquet row group).  Every failure - writing,
+    finishing (close + rename), the open file found deleted (``check()``) - abandons the
+    open file and raises :class:`SinkError` whose ``lost`` holds the rows of that file
+    and of the batch, so that no row is ever uncounted; the next write opens a fresh
+    file.  ``finished`` callbacks receive ``(path, rows_by_route)`` for each completed
+    file.  A temporary file that cannot be removed is retried by ``check()`` and
+    ``finish()`` (``stale``).
     """
 
     def __init__(self, directory, source="proxy", fmt="parquet", rotate_bytes=256 << 20,
@@ -119,6 +225,8 @@ class FileSink:
         self._final = None
         self._opened = 0.0
         self._rows = {}          # route -> rows in the open file
+        self._ident = None       # (st_dev, st_ino) of the open file
+        self.stale = set()       # abandoned temporary files not removed yet
 
     @property
     def path(self):
@@ -132,6 +240,8 @@ class FileSink:
         self._final = os.path.join(self.directory, name)
         self._tmp = os.path.join(self.directory, "." + name + ".tmp")
         self._file = open(self._tmp, "wb")
+        st = os.fstat(self._file.fileno())
+        self._ident = (st.st_dev, st.st_ino)
         if self.fmt == "parquet":
             # store_schema=False: files read back with the plain SCHEMA types, whether
             # the batch was built with dictionary-encoded columns or not
@@ -143,24 +253,26 @@ class FileSink:
         self._rows = {}
 
     def write(self, table):
-        """Append one batch (a pyarrow Table with SCHEMA's columns) as a row group."""
+        """Append one batch (a pyarrow Table with SCHEMA's columns) as a row group;
+        raises SinkError (the open file abandoned, its rows and the batch's in ``lost``)."""
         if table.num_rows == 0:
             return
-        if self._file is None:
-            self._open(table.schema)
-        if self.fmt == "parquet":
-            self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
-        else:
-            out = []
-            for row in table.to_pylist():
-                if row.get("attrs") is not None:
-                    row["attrs"] = dict(row["attrs"])
-                out.append(json.dumps(row, separators=(",", ":")))
-            self._file.write(("\n".join(out) + "\n").encode())
-            self._file.flush()
-        for route, n in _route_counts(table).items():
-            self._rows[route] = self._rows.get(route, 0) + n
-        if self._file.tell() >= self.rotate_bytes:
+        counts = _route_counts(table)
+        try:
+            if self._file is None:
+                self._open(table.schema)
+            if self.fmt == "parquet":
+                self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            else:
+                write_jsonl(self._file, table)
+                self._file.flush()
+            size = self._file.tell()
+        except Exception as exc:           # the disk, or a batch the encoder refuses
+            lost = self.abandon()
+            _add_counts(lost, counts)
+            raise SinkError(exc, lost) from exc
+        _add_counts(self._rows, counts)
+        if size >= self.rotate_bytes:
             self.finish()
 
     def maybe_rotate(self):
@@ -168,18 +280,46 @@ class FileSink:
         if self._file is not None and time.monotonic() - self._opened >= self.rotate_seconds:
             self.finish()
 
+    def check(self):
+        """Notice a lost file within one flush: the open file must still be the one at
+        its temporary name (a deleted or replaced directory unlinks or hides it, and
+        every row written into it would be lost at rotation); raises SinkError with its
+        rows.  Also retries removing abandoned temporary files."""
+        if self.stale:
+            self.clean_stale()
+        if self._file is None:
+            return
+        try:
+            if os.fstat(self._file.fileno()).st_nlink == 0:
+                raise FileNotFoundError(errno.ENOENT, "the open file was deleted",
+                                        self._tmp)
+            st = os.stat(self._tmp)
+            if (st.st_dev, st.st_ino) != self._ident:
+                raise FileNotFoundError(errno.ENOENT, "the open file was replaced",
+                                        self._tmp)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ESTALE):
+                return                  # e.g. EACCES on stat: finishing will tell
+            raise SinkError(exc, self.abandon()) from exc
+
     def finish(self):
-        """Complete the open file: close it and rename it to its final name."""
+        """Complete the open file: close it and rename it to its final name; raises
+        SinkError (with the file's rows) when it cannot."""
+        if self.stale:
+            self.clean_stale()
         if self._file is None:
             return
         try:
             if self._writer is not None:
                 self._writer.close()
             self._file.close()
+            st = os.stat(self._tmp)
+            if (st.st_dev, st.st_ino) != self._ident:
+                raise FileNotFoundError(errno.ENOENT, "the open file was replaced",
+                                        self._tmp)
             os.replace(self._tmp, self._final)
-        except BaseException:
-            self.abandon()
-            raise
+        except Exception as exc:
+            raise SinkError(exc, self.abandon()) from exc
         rows, path = self._rows, self._final
         self._reset()
         if self.on_finished is not None:
@@ -194,19 +334,47 @@ class FileSink:
                     closer.close()
             except Exception:
                 pass
-        try:
-            if self._tmp is not None:
-                os.unlink(self._tmp)
-        except OSError:
-            pass
+        if self._writer is not None:
+            self._writer.is_open = False    # else its __del__ retries close() and prints
+        tmp, ident = self._tmp, self._ident
         self._reset()
+        if tmp is not None:
+            try:
+                st = os.stat(tmp)
+                if (st.st_dev, st.st_ino) == ident:     # never another writer's file
+                    os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                self.stale.add((tmp, ident))            # retried at the next flush
         return rows
 
+    def clean_stale(self):
+        """Remove the abandoned temporary files left behind; returns those still there."""
+        for item in list(self.stale):
+            tmp, ident = item
+            try:
+                st = os.stat(tmp)
+                if (st.st_dev, st.st_ino) == ident:
+                    os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            self.stale.discard(item)
+        return sorted(t for t, _ in self.stale)
+
     def _reset(self):
-        self._file = self._writer = self._tmp = self._final = None
+        self._file = self._writer = self._tmp = self._final = self._ident = None
         self._rows = {}
 
     close = finish
+
+
+def _add_counts(into, counts):
+    for route, n in counts.items():
+        into[route] = into.get(route, 0) + n
+    return into
 
 
 def _route_counts(table):
@@ -258,13 +426,21 @@ class RowBuffer:
         return True
 
     def drain(self):
-        """Everything buffered so far, as pyarrow Tables (the buffer starts empty)."""
+        """Everything buffered so far, as pyarrow Tables (the buffer starts empty).  Rows
+        that cannot be converted (a bad value) are counted as dropped, never lost."""
         rows, self.rows = self.rows, []      # one swap: atomic under the GIL
         if not rows:
             return []
-        if self.defaults:
-            rows = [dict(self.defaults, **r) for r in rows]
-        return [pa.Table.from_pylist(rows, schema=SCHEMA)]
+        try:
+            if self.defaults:
+                rows = [dict(self.defaults, **r) for r in rows]
+            return [pa.Table.from_pylist(rows, schema=SCHEMA)]
+        except Exception:
+            default = self.defaults.get("route")
+            for r in rows:
+                route = r.get("route", default) if isinstance(r, dict) else default
+                self.dropped[route] = self.dropped.get(route, 0) + 1
+            raise
 
     def dropped_counts(self):
         return dict(self.dropped)
@@ -327,11 +503,19 @@ class FrameLog:
                 break
             # woken by a full buffer chunk: write the full ones only (a part-filled chunk
             # is a small row group, dearer per row); every flush_interval: everything
-            self.flush(partial=not woken)
+            try:
+                self.flush(partial=not woken)
+            except Exception as exc:      # a bug: say so, and the thread keeps writing
+                self._error("frame log: the writer failed: %r" % (exc,))
 
     def flush(self, finish=False, partial=True):
-        """Drain every source into the open file (and complete it when ``finish``)."""
+        """Drain every source into the open file (and complete it when ``finish``).
+        Every row drained ends in a finished file or in ``write_drops``."""
         with self._lock:
+            try:
+                self.sink.check()              # a deleted directory: noticed here
+            except SinkError as exc:
+                self._write_failed(exc)
             for src in list(self.sources):
                 try:
                     if partial or finish or not hasattr(src, "drain_full"):
@@ -339,7 +523,8 @@ class FrameLog:
                     else:                          # the compiled buffer's full chunks only
                         tables = src.drain_full()
                 except Exception as exc:      # a bug, not the disk: say so, keep going
-                    self._error("frame log: draining a buffer failed: %s" % exc)
+                    self._error("frame log: draining a buffer failed (its rows are counted "
+                                "as dropped): %r" % (exc,))
                     continue
                 for table in tables:
                     self._write(table)
@@ -348,36 +533,35 @@ class FrameLog:
                     self.sink.finish()
                 else:
                     self.sink.maybe_rotate()
-            except OSError as exc:
-                self._write_failed(exc, self.sink.abandon())
+            except SinkError as exc:
+                self._write_failed(exc)
+            if finish and self.sink.stale:
+                for path in self.sink.clean_stale():
+                    self._error("frame log: cannot remove the unfinished file %s" % path,
+                                force=True)
 
     def _write(self, table):
         try:
             self.sink.write(table)
-        except Exception as exc:          # the disk, or a batch pyarrow refuses: count
-            lost = self.sink.abandon()     # and drop it, the thread keeps writing
-            for route, n in _route_counts(table).items():
-                lost[route] = lost.get(route, 0) + n
-            self._write_failed(exc, lost)
+        except SinkError as exc:          # the disk, or a batch pyarrow refuses: count
+            self._write_failed(exc)       # and drop it, the thread keeps writing
 
-    def _write_failed(self, exc, lost):
+    def _write_failed(self, exc):
+        lost = exc.lost
         self.write_errors += 1
-        for route, n in lost.items():
-            self.write_drops[route] = self.write_drops.get(route, 0) + n
+        _add_counts(self.write_drops, lost)
         self._error("frame log: writing to %s failed (%s); %d rows dropped, retrying with a "
-                    "new file" % (self.sink.directory, getattr(exc, "strerror", None) or exc,
-                                  sum(lost.values())))
+                    "new file" % (self.sink.directory, exc.reason, sum(lost.values())))
 
-    def _error(self, message):
+    def _error(self, message, force=False):
         now = time.monotonic()
-        if now - self._last_error_log >= 10.0:    # one line per 10 s, not per batch
+        if force or now - self._last_error_log >= 10.0:    # one line per 10 s, not per batch
             self._last_error_log = now
             log.warning("%s", message)
 
     def _finished(self, path, rows):
         self.files += 1
-        for route, n in rows.items():
-            self.records[route] = self.records.get(route, 0) + n
+        _add_counts(self.records, rows)
 
     def close(self, timeout=30.0):
         """Stop the thread, write what is buffered, complete the open file."""

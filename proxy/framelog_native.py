@@ -7,6 +7,7 @@ names are looked up once per distinct value per batch, never per row).  Runs on 
 frame-log writer thread.
 """
 
+import logging
 import time
 
 import pyarrow as pa
@@ -15,6 +16,8 @@ import pyarrow.compute as pc
 from proxy.framing_common import DIRECTIONS, KINDS, OPCODE_SLOTS, OUTCOMES
 
 _EMPTY = pa.array([], pa.string())
+
+log = logging.getLogger("frametap.framelog")
 
 #: Columns every native record has (no validity bitmap): written as required Parquet
 #: columns, which spares the writer a definition level per value (~1.5 ns per value and
@@ -67,6 +70,7 @@ class NativeSource:
         self.wall_offset_ns = time.time_ns() - time.monotonic_ns()
         self.full = None
         self.batch_chunks = 8       # chunks per table (columns() takes up to 64)
+        self.lost = {}              # route -> rows taken but not turned into a table
 
     def connection(self, conn_id, peer):
         self.peers[conn_id] = peer
@@ -75,7 +79,17 @@ class NativeSource:
         self._closing.append(conn_id)
 
     def dropped_counts(self):
-        return self.buffer.dropped_counts()
+        out = dict(self.buffer.dropped_counts())
+        for route, n in self.lost.items():
+            out[route] = out.get(route, 0) + n
+        return out
+
+    def _lose(self, counts, exc):
+        """Rows that could not become a table (a bug or no memory): counted, logged."""
+        for route, n in counts.items():
+            self.lost[route] = self.lost.get(route, 0) + n
+        log.warning("frame log: a batch of %d rows could not be converted (%r); counted as "
+                    "dropped", sum(counts.values()), exc)
 
     def drain_full(self):
         """drain() of the full chunks only (the writer woken by a full chunk)."""
@@ -98,13 +112,24 @@ class NativeSource:
                 taken.append(i)
             if not taken:
                 break
+            cols = None
             try:
                 cols = self.buffer.columns(taken, self.wall_offset_ns)
+                if cols["n"]:
+                    tables.append(self.table(cols))
+            except Exception as exc:         # every taken row is counted, never lost
+                routes = self.buffer.routes
+                if cols is not None:
+                    idx = _fixed(pa.int32(), cols["n"], cols["route"])
+                    counts = {routes[v["values"]].route: v["counts"]
+                              for v in pc.value_counts(idx).to_pylist()}
+                else:
+                    counts = {routes[r].route: n
+                              for r, n in self.buffer.route_counts(taken).items()}
+                self._lose(counts, exc)
             finally:
                 for i in taken:
                     self.buffer.release(i)
-            if cols["n"]:
-                tables.append(self.table(cols))
         for conn_id in closing:
             self.peers.pop(conn_id, None)
         return tables
@@ -125,8 +150,8 @@ class NativeSource:
         svals, svalid = c["status_idx"]
         snames = []
         for k in c["status_keys"]:
-            if k == -1:
-                snames.append("timeout")
+            if k < 0:                        # -1 timeout, -2 cut off by a close
+                snames.append("timeout" if k == -1 else "closed")
                 continue
             code = k & 0xFFFFFFFF
             if code >= 1 << 31:
@@ -209,7 +234,13 @@ class TwinSource(NativeSource):
                     row["opcode"] = None     # a name-only opcode (Thrift method), as columns()
                 out.append(row)
             from proxy.framelog import SCHEMA
-            tables.append(pa.Table.from_pylist(out, schema=SCHEMA))
+            try:
+                tables.append(pa.Table.from_pylist(out, schema=SCHEMA))
+            except Exception as exc:         # counted, never lost
+                counts = {}
+                for row in out:
+                    counts[row["route"]] = counts.get(row["route"], 0) + 1
+                self._lose(counts, exc)
         for conn_id in closing:
             self.peers.pop(conn_id, None)
         return tables

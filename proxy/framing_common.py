@@ -101,7 +101,7 @@ def record_dict(stats, conn_id, r, resource=None, attrs=None):
         "t_ns": r["t_ns"], "conn_id": conn_id, "direction": DIRECTIONS[r["direction"]],
         "opcode": r["opcode"], "opcode_name": stats.slot_name(r["slot"]),
         "kind": KINDS[r["kind"]], "correlation_id": cid,
-        "status": ("timeout" if r["kind"] == K_EVENT else
+        "status": (("closed" if r["status"] else "timeout") if r["kind"] == K_EVENT else
                    status_name(r["status"]) if r["has_status"] else None),
         "outcome": OUTCOMES[r["outcome"]] if r["outcome"] >= 0 else None,
         "frame_bytes": fb, "header_bytes": r["header_bytes"],

@@ -90,6 +90,7 @@ class RouteStats:
         self.responses = {}                      # (slot, status slot) -> n
         self.hist = {}                           # (slot, outcome) -> [counts, sum]
         self.timeouts = [0] * OPCODE_SLOTS
+        self.cutoffs = [0] * OPCODE_SLOTS
         self.unmatched = 0
         self.in_flight = 0
         self.errors = [[0] * len(REASONS) for _ in range(2)]
@@ -234,11 +235,15 @@ class RouteStats:
         for s, v in enumerate(self.timeouts):
             if v:
                 timeouts[names[s]] = timeouts.get(names[s], 0) + v
+        cutoffs = {}
+        for s, v in enumerate(self.cutoffs):
+            if v:
+                cutoffs[names[s]] = cutoffs.get(names[s], 0) + v
         return {
             "route": self.route, "protocol": self.protocol,
             "frames": frames, "frame_bytes": fbytes, "messages": msgs,
             "bytes": {DIRECTIONS[0]: self.relayed[0], DIRECTIONS[1]: self.relayed[1]},
-            "responses": responses, "hist": hist, "timeouts": timeouts,
+            "responses": responses, "hist": hist, "timeouts": timeouts, "cutoffs": cutoffs,
             "unmatched": self.unmatched, "in_flight": self.in_flight, "errors": errors,
             "conn_active": self.conn_active, "conn_total": self.conn_total,
             "conn_rejected": self.conn_rejected,
@@ -753,7 +758,10 @@ class FrameParser:
     def _timeout(self, p):
         p.expired = True
         st = self.stats
-        st.timeouts[p.slot] += 1
+        if self.closed:                     # close(): its connection ended first
+            st.cutoffs[p.slot] += 1
+        else:
+            st.timeouts[p.slot] += 1
         st.in_flight -= 1
         if not self.recording:
             return
@@ -763,6 +771,7 @@ class FrameParser:
         ev.corr_hi = p.aux if not p.fifo else -1
         ev.corr_fmt = _corr_fmt(ev.corr_hi)
         ev.req_slot = p.slot
+        ev.status = 1 if self.closed else 0     # _framing.pxd EV_CLOSED / EV_TIMEOUT
         i = self._ctext_find(p.dir, p.slot, p.key) if self.ctext_len else -1
         if i >= 0:                          # the request's string id (set_corr_str)
             ev.cid = self.ctext[i][3]

@@ -352,6 +352,7 @@ def test_every_number_has_a_finite_range(path):
     make, name = _where(path)
     getter = {"routes": lambda c, k: getattr(c.routes[0], k),
               "proxy": lambda c, k: getattr(c, k),
+              "admin": lambda c, k: getattr(c, f"admin_{k}"),
               "framelog": lambda c, k: getattr(c.framelog, k)}[path.split(".")[0]]
     key = path.split(".")[1]
     for ok in (rng.low, rng.high):

@@ -38,7 +38,7 @@ def impls(pkg):
 
 def counters(stats):
     s = stats.snapshot()
-    c = {k: s[k] for k in ("frames", "frame_bytes", "messages", "responses", "timeouts",
+    c = {k: s[k] for k in ("frames", "frame_bytes", "messages", "responses", "timeouts", "cutoffs",
                            "unmatched", "in_flight", "errors", "bytes")}
     c["hist"] = {k: sum(v[0]) for k, v in s["hist"].items()}   # times differ, counts not
     return c

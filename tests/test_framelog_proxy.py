@@ -5,6 +5,7 @@ while relaying goes on unaffected; per-route ``framelog = false`` and ``sample``
 import glob
 import os
 import resource
+import shutil
 import struct
 
 import pyarrow.parquet as pq
@@ -69,9 +70,11 @@ def rows_in(directory):
 
 def test_unwritable_directory_is_counted_and_relaying_goes_on(server, tmp_path):
     blocker = tmp_path / "not-a-dir"
-    blocker.write_text("x")                 # root ignores permissions; a file blocks mkdir
+    blocker.mkdir()                 # usable at start-up (an unusable one is refused) ...
     app, lt = run_proxy(server, {"dir": str(blocker / "logs")})
     app.framelog.flush_interval = 0.05
+    shutil.rmtree(blocker)
+    blocker.write_text("x")         # ... then lost: root ignores permissions, a file blocks
     port = app.routes[0].address[1]
     produce_many(port, 500)
     lt.run(_until(lambda: app.framelog.write_errors > 0))

@@ -86,7 +86,8 @@ def test_half_frame_then_close_is_truncated_and_timeout(flymq_impl):
     p.close()
     s = stats.snapshot()
     assert s["errors"] == {("c2s", "truncated_frame"): 1}
-    assert s["timeouts"] == {"PRODUCE": 1} and s["in_flight"] == 0
+    assert s["timeouts"] == {} and s["in_flight"] == 0
+    assert s["cutoffs"] == {"PRODUCE": 1}        # its connection closed before the answer
 
 
 def test_expire_counts_timeouts_and_late_answer_not_observed(flymq_impl):

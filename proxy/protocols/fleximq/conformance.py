@@ -161,7 +161,7 @@ def conversations():
                        ("c2s", "unknown_command"): 1},
             "responses": {("REQ", "602"): 1},     # unmatched REPs count no response
             "unmatched": 2,
-            "timeouts": {"REQ": 1},            # U2 (no client_id) is never answered
+            "timeouts": {}, "cutoffs": {"REQ": 1},   # U2 (no client_id): unanswered at close
             "frames": {("c2s", "REQ"): 3, ("s2c", "REP"): 2, ("c2s", "BCAST"): 5,
                        ("c2s", "SUB"): 1, ("c2s", "PING"): 1, ("c2s", "NOTIF"): 2,
                        ("c2s", "PUB"): 1, ("c2s", "REP"): 1, ("c2s", "unknown_12"): 1}},
@@ -191,7 +191,9 @@ def conversations():
          (S2C, codec.req(1001, 1000, U2, "/b")),
          (S2C, codec.pong(1, 7)),                     # answers the first only
          (C2S, codec.req(1000, 1001, U1, "/a"))],
-        counters={"timeouts": {"JOIN": 1, "REQ": 3, "PING": 1}, "unmatched": 0,
+        # the first U1 is replaced by its namesake (a timeout); the rest are cut off by close()
+        counters={"timeouts": {"REQ": 1}, "cutoffs": {"JOIN": 1, "REQ": 2, "PING": 1},
+                  "unmatched": 0,
                   "in_flight": 0, "responses": {("PING", "200"): 1}},
         records=[{"opcode_name": "JOIN", "kind": "request", "correlation_id": None},
                  {"opcode_name": "REQ", "kind": "request", "correlation_id": U1},
@@ -203,12 +205,14 @@ def conversations():
                  {"direction": "c2s", "kind": "event", "status": "timeout",
                   "request_opcode_name": "REQ", "correlation_id": U1},
                  {"opcode_name": "REQ", "kind": "request", "correlation_id": U1},
-                 {"kind": "event", "request_opcode_name": "JOIN", "correlation_id": None},
-                 {"kind": "event", "request_opcode_name": "REQ", "correlation_id": U1},
+                 {"kind": "event", "request_opcode_name": "JOIN", "correlation_id": None,
+                  "status": "closed"},
+                 {"kind": "event", "request_opcode_name": "REQ", "correlation_id": U1,
+                  "status": "closed"},
                  {"kind": "event", "request_opcode_name": "PING",
-                  "correlation_id": "ping:7"},
+                  "correlation_id": "ping:7", "status": "closed"},
                  {"direction": "s2c", "kind": "event", "request_opcode_name": "REQ",
-                  "correlation_id": U2}])
+                  "correlation_id": U2, "status": "closed"}])
     return [requester, responder, same_ts, violations, bad_join, secrets, unanswered]
 
 

@@ -68,7 +68,7 @@ def conversations():
          (S2C, frame(0x01)), (C2S, REQUESTS[4])],
         counters={"responses": {("PRODUCE", "OK"): 1, ("CONSUME", "OK"): 1},
                   "errors": {("s2c", "response_mismatch"): 1}, "unmatched": 1,
-                  "timeouts": {"LIST_TOPICS": 1}, "in_flight": 0},
+                  "timeouts": {}, "cutoffs": {"LIST_TOPICS": 1}, "in_flight": 0},
         records=[{"kind": "request", "correlation_id": "1"},
                  {"kind": "response", "correlation_id": "1"},
                  {"kind": "request", "correlation_id": "2"},
@@ -77,7 +77,7 @@ def conversations():
                  {"kind": "response", "correlation_id": None, "latency_ns": None},
                  {"kind": "request", "correlation_id": "3"},
                  {"kind": "event", "opcode_name": "LIST_TOPICS", "correlation_id": "3",
-                  "request_opcode_name": "LIST_TOPICS"}])
+                  "request_opcode_name": "LIST_TOPICS", "status": "closed"}])
     # The real server answers AUTH with AUTH_RESPONSE (0x71): the answer, not a mismatch.
     auth_frames = [codec.AuthRequest("alice", "pw").to_frame(),
                    codec.AuthResponse(True, "", "alice", ["admin"]).to_frame()]

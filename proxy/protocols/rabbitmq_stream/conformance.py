@@ -89,7 +89,7 @@ def conversations():
          (S2C, req(K.PUBLISH_ERROR, publisher_id=7,
                    errors=[PublishingError(3, K.PUBLISHER_DOES_NOT_EXIST)])),
          (S2C, deliver(3))],
-        counters={"timeouts": {"Publish": 2}, "in_flight": 0},
+        counters={"timeouts": {}, "cutoffs": {"Publish": 2}, "in_flight": 0},
         records=[{"opcode_name": "Publish", "kind": "request", "correlation_id": "7:1",
                   "frame_bytes": len(p1), "messages": 1},
                  {"opcode_name": "Publish", "correlation_id": "7:2", "frame_bytes": 0},

@@ -111,13 +111,14 @@ def conversations():
     go_oneway = Conversation(
         "go-oneway-and-unmatched",
         [(C2S, req(15, 40, flag=1, topic="t")), (S2C, resp(0, 41)), (C2S, req(11, 42))],
-        counters={"unmatched": 1, "timeouts": {"PULL_MESSAGE": 1},
+        counters={"unmatched": 1, "timeouts": {}, "cutoffs": {"PULL_MESSAGE": 1},
                   "frames": {("c2s", "UPDATE_CONSUMER_OFFSET"): 1,
                              ("s2c", "unmatched_response"): 1, ("c2s", "PULL_MESSAGE"): 1}},
         records=[{"kind": "oneway", "correlation_id": "40"},
                  {"kind": "response", "correlation_id": "41", "latency_ns": None},
                  {"kind": "request", "correlation_id": "42"},
-                 {"kind": "event", "correlation_id": "42", "opcode_name": "PULL_MESSAGE"}])
+                 {"kind": "event", "correlation_id": "42", "opcode_name": "PULL_MESSAGE",
+                  "status": "closed"}])
     return [producer, go_oneway, resources()]
 
 

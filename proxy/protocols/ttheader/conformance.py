@@ -163,7 +163,8 @@ def plain():
                        ("c2s", "raw"): 1, ("c2s", "fire"): 1, ("s2c", "legacy"): 1,
                        ("s2c", "cpt"): 1, ("s2c", "raw"): 1, ("s2c", "ghost"): 1},
             "responses": {("legacy", "OK"): 1, ("cpt", "OK"): 1, ("raw", "OK"): 1},
-            "unmatched": 1, "in_flight": 0, "errors": {}, "timeouts": {"ping": 1}},
+            "unmatched": 1, "in_flight": 0, "errors": {}, "timeouts": {},
+            "cutoffs": {"ping": 1}},
         records=[
             {"opcode_name": "ping", "header_bytes": 4, "correlation_id": "1"},
             {"opcode_name": "legacy", "correlation_id": "2"},
@@ -176,7 +177,7 @@ def plain():
             {"status": "OK", "correlation_id": "4"},
             {"opcode_name": "ghost", "kind": "response", "latency_ns": None,
              "correlation_id": "99", "request_opcode_name": None},
-            {"kind": "event", "status": "timeout", "correlation_id": "1",
+            {"kind": "event", "status": "closed", "correlation_id": "1",
              "opcode_name": "ping"},
         ])
 

@@ -1,0 +1,89 @@
+"""bench/guard.py's pieces that need no valgrind: the comparison, the strace table parser,
+the request it sends, and a checked-in reference that matches the guard's load shapes
+(a change to the shapes without a re-taken reference fails here, not after a 1-minute
+CI step)."""
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import guard  # noqa: E402
+
+STRACE_C = """\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 40.00    0.000040           1        48           epoll_pwait
+ 30.00    0.000030           1        36         2 read
+ 30.00    0.000030           1        36           write
+  0.00    0.000000           0         3           io_uring_enter
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.000100           1       123         2 total
+"""
+
+
+def test_parse_strace_counts_reads_both_column_layouts():
+    assert guard.parse_strace_counts(STRACE_C) == {
+        "epoll_pwait": 48, "read": 36, "write": 36, "io_uring_enter": 3}
+    assert guard.group_syscalls({"read": 1.5, "writev": 1, "epoll_ctl": 0.25,
+                                 "io_uring_enter": 0.25, "futex": 0.5}) == {
+        "read": 1.5, "write": 1.0, "epoll": 0.5, "other": 0.5}
+
+
+def _ref(**figs):
+    return {"tolerance": 0.10, "tolerances": {"1MiB": {"syscalls_per_request": 0.25}},
+            "figures": {k: {"instructions_per_request": v[0], "syscalls_per_request": v[1]}
+                        for k, v in figs.items()}}
+
+
+def test_compare_fails_one_line_per_figure_that_grew_past_its_tolerance():
+    ref = _ref(**{"64B": (1000.0, 0.375), "1MiB": (1e6, 15.0)})
+    got = {"64B": {"instructions_per_request": 1099.0, "syscalls_per_request": 0.5},
+           "1MiB": {"instructions_per_request": 1.2e6, "syscalls_per_request": 18.0}}
+    _rows, failures = guard.compare(ref, got)
+    assert len(failures) == 2
+    assert "64B syscalls/request" in failures[0] and "+33.3%" in failures[0]
+    assert "1MiB instructions/request" in failures[1] and "tolerance 10%" in failures[1]
+    # 1MiB syscalls +20% is inside its own 25% tolerance, 64B instructions +9.9% inside 10%
+
+
+def test_compare_passes_equal_and_better_figures():
+    ref = _ref(**{"16KiB": (20000.0, 0.75)})
+    rows, failures = guard.compare(ref, {"16KiB": {"instructions_per_request": 20000.0,
+                                                   "syscalls_per_request": 0.5}})
+    assert failures == [] and "better" in rows[1]
+
+
+def test_compare_fails_a_size_missing_from_the_reference():
+    _rows, failures = guard.compare(_ref(), {"64B": {"instructions_per_request": 1.0,
+                                                     "syscalls_per_request": 1.0}})
+    assert failures and "no reference" in failures[0]
+
+
+def test_request_frame_is_a_flymq_produce_of_the_given_size():
+    for size in (0, 10, 64, 16384):
+        frame = guard.request_frame(size)
+        magic, version, opcode, _flags, length = struct.unpack_from(">BBBBI", frame)
+        assert (magic, version, opcode, length, len(frame)) == (0xAF, 1, 1, size, 8 + size)
+    frame = guard.request_frame(64)
+    assert frame[8:15] == b"\x00\x05bench" and frame[-4:] == b"\xff\xff\xff\xff"
+
+
+def test_the_checked_in_reference_matches_the_guards_load_shapes():
+    ref = json.loads(guard.REFERENCE.read_text())
+    assert ref["reason"].strip() and len(ref["measured_on"]["commit"]) == 40
+    assert ref["shapes"] == guard.load_shapes(guard.SHAPES)
+    for shape in guard.SHAPES:
+        for fig in guard.FIGURES:
+            assert ref["figures"][shape.name][fig] > 0
+            assert 0 < guard.tolerance(ref, shape.name, fig) <= 0.5
+
+
+def test_update_needs_a_reason(capsys):
+    with pytest.raises(SystemExit) as exc:
+        guard.main(["--update"])
+    assert exc.value.code == 2 and "--reason" in capsys.readouterr().err
