@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from loadgen.ttheader.server import ThriftServerThread
+from tests._support.framelogs import flushes
 from tests._support.locust import run_locust
 from tests._support.processes import proxy_process
 from tests.test_clientlog_locust import check_rows, read_rows, request_count
@@ -57,6 +58,12 @@ upstream = "127.0.0.1:{srv.port}"
             assert stats[name]["num_failures"] == 0, (name, proc.stderr[-2000:])
     client_rows = read_rows(tmp_path / "client-log")
     assert len(client_rows) == request_count(stats)
+    # both writers flushed while the 4 s run went on (1 s interval), not only at close:
+    # a writer that died at its first wake-up leaves the same rows in one final flush
+    for directory, source in ((tmp_path / "client-log", "client"),
+                              (tmp_path / "proxy-log", "proxy")):
+        files, groups = flushes(directory, source)
+        assert files >= 1 and groups > files, (source, files, groups)
     check_rows(client_rows, "ttheader", run_id=run_id)
     assert {r["kind"] for r in client_rows if r["opcode_name"] == "log"} <= {"oneway"}
     pairs, expected, missing = join_responses(client_rows, proxy_rows)
