@@ -10,6 +10,7 @@ found free can be taken by another process before the program binds it.
 """
 
 import socket
+import warnings
 
 __all__ = ["free_port", "PortCollision", "retry_on_collision", "COLLISION_MARKERS"]
 
@@ -41,8 +42,12 @@ def retry_on_collision(start, attempts=5):
     """``start(port)`` with a fresh :func:`free_port` until it does not raise
     :class:`PortCollision` (at most ``attempts`` times)."""
     for attempt in range(attempts):
+        port = free_port()
         try:
-            return start(free_port())
-        except PortCollision:
+            return start(port)
+        except PortCollision as exc:
             if attempt == attempts - 1:
                 raise
+            # visible in pytest's warnings summary: how often the race is actually lost
+            warnings.warn(f"port {port} was taken before the program bound it; retrying on "
+                          f"another ({str(exc).strip().splitlines()[-1][:200]})")
