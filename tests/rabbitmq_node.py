@@ -311,6 +311,9 @@ def _acquire() -> RabbitMQNode:
                 # a port picked free was taken before the node bound it: new ports
                 if attempt == 2 or not collided(str(exc)):
                     raise
+                import warnings
+                warnings.warn("a RabbitMQ node's port was taken before it bound it; "
+                              "starting one on new ports")
         _shared_users += 1
         return _shared_node
 
