@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow          # Locust runs: seconds each (make test-fa
 
 def _run_locust(host, csv_prefix, users=6, duration="4s", extra_env=None):
     return run_locust("fleximq", host, users=users, duration=duration, env=extra_env,
-                      json_stats=False, csv=csv_prefix)
+                      json_out=False, csv=csv_prefix)
 
 
 def _stats(csv_prefix):

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow          # Locust runs: seconds each (make test-fa
 
 def _run_locust(port, csv_prefix, extra_env=None, users=4, duration="3s"):
     return run_locust("flymq", f"127.0.0.1:{port}", users=users, duration=duration,
-                      env=extra_env, json_stats=False, csv=csv_prefix)
+                      env=extra_env, json_out=False, csv=csv_prefix)
 
 
 def _stats(csv_prefix):

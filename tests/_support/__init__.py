@@ -26,8 +26,8 @@ from tests._support.processes import (FRAMETAP, ROOT, ProxyProcess, ReadyProcess
                                       server_process, stop_process)
 from tests._support.prometheus import start_prometheus
 
-__all__ = ["LOCUST", "LocustProcess", "LocustRun", "start_locust", "csv_stats", "json_stats", "locust_cmd", "locust_env",
-           "run_locust", "start_locust_master", "start_locust_worker", "PortCollision",
-           "collided", "free_port", "retry_on_collision", "FRAMETAP", "ROOT", "ProxyProcess",
-           "ReadyProcess", "ServerProcess", "frametap_env", "host_port", "proxy_process",
-           "server_process", "stop_process", "start_prometheus"]
+__all__ = ["LOCUST", "LocustProcess", "LocustRun", "csv_stats", "json_stats", "locust_cmd",
+           "locust_env", "run_locust", "start_locust", "start_locust_master",
+           "start_locust_worker", "PortCollision", "collided", "free_port", "retry_on_collision",
+           "FRAMETAP", "ROOT", "ProxyProcess", "ReadyProcess", "ServerProcess", "frametap_env",
+           "host_port", "proxy_process", "server_process", "stop_process", "start_prometheus"]

@@ -27,9 +27,9 @@ import sys
 from tests._support.ports import PortCollision, collided, retry_on_collision
 from tests._support.processes import ROOT, ReadyProcess, frametap_env, host_port
 
-__all__ = ["LOCUST", "FRAMETAP_LOAD", "locust_env", "locust_cmd", "LocustRun", "run_locust", "json_stats",
-           "csv_stats", "start_locust", "start_locust_master", "start_locust_worker",
-           "LocustProcess"]
+__all__ = ["LOCUST", "FRAMETAP_LOAD", "locust_env", "locust_cmd", "LocustRun", "run_locust",
+           "json_stats", "csv_stats", "start_locust", "start_locust_master",
+           "start_locust_worker", "LocustProcess"]
 
 LOCUST = [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py"]
 #: ``frametap load``: the same locustfile, frametap's plugins installed before Locust
@@ -49,14 +49,15 @@ def locust_env(protocol, extra=None):
     return env
 
 
-def locust_cmd(host, classes=(), users=4, duration="4s", args=(), json_stats=True,
+def locust_cmd(host, classes=(), users=4, duration="4s", args=(), json_out=True,
                csv=None, spawn_rate=None, loglevel="WARNING", entry=None):
-    """A headless run's command line (``--json`` summary on stdout unless ``json_stats``
+    """A headless run's command line (``--json`` summary on stdout unless ``json_out``
     is False; ``csv``: a ``--csv`` prefix; ``entry``: :data:`LOCUST` by default, or
     :data:`FRAMETAP_LOAD`)."""
-    cmd = list(entry or LOCUST) + ["--headless", "-u", str(users), "-r", str(spawn_rate or users),
-                    "-t", duration, "--host", host, "--only-summary", "--loglevel", loglevel]
-    if json_stats:
+    cmd = list(entry or LOCUST) + [
+        "--headless", "-u", str(users), "-r", str(spawn_rate or users), "-t", duration,
+        "--host", host, "--only-summary", "--loglevel", loglevel]
+    if json_out:
         cmd += ["--json", "--skip-log"]
     if csv is not None:
         cmd += ["--csv", str(csv)]
@@ -100,7 +101,7 @@ class LocustRun:
 
 
 def run_locust(protocol, host, classes=(), users=4, duration="4s", args=(), env=None,
-               json_stats=True, csv=None, processes=None, timeout=120, entry=None):
+               json_out=True, csv=None, processes=None, timeout=120, entry=None):
     """One headless Locust run of ``protocol``'s users (``classes``: Locust user class
     names, all of them when empty) against ``host``; returns a :class:`LocustRun`.
 
@@ -114,12 +115,12 @@ def run_locust(protocol, host, classes=(), users=4, duration="4s", args=(), env=
         if port is not None:
             extra = ["--processes", str(processes), "--master-bind-host", "127.0.0.1",
                      "--master-bind-port", str(port), "--master-port", str(port)] + extra
-        cmd = locust_cmd(host, classes, users, duration, extra, json_stats, csv, entry=entry)
+        cmd = locust_cmd(host, classes, users, duration, extra, json_out, csv, entry=entry)
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout)
         if port is not None and proc.returncode != 0 and collided(proc.stderr):
             raise PortCollision(proc.stderr[-500:])
-        return LocustRun(proc, json_stats)
+        return LocustRun(proc, json_out)
 
     if processes:
         return retry_on_collision(once)
