@@ -202,7 +202,7 @@ request_timeout = 0.5
         for i, extra in enumerate(({"FRAMETAP_FLYMQ_USER": USER,
                                     "FRAMETAP_FLYMQ_PASSWORD": PASSWORD}, {})):
             procs.append(start_locust_worker(master, "flymq", extra,
-                                             stderr=open(tmp / f"worker{i}.log", "w")))
+                                             log=tmp / f"worker{i}.log"))
 
         # mid-run: every panel and rule must have data
         prom.wait_value('sum(frametap_locust_users{job="locust"})', lambda v: v == USERS,

@@ -184,10 +184,14 @@ def start_locust_master(tmp, protocol, host, classes=(), expect_workers=1, users
                         env=env, name=name)
 
 
-def start_locust_worker(master, protocol, env=None, stderr=None, args=()):
-    """A ``--worker`` of ``master`` (a :class:`LocustProcess`); returns the Popen."""
+def start_locust_worker(master, protocol, env=None, log=None, args=()):
+    """A ``--worker`` of ``master`` (a :class:`LocustProcess`), its stderr in the file
+    ``log`` (discarded when None); returns the Popen."""
     cmd = LOCUST + ["--worker", "--master-host", "127.0.0.1", "--master-port",
                     str(master.master_port), "--loglevel", "WARNING", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=locust_env(protocol, env),
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL if stderr is None else stderr)
+    if log is None:
+        return subprocess.Popen(cmd, cwd=ROOT, env=locust_env(protocol, env),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(log, "w") as err:          # the child keeps its own descriptor
+        return subprocess.Popen(cmd, cwd=ROOT, env=locust_env(protocol, env),
+                                stdout=subprocess.DEVNULL, stderr=err)
