@@ -134,7 +134,10 @@ class ReadyProcess:
 
     def stop(self, timeout=10.0):
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit status."""
-        return stop_process(self.proc, timeout)
+        status = stop_process(self.proc, timeout)
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+        return status
 
     def __enter__(self):
         return self
