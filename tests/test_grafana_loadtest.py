@@ -253,7 +253,7 @@ request_timeout = 0.5
     finally:
         silent.close()
         for p in reversed(procs):
-            stop_process(getattr(p, "proc", p))
+            p.stop() if hasattr(p, "stop") else stop_process(p)
 
 
 # --------------------------------------------------------------------------- under load
