@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frametap-installed
 SOURCES := pyproject.toml setup.py $(shell find proxy -name '*.pyx' -o -name '*.pxd')
 
-.PHONY: demo test bench soak guard guard-update install clean
+.PHONY: demo test test-fast bench soak guard guard-update install clean
 
 install: $(STAMP)
 
@@ -21,6 +21,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests marked slow (real Spark, RabbitMQ, Prometheus,
+# Locust runs, the demo). make test (and .ci/run) still runs them all.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install -q matplotlib

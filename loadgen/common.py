@@ -166,9 +166,12 @@ class CommandLineError(Exception):
     """A usage error found after parsing; :func:`serve_main` prints it and exits 2."""
 
 
-async def _serve_until_signalled(server, banner: Callable[[object], str]) -> None:
+async def _serve_until_signalled(server, banner: Callable[[object], str],
+                                 ready_file: str | None = None, name: str = "") -> None:
     await server.start()
     print(banner(server), flush=True)
+    if ready_file is not None:
+        _write_ready_file(server, ready_file, name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -179,7 +182,29 @@ async def _serve_until_signalled(server, banner: Callable[[object], str]) -> Non
     try:
         await stop.wait()
     finally:
+        if ready_file is not None:
+            from proxy.readyfile import remove_ready_file
+            remove_ready_file(ready_file)
         await server.close()
+
+
+def _write_ready_file(server, path: str, name: str) -> None:
+    """``--ready-file``: the server's bound listeners (see :mod:`proxy.readyfile`)."""
+    from proxy.readyfile import write_ready_file
+    bound = server.bound_addresses()
+    try:
+        write_ready_file(path, {"pid": os.getpid(), "server": name,
+                                "listen": [address for _role, address in bound],
+                                "roles": {role: address for role, address in bound if role}})
+    except OSError as exc:
+        raise CommandLineError(f"--ready-file {path}: cannot write: "
+                               f"{exc.strerror or exc}") from None
+
+
+READY_FILE_HELP = ("once every listener is bound, write JSON naming them to PATH (atomically; "
+                   "removed on exit): {\"pid\": N, \"server\": NAME, \"listen\": [ADDR, ...], "
+                   "\"roles\": {ROLE: ADDR}}. With port 0 in a listen address the kernel "
+                   "picks a free port and this file says which")
 
 
 def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
@@ -187,9 +212,13 @@ def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
                banner: Callable[[object], str]) -> int:
     """``frametap serve <protocol>``: parse ``argv``, set up logging, build the server
     with ``make_server(args)`` -> ``(server, listen text)``, print ``banner(server)`` once
-    it listens and serve until SIGINT/SIGTERM. Returns the exit status: 0 (also for
+    it listens (and write ``--ready-file``, which this adds to every server's options)
+    and serve until SIGINT/SIGTERM. Returns the exit status: 0 (also for
     ``--help``), 2 for a bad argument, a :class:`CommandLineError` or a listen address
     that cannot be bound (docs/design.md, "Command line")."""
+    if not any("--ready-file" in action.option_strings for action in parser._actions):
+        parser.add_argument("--ready-file", metavar="PATH", default=None,
+                            help=READY_FILE_HELP)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
@@ -203,11 +232,15 @@ def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
         return 2
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            runner.run(_serve_until_signalled(server, banner))
+            runner.run(_serve_until_signalled(server, banner, args.ready_file,
+                                              parser.prog.rpartition(" ")[2]))
     except OSError as exc:
         print(f"{parser.prog}: cannot listen on {listen}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2  # a port in use is a user error (docs/design.md, "Command line")
+    except CommandLineError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
     return 0

@@ -68,22 +68,48 @@ def _fill(value, names):
     return value
 
 
-def plan(spec, service_time):
-    """Ports, server command line and proxy routes for one protocol, from its
-    ``PROTOCOL.demo`` (see proxy.protocols.spec.DemoSpec).
-
-    Returns (server argv after ``frametap``, server ports to wait for, route tables,
-    Locust host, route names).
-    """
-    demo = spec.demo
+def server_plan(spec, service_time):
+    """``frametap serve`` argv (after ``frametap``) of one protocol's reference server,
+    from its ``PROTOCOL.demo`` (see proxy.protocols.spec.DemoSpec): every listener on
+    127.0.0.1 port 0 (its ``--ready-file`` says which ports it got)."""
     names = {"service_time": service_time}
-    for listener in demo.listeners:
-        names[f"server_{listener}"] = f"127.0.0.1:{free_port()}"
-        names[f"proxy_{listener}"] = f"127.0.0.1:{free_port()}"
-    argv = ["serve", spec.name] + [_fill(a, names) for a in demo.server_args]
-    ports = [int(names[f"server_{listener}"].rpartition(":")[2]) for listener in demo.listeners]
-    tables, route_names = [], []
-    for route in demo.routes:
+    for listener in spec.demo.listeners:
+        names[f"server_{listener}"] = "127.0.0.1:0"
+    return ["serve", spec.name] + [_fill(a, names) for a in spec.demo.server_args]
+
+
+def server_addresses(spec, ready):
+    """{listener: bound address} from the server's ready file: a listener of that name's
+    role (rocketmq: ``namesrv``, ``broker``), else the listeners in bind order."""
+    roles, listen = ready.get("roles") or {}, ready["listen"]
+    return {listener: roles.get(listener) or listen[i]
+            for i, listener in enumerate(spec.demo.listeners)}
+
+
+def pinned_listeners(spec):
+    """Listeners whose proxy address a route option names (``{proxy_<listener>}``, e.g.
+    RocketMQ's advertise map): their routes need a port before the proxy starts."""
+    text = json.dumps([dict(route.options) for route in spec.demo.routes])
+    return [listener for listener in spec.demo.listeners
+            if "{proxy_" + listener + "}" in text]
+
+
+def route_plan(spec, servers, pick_port=None):
+    """The proxy's route tables in front of ``servers`` ({listener: bound address}).
+
+    A route listens on port 0 (the proxy's ``--ready-file`` says which port it got),
+    unless a route option names its address (:func:`pinned_listeners`): that one gets a
+    free port from ``pick_port`` now, which another process may take before the proxy
+    binds it — the caller starts the proxy again on new ports then.
+
+    Returns (route tables, {listener: route name}, route names)."""
+    names = {f"server_{listener}": address for listener, address in servers.items()}
+    for listener in spec.demo.listeners:
+        names[f"proxy_{listener}"] = "127.0.0.1:0"
+    for listener in pinned_listeners(spec):
+        names[f"proxy_{listener}"] = f"127.0.0.1:{(pick_port or free_port)()}"
+    tables, route_names, by_listener = [], [], {}
+    for route in spec.demo.routes:
         name = spec.name + route.suffix
         table = (f'[[routes]]\nname = "{name}"\nprotocol = "{spec.name}"\n'
                  f'listen = "{names["proxy_" + route.listener]}"\n'
@@ -94,26 +120,31 @@ def plan(spec, service_time):
                 for k, v in _fill(dict(route.options), names).items())
         tables.append(table)
         route_names.append(name)
-    return argv, ports, tables, names["proxy_" + demo.locust_listener], route_names
+        by_listener.setdefault(route.listener, name)
+    return tables, by_listener, route_names
 
 
 def free_port():
+    """A port free now, for a route whose address must be known before the proxy starts
+    (see :func:`route_plan`); everything else binds port 0."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait_port(port, proc, what, timeout=30.0):
+def wait_ready_file(path, proc, what, timeout=30.0):
+    """The JSON a ``--ready-file`` holds once ``proc`` listens."""
     deadline = time.time() + timeout
     while time.time() < deadline:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            pass
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with status {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s")
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start listening within {timeout:.0f}s")
 
 
 def wait_ready(url, proc, timeout=30.0):
@@ -242,6 +273,47 @@ def report(metrics_text, locust_rows, seconds, route=None, out=sys.stdout):
     return ops
 
 
+def start_proxy(procs, frametap, out, cfg, logdir, run_id, specs, servers, attempts=3):
+    """The demo's one proxy: a route in front of every server listener, the admin
+    endpoint and the frame log; its listeners on port 0, read back from its ready file.
+    A route whose port had to be chosen in advance (:func:`route_plan`) may find it
+    taken: then the proxy is started again on new ports.
+
+    Returns (process, ready-file JSON, {protocol: route names},
+    {protocol: the route Locust uses})."""
+    ready = os.path.join(out, "proxy.ready.json")
+    log_path = os.path.join(out, "proxy.log")
+    for attempt in range(attempts):
+        routes, route_names, locust_routes = [], {}, {}
+        for proto, spec in specs.items():
+            tables, by_listener, names = route_plan(spec, servers[proto])
+            routes.extend(tables)
+            route_names[proto] = names
+            locust_routes[proto] = by_listener[spec.demo.locust_listener]
+        with open(cfg, "w") as f:
+            f.write(f'[admin]\nlisten = "127.0.0.1:0"\n\n'
+                    f'[framelog]\ndir = {toml_value(logdir)}\nrun_id = "{run_id}"\n\n'
+                    + "\n".join(routes))
+        print(f"[demo] starting proxy (config {cfg}, log {log_path})", flush=True)
+        with open(log_path, "w") as log:
+            proxy = procs.start("proxy", frametap + ["proxy", "-c", cfg, "--log-level",
+                                                     "warning", "--ready-file", ready],
+                                stderr=log)
+        try:
+            bound = wait_ready_file(ready, proxy, "proxy")
+        except RuntimeError:
+            with open(log_path) as f:
+                text = f.read()
+            if "address already in use" in text and attempt < attempts - 1:
+                print("[demo] a proxy port was taken meanwhile; starting it on new ports",
+                      flush=True)
+                continue
+            raise RuntimeError(f"proxy did not start: {text.strip()[-2000:]}") from None
+        print(f"[demo] proxy metrics at http://{bound['admin']}/metrics", flush=True)
+        return proxy, bound, route_names, locust_routes
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog="frametap demo",
@@ -289,32 +361,27 @@ def main(argv=None):
     frametap = [sys.executable, "-m", "proxy"]
     status = 1
     try:
-        admin = free_port()
-        routes, hosts = [], {}
-        route_names = {}
+        servers = {}
         for proto in chosen:
-            argv, ports, tables, host, names = plan(available[proto], args.service_time)
+            argv = server_plan(available[proto], args.service_time)
+            ready = os.path.join(out, f"{proto}-server.ready.json")
             print(f"[demo] starting reference {proto} server: frametap {' '.join(argv)}",
                   flush=True)
-            srv = procs.start(f"{proto} server", frametap + argv + ["--log-level", "WARNING"],
-                              stdout=subprocess.DEVNULL)
-            for port in ports:
-                wait_port(port, srv, f"{proto} server")
-            routes.extend(tables)
-            hosts[proto] = host
-            route_names[proto] = names
+            srv = procs.start(f"{proto} server", frametap + argv + [
+                "--log-level", "WARNING", "--ready-file", ready], stdout=subprocess.DEVNULL)
+            servers[proto] = server_addresses(available[proto],
+                                              wait_ready_file(ready, srv, f"{proto} server"))
+            print(f"[demo] {proto} server listening on {', '.join(servers[proto].values())}",
+                  flush=True)
         cfg = os.path.join(out, "frametap.toml")
         logdir = os.path.join(out, "framelogs")
         run_id = new_run_id()
-        with open(cfg, "w") as f:
-            f.write(f'[admin]\nlisten = "127.0.0.1:{admin}"\n\n'
-                    f'[framelog]\ndir = {toml_value(logdir)}\nrun_id = "{run_id}"\n\n'
-                    + "\n".join(routes))
-        print(f"[demo] starting proxy (config {cfg}); metrics at "
-              f"http://127.0.0.1:{admin}/metrics", flush=True)
-        proxy = procs.start("proxy", frametap + ["proxy", "-c", cfg, "--log-level", "warning"])
-        metrics_url = f"http://127.0.0.1:{admin}/metrics"
-        wait_ready(f"http://127.0.0.1:{admin}/readyz", proxy)
+        proxy, bound, route_names, locust_routes = start_proxy(
+            procs, frametap, out, cfg, logdir, run_id,
+            {proto: available[proto] for proto in chosen}, servers)
+        metrics_url = f"http://{bound['admin']}/metrics"
+        hosts = {proto: bound["routes"][locust_routes[proto]] for proto in chosen}
+        wait_ready(f"http://{bound['admin']}/readyz", proxy)
 
         loads = []
         for proto in chosen:
@@ -355,6 +422,9 @@ def main(argv=None):
         with open(os.path.join(out, "metrics.txt"), "w") as f:
             f.write(text)
         stop_gracefully(proxy, "proxy")    # SIGTERM: the frame log is flushed and closed
+        if os.path.getsize(os.path.join(out, "proxy.log")):
+            print(f"[demo] the proxy logged warnings: {os.path.join(out, 'proxy.log')}",
+                  flush=True)
         print(f"[demo] frame logs (run {run_id}): {logdir}", flush=True)
         print()
         total = 0

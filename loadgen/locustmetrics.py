@@ -245,6 +245,7 @@ class MetricsServer:
         self.host, self.port = host, port
         self.httpd = make_server(host, port, make_wsgi_app(self.registry), Server,
                                  handler_class=Handler)
+        self.port = self.httpd.server_address[1]     # as bound: port 0 picks a free one
         self.thread = threading.Thread(target=self.httpd.serve_forever,
                                        name="frametap-locust-metrics", daemon=True)
         self.thread.start()
@@ -262,6 +263,11 @@ class MetricsServer:
             time.sleep(0.05)
         return False
 
+    @property
+    def address(self) -> str:
+        """``host:port`` (``[v6]:port``) as bound."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -274,7 +280,7 @@ def address_arg(text: str) -> str:
     (the master hands it to the workers as it is)."""
     from proxy.addresses import parse_address
     try:
-        parse_address(text, "--frametap-metrics")
+        parse_address(text, "--frametap-metrics", allow_port_zero=True)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
     return text
@@ -301,7 +307,7 @@ def add_arguments(parser) -> None:
         "--frametap-metrics", metavar="HOST:PORT", default=None, type=address_arg,
         help="Serve /metrics on HOST:PORT ([v6]:PORT for IPv6) from start-up until Locust "
              "quits. Give it to the master (or the --processes parent); workers need "
-             "nothing.")
+             "nothing. Port 0 picks a free port (--frametap-ready-file says which).")
     group.add_argument(
         "--frametap-metrics-linger", metavar="SECONDS", default=0.0, type=linger_arg,
         help="When Locust quits, keep /metrics up until one more scrape has read the "
@@ -349,7 +355,7 @@ class _Plugin:
         if not address:
             return
         from proxy.addresses import parse_address
-        host, port = parse_address(address, "--frametap-metrics")
+        host, port = parse_address(address, "--frametap-metrics", allow_port_zero=True)
         metrics = LocustMetrics()
         runner = environment.runner
         collector = LocustCollector(metrics, lambda: getattr(runner, "user_count", 0))
@@ -364,7 +370,7 @@ class _Plugin:
             environment.events.worker_report.add_listener(self.on_worker_report)
         else:
             environment.events.request.add_listener(metrics.on_request)
-        log.info("frametap: Locust metrics on http://%s/metrics", address)
+        log.info("frametap: Locust metrics on http://%s/metrics", self.server.address)
 
     def on_test_start(self, environment, **_kwargs) -> None:
         # A worker may get the master's first spawn message - and so test_start - before

@@ -360,6 +360,7 @@ class ReferenceServer:
         self.connections_total = 0
         self.frames_received = 0
         self._listeners: list[asyncio.base_events.Server] = []
+        self._roles: dict[asyncio.base_events.Server, str] = {}   # listener -> its role
         self._connection_tasks: set[asyncio.Task] = set()
         self._log_window = 0.0           # start of the current one-second window
         self._log_lines = 0              # lines written in it
@@ -406,7 +407,20 @@ class ReferenceServer:
         listener = await asyncio.start_server(
             lambda r, w: self._serve_connection(r, w, role), host, port)
         self._listeners.append(listener)
+        self._roles[listener] = role
         return listener.sockets[0].getsockname()[1]
+
+    def bound_addresses(self) -> list[tuple[str, str]]:
+        """``(role, address)`` of every listener in bind order, as bound (a port 0 shows
+        the port the kernel chose): ``host:port``, ``[v6]:port`` or ``unix:/path``
+        (what ``frametap serve --ready-file`` writes)."""
+        out = []
+        for listener in self._listeners:
+            for sock in listener.sockets[:1]:
+                name = sock.getsockname()
+                address = ("unix:" + name) if isinstance(name, str) else format_address(name)
+                out.append((self._roles.get(listener, ""), address))
+        return out
 
     async def start(self) -> None:
         """Bind the server's listeners (subclasses)."""
@@ -420,6 +434,7 @@ class ReferenceServer:
     async def close(self) -> None:
         """Stop listening and close every connection (held replies are dropped)."""
         listeners, self._listeners = self._listeners, []
+        self._roles = {}
         self._flush_suppressed()
         for listener in listeners:
             listener.close()

@@ -83,8 +83,9 @@ def start_framelog(cfg, routes):
 class ProxyApp:
     """Start with ``await app.start()``; stop with ``app.request_stop()`` or SIGTERM/SIGINT."""
 
-    def __init__(self, config):
+    def __init__(self, config, ready_file=None):
         self.config = config
+        self.ready_file = ready_file   # --ready-file: bound addresses, once listening
         self.routes = []
         self.admin = None
         self.ready = False
@@ -125,6 +126,8 @@ class ProxyApp:
                      format_address(route.address), format_address(route.cfg.upstream))
         if self.admin is not None:
             log.info("admin: http://%s:%d/metrics", *self.admin.address)
+        if self.ready_file is not None:
+            await self._write_ready_file()
         if self.config.framelog is not None:
             self.framelog = start_framelog(self.config.framelog, self.routes)
         # Everything built at start-up (modules, protocol tables, config) lives as long as
@@ -132,6 +135,24 @@ class ProxyApp:
         # connections made (~10 ms of loop time per full pass before)
         gc.collect()
         gc.freeze()
+
+    def bound_addresses(self):
+        """What ``--ready-file`` holds: each route's listen address by route name and the
+        admin endpoint's (None without one), as bound (a port 0 is the chosen port)."""
+        return {"pid": os.getpid(),
+                "routes": {r.cfg.name: format_address(r.address) for r in self.routes},
+                "admin": None if self.admin is None else format_address(self.admin.address)}
+
+    async def _write_ready_file(self):
+        from proxy.readyfile import write_ready_file
+        try:
+            write_ready_file(self.ready_file, self.bound_addresses())
+        except OSError as exc:
+            await self.close_listeners()
+            if self.admin is not None:
+                self.admin.close()
+            raise ConfigError(f"--ready-file '{self.ready_file}': cannot write: "
+                              f"{exc.strerror or exc}") from None
 
     def _key(self, key):
         """A config key as the user named it (a flag in single-route mode)."""
@@ -171,6 +192,9 @@ class ProxyApp:
         """Stop accepting, let open connections drain up to ``timeout``, then close."""
         timeout = self.config.shutdown_timeout if timeout is None else timeout
         await self.close_listeners()
+        if self.ready_file is not None:    # no longer listening
+            from proxy.readyfile import remove_ready_file
+            remove_ready_file(self.ready_file)
         open_conns = sum(len(r.connections) for r in self.routes)
         if open_conns:
             log.info("draining %d open connections (up to %.1fs)", open_conns, timeout)

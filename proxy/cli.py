@@ -50,6 +50,11 @@ def _add_proxy(sub):
                    help="seconds before an unanswered request counts as a timeout (30)")
     p.add_argument("--drain-timeout", type=float, default=None,
                    help="on SIGTERM/SIGINT, seconds to let open connections finish (10)")
+    p.add_argument("--ready-file", metavar="PATH",
+                   help="once every listener is bound, write JSON naming them to PATH "
+                        "(atomically; removed on exit): {\"pid\": N, \"routes\": {ROUTE "
+                        "NAME: ADDR}, \"admin\": ADDR or null}. With port 0 in a listen "
+                        "address the kernel picks a free port and this file says which")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_proxy)
 
@@ -126,7 +131,7 @@ def cmd_proxy(args):
     from proxy.app import ProxyApp
     cfg = build_config(args)
     _setup_logging(args.log_level)
-    uvloop.run(ProxyApp(cfg).run())
+    uvloop.run(ProxyApp(cfg, ready_file=args.ready_file).run())
     return 0
 
 

@@ -34,3 +34,24 @@ def make(impl, protocol, route="route", **kw):
     RouteStats, Parser = impl
     stats = RouteStats(route, protocol)
     return stats, Parser(stats, **kw)
+
+
+#: Exceptions raised inside tracers made by :func:`checked_tracer` (the conftest fixture
+#: ``loop_errors`` fails the test when any are left here).
+TRACER_ERRORS = []
+
+
+def checked_tracer(fn):
+    """``fn`` as a parser ``tracer`` whose exceptions still fail the test.
+
+    Both twins call the tracer inside ``try: ... except Exception: pass``
+    (proxy/_framing.pyx and proxy/framing_py.py ``_emit``), so an exception a tracer
+    raises — a failed check, a KeyError on an unexpected row — would only drop that
+    record. The wrapper keeps the exception for the test's teardown, then re-raises it."""
+    def tracer(row):
+        try:
+            return fn(row)
+        except BaseException as exc:
+            TRACER_ERRORS.append(f"{type(exc).__name__}: {exc} (row {row!r})"[:500])
+            raise
+    return tracer

@@ -5,7 +5,9 @@ Nothing here touches the Debian package's own node (``rabbit@<host>`` on 5672/55
 free ports, its own HOME (with its own Erlang cookie), its own data, log, config and
 enabled-plugins files under one temporary directory, and listens on 127.0.0.1 only.
 It is started through ``/usr/lib/rabbitmq/bin/rabbitmq-server`` directly (the
-``/usr/sbin`` wrappers ``su`` to the ``rabbitmq`` user and its cookie).
+``/usr/sbin`` wrappers ``su`` to the ``rabbitmq`` user and its cookie). RabbitMQ cannot
+bind port 0 and report it, so the ports are picked free and a node whose start fails with
+"address in use" (``eaddrinuse``) is started again on new ones.
 
 Use the fixture in a test module with::
 
@@ -43,6 +45,8 @@ import time
 
 import pytest
 
+from tests._support.ports import collided, free_port
+
 __all__ = ["RabbitMQNode", "RabbitMQNodeError", "rabbitmq_node", "rabbitmq_available",
            "NOT_INSTALLED"]
 
@@ -54,12 +58,6 @@ def rabbitmq_available(bin_dir: str = RABBITMQ_BIN) -> bool:
     """True when the RabbitMQ server and CLI scripts are installed in ``bin_dir``."""
     return all(os.access(os.path.join(bin_dir, name), os.X_OK)
                for name in ("rabbitmq-server", "rabbitmqctl"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_accepts(host: str, port: int) -> bool:
@@ -89,11 +87,14 @@ class RabbitMQNode:
         self.start_timeout = start_timeout if start_timeout is not None else float(
             os.environ.get("FRAMETAP_RABBITMQ_START_TIMEOUT", "") or 60.0)
         self.nodename = f"frametap-test-{secrets.token_hex(4)}@localhost"
-        self.amqp_port = _free_port()
-        self.stream_port = _free_port()
-        self.dist_port = _free_port()
+        # RabbitMQ cannot bind port 0 and say which it got (the stream listener must
+        # advertise its port in its own config): free ports, and _acquire() starts a new
+        # node on new ones when one was taken before the node bound it
+        self.amqp_port = free_port()
+        self.stream_port = free_port()
+        self.dist_port = free_port()
         while len({self.amqp_port, self.stream_port, self.dist_port}) < 3:  # pragma: no cover
-            self.dist_port = _free_port()
+            self.dist_port = free_port()
         self.base_dir: str | None = None
         self.home: str | None = None
         self.log_file: str | None = None
@@ -301,8 +302,18 @@ _shared_users = 0
 def _acquire() -> RabbitMQNode:
     global _shared_node, _shared_users
     with _shared_lock:
-        if _shared_node is None:
-            _shared_node = RabbitMQNode().start()
+        for attempt in range(3):
+            if _shared_node is not None:
+                break
+            try:
+                _shared_node = RabbitMQNode().start()
+            except RabbitMQNodeError as exc:
+                # a port picked free was taken before the node bound it: new ports
+                if attempt == 2 or not collided(str(exc)):
+                    raise
+                import warnings
+                warnings.warn("a RabbitMQ node's port was taken before it bound it; "
+                              "starting one on new ports")
         _shared_users += 1
         return _shared_node
 

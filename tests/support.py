@@ -1,4 +1,5 @@
 """Test helpers: an in-process proxy, a fault-injecting FlyMQ upstream, raw clients.
+(Processes, Locust and Prometheus: tests/_support/.)
 
 The upstream answers each FlyMQ request frame with a response of the same opcode,
 and can be told to stall (stop reading), reset mid-frame or close after N bytes,
@@ -13,11 +14,14 @@ import uvloop
 
 from proxy.app import ProxyApp
 from proxy.config import config_from_dict
+from tests._support import loopcheck
 
 
 def run(coro, timeout=60):
-    """Run ``coro`` on a fresh uvloop loop (the proxy's loop in production)."""
+    """Run ``coro`` on a fresh uvloop loop (the proxy's loop in production). Errors the
+    loop reports to its exception handler fail the test (tests/_support/loopcheck.py)."""
     async def guarded():
+        loopcheck.install(asyncio.get_running_loop())
         return await asyncio.wait_for(coro, timeout)
     return uvloop.run(guarded())
 

@@ -817,6 +817,7 @@ def test_cli_unreadable_and_foreign_files(tmp_path, known):
     assert "other.parquet: not a frame log" in line
 
 
+@pytest.mark.slow
 def test_cli_error_found_through_hadoop(tmp_path):
     """A glob goes through Hadoop's file system API with Spark running: still one line."""
     (tmp_path / "logs").mkdir()

@@ -12,6 +12,7 @@ Without Java these tests skip, or fail when FRAMETAP_CI is set.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,6 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import free_port
 from tests.test_analyze import known_rows, need, require_java, write_known
 
 pytestmark = pytest.mark.slow
@@ -111,23 +111,45 @@ def local_tables(logs, cluster_starting, tmp_path_factory):
     return {name: (out / name).read_text() for name in TABLES}
 
 
+#: what the master logs once bound (its ports are 0: Spark picks and reports them)
+MASTER_URL_RE = re.compile(r"Starting Spark master at (spark://\S+)")
+MASTER_UI_RE = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
+
+
 class Cluster:
     """A standalone master and one worker, started; ``wait()`` returns the master URL
-    once the worker has registered (they boot while the local run works)."""
+    once the worker has registered (the worker boots while the local run works).
 
-    def __init__(self, work):
+    Every port is 0 (master, its web UI, the worker's): Spark binds them and logs which
+    it got, so nothing is picked first and lost to another process; the master's REST
+    submission server (a fixed 6066) is off."""
+
+    def __init__(self, work, timeout=90):
         env = spark_env()
+        env["SPARK_MASTER_OPTS"] = (env.get("SPARK_MASTER_OPTS", "") +
+                                    " -Dspark.master.rest.enabled=false").strip()
         self.work = work
-        port, self.ui = free_port(), free_port()
-        self.url = f"spark://127.0.0.1:{port}"
-        self.master = Daemon(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                              "--port", str(port), "--webui-port", str(self.ui)],
-                             work / "master.log", env)
         self.worker = None
+        self.master = Daemon(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                              "--port", "0", "--webui-port", "0"], work / "master.log", env)
         try:
+            deadline = time.monotonic() + timeout
+            while True:
+                text = (work / "master.log").read_text(errors="replace")
+                url, ui = MASTER_URL_RE.search(text), MASTER_UI_RE.search(text)
+                if url and ui:
+                    break
+                if self.master.proc.poll() is not None:
+                    need(f"spark master exited ({self.master.proc.returncode}): "
+                         f"see {work / 'master.log'}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"spark master did not report its ports in "
+                                         f"{timeout} s (see {work / 'master.log'})")
+                time.sleep(0.2)
+            self.url, self.ui = url.group(1), int(ui.group(1))
             self.worker = Daemon(["org.apache.spark.deploy.worker.Worker", self.url,
                                   "--host", "127.0.0.1", "-c", "1", "-m", "1g",
-                                  "--webui-port", str(free_port()),
+                                  "--webui-port", "0",
                                   "--work-dir", str(work / "work")], work / "worker.log", env)
         except BaseException:
             self.stop()

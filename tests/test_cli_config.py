@@ -16,7 +16,7 @@ from proxy import protocols
 from proxy.addresses import parse_address
 from proxy.config import RANGES, config_from_dict
 from proxy.errors import ConfigError
-from tests.conftest import free_port
+from tests._support.processes import proxy_process
 from tests.support import frame
 
 FRAMETAP = [sys.executable, "-m", "proxy"]
@@ -206,32 +206,20 @@ def test_serve_unavailable_protocol_one_line(name, needle):
 
 
 def start_proxy_process(tmp_path, upstream_port, extra=""):
-    port, admin = free_port(), free_port()
-    cfg = write(tmp_path, f"""
+    """A proxy process on port 0 (route ``fly`` and the admin endpoint): (the
+    :class:`~tests._support.processes.ProxyProcess`, route port, admin port)."""
+    proc = proxy_process(tmp_path, config=f"""
 [admin]
-listen = "127.0.0.1:{admin}"
+listen = "127.0.0.1:0"
 [proxy]
 shutdown_timeout = {extra or 5}
 [[routes]]
 name = "fly"
 protocol = "flymq"
-listen = "127.0.0.1:{port}"
+listen = "127.0.0.1:0"
 upstream = "127.0.0.1:{upstream_port}"
 """)
-    proc = subprocess.Popen(FRAMETAP + ["proxy", "-c", cfg], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 20
-    while True:
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1).status == 200:
-                break
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        if time.time() > deadline or proc.poll() is not None:
-            proc.kill()
-            raise AssertionError("proxy did not become ready: " + proc.stdout.read())
-        time.sleep(0.1)
-    return proc, port, admin
+    return proc, proc.port("fly"), proc.admin_port
 
 
 class SlowUpstream:
@@ -327,8 +315,7 @@ def test_second_signal_skips_the_drain(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         assert time.time() - t0 < 5
-        out = proc.stdout.read()
-        assert "second stop signal" in out
+        assert "second stop signal" in proc.log_text()
     finally:
         proc.kill()
 

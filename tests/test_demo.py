@@ -54,6 +54,8 @@ def assert_framelog_matches_metrics(out):
     import pyarrow as pa
     import pyarrow.parquet as pq
     from prometheus_client.parser import text_string_to_metric_families
+
+    from tests._support.framelogs import flushes
     files = sorted((out / "framelogs").glob("proxy-*.parquet"))
     assert files, "the demo's proxy wrote no frame log"
     rows = pa.concat_tables([pq.read_table(f) for f in files]).to_pylist()
@@ -75,6 +77,12 @@ def assert_framelog_matches_metrics(out):
     # the Locust users logged their side under the same run id, one file set per process
     client = sorted((out / "framelogs").glob("client-*.parquet"))
     assert len(client) >= 3, client                    # one Locust process per protocol
+    # the writers wrote while the run went on (a flush a second, one row group each), not
+    # only at close: the proxy's in its files, and some Locust process's in its own
+    files, groups = flushes(out / "framelogs", "proxy")
+    assert groups > files, ("proxy", files, groups)
+    assert any(pq.ParquetFile(f).num_row_groups > 1 for f in client), \
+        [(f.name, pq.ParquetFile(f).num_row_groups) for f in client]
     crows = pa.concat_tables([pq.read_table(f) for f in client]).to_pylist()
     assert crows and {r["run_id"] for r in crows} == {rows[0]["run_id"]}
     assert {r["protocol"] for r in crows} == {r["protocol"] for r in rows}

@@ -8,30 +8,21 @@ when descriptors free up, the accepts that ran out are counted in
 ``frametap_accept_errors_total``, and /metrics answers throughout.
 """
 
-import os
 import resource
 import select
 import socket
 import struct
-import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from loadgen.flymq.server import FlyMQServerThread
+from tests._support.processes import proxy_process
 
-FRAMETAP = [sys.executable, "-m", "proxy"]
 FD_LIMIT = 160          # the proxy's soft and hard limit: about 60 proxied connections
 CLIENTS = 150
 LIST_TOPICS = bytes([0xAF, 1, 0x08, 1]) + struct.pack(">I", 0)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port, timeout=5.0):
@@ -60,32 +51,18 @@ def proxy(tmp_path):
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < CLIENTS + 200:
         pytest.skip("this test process itself needs more descriptors than the proxy gets")
     with FlyMQServerThread() as upstream:
-        listen, admin = free_port(), free_port()
-        proc = subprocess.Popen(
-            FRAMETAP + ["proxy", "--protocol", "flymq", "--name", "fly",
-                        "--listen", f"127.0.0.1:{listen}",
-                        "--upstream", f"127.0.0.1:{upstream.port}",
-                        "--admin", f"127.0.0.1:{admin}", "--log-level", "warning"],
-            stderr=subprocess.PIPE, text=True, preexec_fn=_limit)
+        proc = proxy_process(tmp_path, ["--protocol", "flymq", "--name", "fly",
+                                        "--listen", "127.0.0.1:0",
+                                        "--upstream", f"127.0.0.1:{upstream.port}",
+                                        "--admin", "127.0.0.1:0"],
+                             log_level="warning", preexec_fn=_limit)
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    scrape(admin, 1)
-                    break
-                except OSError:
-                    assert proc.poll() is None, proc.stderr.read()
-                    assert time.monotonic() < deadline, "proxy did not start"
-                    time.sleep(0.1)
-            yield proc, listen, admin
+            scrape(proc.admin_port, 5)
+            yield proc, proc.port("fly"), proc.admin_port
         finally:
-            proc.terminate()
-            try:
-                _out, err = proc.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                _out, err = proc.communicate()
-            assert "Traceback" not in err, err
+            status = proc.stop(20)
+            assert "Traceback" not in proc.log_text(), proc.log_text()[-3000:]
+            assert status == 0, proc.log_text()[-3000:]
 
 
 def _answered(socks, timeout):

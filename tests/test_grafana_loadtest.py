@@ -1,6 +1,7 @@
 """Grafana for a load run, checked against a real Prometheus under a real distributed Locust run.
 
-Stack (subprocesses on 127.0.0.1, free ports): the reference FlyMQ server with
+Stack (subprocesses on 127.0.0.1, every one on port 0 and naming its ports in its ready
+file): the reference FlyMQ server with
 ``--require-auth``; the proxy with two FlyMQ routes, ``fly`` (to that server) and
 ``stall`` (to a socket that never answers, ``request_timeout`` 0.5 s); a Locust master
 with the exporter (``--frametap-metrics``) and two ``--worker`` processes, one that
@@ -40,10 +41,12 @@ from loadgen.flymq.client import FlyMQClient
 from loadgen.locustmetrics import (MAX_OPCODES, LocustCollector, LocustMetrics, MetricsServer,
                                    address_arg, linger_arg)
 from proxy.framing_common import BUCKETS
-from tests.conftest import free_port, locust_processes_args
+from tests._support.locust import (json_stats, locust_env, start_locust, start_locust_master,
+                                   start_locust_worker)
+from tests._support.processes import host_port, proxy_process, server_process, stop_process
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
                                 http_get, metric_names, promtool_binary, start_prometheus,
-                                stop, substitute, variable_queries, wait_http, wait_port)
+                                substitute, variable_queries)
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -58,26 +61,7 @@ USERS = 4
 
 
 def env(extra=None):
-    import os
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e["FRAMETAP_PROTOCOLS"] = "flymq"
-    for k in ("FRAMETAP_FLYMQ_USER", "FRAMETAP_FLYMQ_PASSWORD", "FRAMETAP_RUN_ID"):
-        e.pop(k, None)
-    e.update(extra or {})
-    return e
-
-
-def last_json(text):
-    """The last JSON array printed on stdout (the master's ``--json`` summary)."""
-    decoder, pos, last = json.JSONDecoder(), 0, None
-    while (start := text.find("[", pos)) >= 0:
-        try:
-            last, pos = decoder.raw_decode(text, start)
-        except ValueError:
-            pos = start + 1
-    assert last is not None, f"no JSON on stdout:\n{text[-2000:]}"
-    return last
+    return locust_env("flymq", extra)
 
 
 def boolify(expr):
@@ -158,42 +142,39 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loadtest")
     procs, silent = [], SilentUpstream()
     try:
-        up = free_port()
-        procs.append(server := subprocess.Popen(
-            FRAMETAP + ["serve", "flymq", "--listen", f"127.0.0.1:{up}", "--user",
-                        f"{USER}:{PASSWORD}", "--require-auth"],
-            stdout=open(tmp / "server.log", "w"), stderr=subprocess.STDOUT, cwd=ROOT))
-        wait_port(up, server, "flymq server")
-
-        fly, stall, admin = free_port(), free_port(), free_port()
-        (tmp / "frametap.toml").write_text(f"""
+        procs.append(server := server_process(tmp, "flymq", "--user", f"{USER}:{PASSWORD}",
+                                              "--require-auth"))
+        procs.append(proxy := proxy_process(tmp, config=f"""
 [proxy]
 shutdown_timeout = 1.0
 
 [admin]
-listen = "127.0.0.1:{admin}"
+listen = "127.0.0.1:0"
 
 [[routes]]
 name = "fly"
 protocol = "flymq"
-listen = "127.0.0.1:{fly}"
-upstream = "127.0.0.1:{up}"
+listen = "127.0.0.1:0"
+upstream = "{server.address}"
 
 [[routes]]
 name = "stall"
 protocol = "flymq"
-listen = "127.0.0.1:{stall}"
+listen = "127.0.0.1:0"
 upstream = "127.0.0.1:{silent.port}"
 request_timeout = 0.5
-""")
-        procs.append(proxy := subprocess.Popen(
-            FRAMETAP + ["proxy", "-c", str(tmp / "frametap.toml")],
-            stdout=open(tmp / "proxy.log", "w"), stderr=subprocess.STDOUT, cwd=ROOT))
-        wait_http(f"http://127.0.0.1:{admin}/readyz", proxy, "proxy", tmp / "proxy.log")
+"""))
+        fly, stall, admin = proxy.port("fly"), proxy.port("stall"), proxy.admin_port
 
-        metrics_port, master_port = free_port(), free_port()
+        # the Locust master first (on port 0, its exporter too): it waits for its two
+        # workers, so no load yet, and its ready file names the ports Prometheus scrapes
+        procs.append(master := start_locust_master(
+            tmp, "flymq", f"127.0.0.1:{fly}", ["FlyMQProducer", "FlyMQConsumer"],
+            expect_workers=2, users=USERS, duration=f"{RUN_TIME}s",
+            args=["--frametap-metrics", "127.0.0.1:0", "--frametap-metrics-linger", "10"]))
+        metrics_port = host_port(master.metrics)[1]
         pproc, prom = start_prometheus(
-            tmp, {"frametap": [f"127.0.0.1:{admin}"], "locust": [f"127.0.0.1:{metrics_port}"]},
+            tmp, {"frametap": [proxy.admin], "locust": [master.metrics]},
             rule_files=[str(RULES)])
         procs.append(pproc)
         prom.wait_value('up{job="frametap"}', lambda v: v == 1, "the proxy scraped")
@@ -217,22 +198,11 @@ request_timeout = 0.5
         prom.wait_value('sum(frametap_protocol_errors_total{route="fly"})',
                         lambda v: v >= 1, "the fly route's protocol error")
 
-        # the distributed Locust run: a master and two workers
-        master = subprocess.Popen(
-            LOCUST + ["--headless", "--master", "--master-bind-host", "127.0.0.1",
-                      "--master-bind-port", str(master_port), "--expect-workers", "2",
-                      "-u", str(USERS), "-r", str(USERS), "-t", f"{RUN_TIME}s",
-                      "--host", f"127.0.0.1:{fly}", "--json", "--skip-log", "--only-summary",
-                      "--loglevel", "WARNING", "--frametap-metrics", f"127.0.0.1:{metrics_port}",
-                      "--frametap-metrics-linger", "10", "FlyMQProducer", "FlyMQConsumer"],
-            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(master)
-        worker = LOCUST + ["--worker", "--master-host", "127.0.0.1", "--master-port",
-                           str(master_port), "--loglevel", "WARNING"]
-        for extra in ({"FRAMETAP_FLYMQ_USER": USER, "FRAMETAP_FLYMQ_PASSWORD": PASSWORD}, {}):
-            procs.append(subprocess.Popen(worker, cwd=ROOT, env=env(extra),
-                                          stdout=subprocess.DEVNULL,
-                                          stderr=open(tmp / f"worker{len(procs)}.log", "w")))
+        # the distributed Locust run: two workers join the master
+        for i, extra in enumerate(({"FRAMETAP_FLYMQ_USER": USER,
+                                    "FRAMETAP_FLYMQ_PASSWORD": PASSWORD}, {})):
+            procs.append(start_locust_worker(master, "flymq", extra,
+                                             log=tmp / f"worker{i}.log"))
 
         # mid-run: every panel and rule must have data
         prom.wait_value('sum(frametap_locust_users{job="locust"})', lambda v: v == USERS,
@@ -273,8 +243,8 @@ request_timeout = 0.5
         alerts = prom.query("ALERTS", at)["data"]["result"]
 
         out, err = master.communicate(timeout=RUN_TIME + 90)
-        assert master.returncode in (0, 1), err[-3000:]     # 1: there were failures
-        stats = last_json(out)
+        assert master.proc.returncode in (0, 1), err[-3000:]    # 1: there were failures
+        stats = json_stats(out)
         for p in procs[-2:]:
             p.wait(30)
         yield {"prom": prom, "at": at, "variables": variables, "labels": labels,
@@ -283,7 +253,7 @@ request_timeout = 0.5
     finally:
         silent.close()
         for p in reversed(procs):
-            stop(p)
+            p.stop() if hasattr(p, "stop") else stop_process(p)
 
 
 # --------------------------------------------------------------------------- under load
@@ -701,8 +671,9 @@ def test_labels_are_bounded():
 def test_metrics_server_lingers_until_one_more_scrape():
     m = LocustMetrics()
     m.observe("flymq", "PRODUCE", "ok", 1.5)
-    port = free_port()
-    srv = MetricsServer(LocustCollector(m, lambda: 3), "127.0.0.1", port)
+    srv = MetricsServer(LocustCollector(m, lambda: 3), "127.0.0.1", 0)
+    port = srv.port
+    assert port != 0 and srv.address == f"127.0.0.1:{port}"
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         status, text = http_get(url)
@@ -742,7 +713,8 @@ def test_option_values_are_checked():
     import argparse
     assert address_arg("127.0.0.1:9646") == "127.0.0.1:9646"
     assert address_arg("[::1]:9646") == "[::1]:9646"
-    for bad in ("9646", "host:", "127.0.0.1:0", "[::1:9646", "a:70000"):
+    assert address_arg("127.0.0.1:0") == "127.0.0.1:0"      # a free port, see the ready file
+    for bad in ("9646", "host:", "[::1:9646", "a:70000"):
         with pytest.raises(argparse.ArgumentTypeError):
             address_arg(bad)
     assert linger_arg("2.5") == 2.5
@@ -771,24 +743,21 @@ def test_bad_option_and_busy_port_exit_2_with_one_line(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [["--processes", "2"], []], ids=["processes-2", "plain"])
-def test_served_totals_equal_locust_json(mode):
+def test_served_totals_equal_locust_json(mode, tmp_path):
     """``--processes 2`` (the forked children are workers, the parent serves their totals)
     and a plain run (one process counts and serves): the last scrape, taken during the
     linger after the final report, equals Locust's --json count."""
     from loadgen.flymq.server import FlyMQServerThread
-    port = free_port()
     with FlyMQServerThread() as srv:
-        proc = subprocess.Popen(
-            LOCUST + ["--headless", *(locust_processes_args(2) if mode else []), "-u", "2",
-                      "-r", "2", "-t", "3s",
-                      "--host", f"127.0.0.1:{srv.port}", "--json", "--skip-log",
-                      "--only-summary", "--loglevel", "WARNING", "--frametap-metrics",
-                      f"127.0.0.1:{port}", "--frametap-metrics-linger", "20",
-                      "FlyMQProducer"],
-            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        run = start_locust(tmp_path, "flymq", f"127.0.0.1:{srv.port}", ["FlyMQProducer"],
+                           users=2, duration="3s",
+                           args=["--frametap-metrics", "127.0.0.1:0",
+                                 "--frametap-metrics-linger", "20"],
+                           processes=2 if mode else None)
+        port = host_port(run.metrics)[1]
         scrapes = []
         deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
+        while run.poll() is None and time.monotonic() < deadline:
             try:
                 status, text = http_get(f"http://127.0.0.1:{port}/metrics", timeout=2)
             except OSError:
@@ -796,14 +765,22 @@ def test_served_totals_equal_locust_json(mode):
             if status == 200:
                 scrapes.append(text)
             time.sleep(0.3)
-        out, err = proc.communicate(timeout=30)
+        out, err = run.communicate(timeout=30)
+        proc = run.proc
     assert proc.returncode == 0, err[-3000:]
-    expected = sum(e["num_requests"] for e in last_json(out))
+    expected = sum(e["num_requests"] for e in json_stats(out))   # one document: no worker's
     assert expected > 50
     totals = [sum(float(v) for v in re.findall(
         r'^frametap_locust_requests_total\{[^}]*\} (\S+)$', text, re.M)) for text in scrapes]
     assert totals[-1] == expected, (f"{len(totals)} scrapes, last {totals[-4:]}, "
                                     f"expected {expected}", err[-3000:])
+    # the middle too: the served totals only ever grew (an exporter that lost or re-sent
+    # a worker's report mid-run ends at the same total), and in a plain run a scrape
+    # during the load saw part of it (the numbers are live, not filled in at the end;
+    # --processes workers report every 3 s, so a 3 s run may show only the end)
+    assert all(b >= a for a, b in zip(totals, totals[1:])), totals
+    if not mode:
+        assert any(0 < t < expected for t in totals), totals
     assert any(re.search(r"^frametap_locust_users 2\.0$", s, re.M) for s in scrapes)
     # the endpoint went away with Locust
     with pytest.raises(OSError):

@@ -1,33 +1,23 @@
 """A real headless Locust run of the packaged locustfile against the reference fleximq
 broker, over TCP and over a Unix socket: requesters, responders and pub/sub users."""
 
-import csv
-import os
-import subprocess
-import sys
-
 import pytest
 
 from loadgen.fleximq.server import FlexiMQBrokerThread
+from tests._support.locust import csv_stats, run_locust
 
 # Locust is only ever imported in subprocesses (it gevent-patches the importing process).
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.slow          # Locust runs: seconds each (make test-fast skips them)
 
 
 def _run_locust(host, csv_prefix, users=6, duration="4s", extra_env=None):
-    env = dict(os.environ, FRAMETAP_PROTOCOLS="fleximq")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
-         "-u", str(users), "-r", str(users), "-t", duration, "--host", host,
-         "--csv", str(csv_prefix), "--only-summary", "--loglevel", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_locust("fleximq", host, users=users, duration=duration, env=extra_env,
+                      json_out=False, csv=csv_prefix)
 
 
 def _stats(csv_prefix):
-    with open(f"{csv_prefix}_stats.csv", newline="") as f:
-        return {(row["Type"], row["Name"]): row for row in csv.DictReader(f)}
+    return csv_stats(csv_prefix)
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])

@@ -1,32 +1,26 @@
 """A real headless Locust run of the packaged locustfile against the reference server."""
 
-import csv
-import os
 import subprocess
-import sys
+
+import pytest
 
 from loadgen.flymq.server import FlyMQServerThread
+from tests._support.locust import FRAMETAP_LOAD, LOCUST, csv_stats, locust_env, run_locust
+from tests._support.processes import ROOT
 
 # Locust is only ever imported in subprocesses: importing it here would gevent-patch the
 # pytest process (and every test after this one).
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow          # Locust runs: seconds each (make test-fast skips them)
 
 
 def _run_locust(port, csv_prefix, extra_env=None, users=4, duration="3s"):
-    env = dict(os.environ, FRAMETAP_PROTOCOLS="flymq")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
-         "-u", str(users), "-r", str(users), "-t", duration, "--host", f"127.0.0.1:{port}",
-         "--csv", str(csv_prefix), "--only-summary", "--loglevel", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_locust("flymq", f"127.0.0.1:{port}", users=users, duration=duration,
+                      env=extra_env, json_out=False, csv=csv_prefix)
 
 
 def _stats(csv_prefix):
-    with open(f"{csv_prefix}_stats.csv", newline="") as f:
-        return {(row["Type"], row["Name"]): row for row in csv.DictReader(f)}
+    return csv_stats(csv_prefix)
 
 
 def test_headless_locust_run_produces_and_fetches_without_failures(tmp_path):
@@ -71,12 +65,28 @@ def test_failures_are_reported_through_exception(tmp_path):
         assert "authentication required" in f.read()
 
 
+def test_frametap_load_json_with_processes_prints_one_document():
+    """``frametap load --json --processes 2``: the forked workers send their numbers to the
+    parent and print nothing of their own, so stdout is exactly one JSON document (Locust
+    prints ``--json`` in every process: each worker added its own ``[]``) and it holds
+    the workers' requests."""
+    with FlyMQServerThread() as srv:
+        run = run_locust("flymq", f"127.0.0.1:{srv.port}", ["FlyMQProducer"], users=2,
+                         duration="3s", processes=2, entry=FRAMETAP_LOAD)
+        stored = sum(p.high_watermark for t in srv.server.topics.values()
+                     for p in t.partitions)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # run.entries parsed the whole of stdout as one document (json.loads, not a scan)
+    assert run.stdout.lstrip().startswith("[") and run.stdout.count("\n]") == 1, run.stdout[:500]
+    produce = run.stats["PRODUCE"]
+    assert produce["num_requests"] > 0 and produce["num_failures"] == 0
+    # both workers' PRODUCEs are in it: the server stored at least as many records
+    assert stored >= produce["num_requests"]
+
+
 def _list_users(protocols):
-    env = dict(os.environ, FRAMETAP_PROTOCOLS=protocols)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py",
-                           "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(LOCUST + ["--list"], cwd=ROOT, env=locust_env(protocols),
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_locustfile_protocol_selection():

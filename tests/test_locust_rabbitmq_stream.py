@@ -1,14 +1,13 @@
 """Real headless Locust runs of the packaged locustfile against a private RabbitMQ node."""
 
-import json
-import os
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from loadgen.rabbitmq_stream.client import StreamClient, amqp_body
+from tests._support.locust import LOCUST, locust_env, run_locust
+from tests._support.processes import ROOT
 from tests.rabbitmq_node import rabbitmq_node  # noqa: F401  (pytest fixture)
 
 # Locust is only ever imported in subprocesses: importing it here would gevent-patch the
@@ -16,30 +15,18 @@ from tests.rabbitmq_node import rabbitmq_node  # noqa: F401  (pytest fixture)
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _run_locust(node, extra_env=None, users=4, duration="4s", host=None):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["FRAMETAP_PROTOCOLS"] = "rabbitmq-stream"
-    env.update(extra_env or {})
     host = host or f"rabbitmq-stream://{node.host}:{node.stream_port}"
-    return subprocess.run(
-        [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
-         "-u", str(users), "-r", str(users), "-t", duration, "--host", host,
-         "--json", "--skip-log", "--only-summary", "--loglevel", "WARNING",
-         "StreamPublisher", "StreamConsumer"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_locust("rabbitmq-stream", host, ["StreamPublisher", "StreamConsumer"],
+                      users=users, duration=duration, env=extra_env)
 
 
-def _stats(proc):
+def _stats(run):
     """{name: entry} from Locust's --json summary (final, unlike the lagging CSV)."""
-    start = proc.stdout.find("[")
-    assert start >= 0, f"no JSON on stdout:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    entries = json.loads(proc.stdout[start:])
-    assert {e["method"] for e in entries} <= {"rabbitmq-stream"}
-    return {e["name"]: e for e in entries}
+    stats = run.stats
+    assert {e["method"] for e in stats.values()} <= {"rabbitmq-stream"}
+    return stats
 
 
 def test_headless_run_publishes_and_consumes_without_failures(rabbitmq_node):
@@ -102,10 +89,10 @@ def test_bad_credentials_are_reported_as_failures(rabbitmq_node):
 
 def test_unreachable_host_is_reported_under_peer_properties(tmp_path):
     import socket
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # a port nobody listens on: bound (held) but not listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = _run_locust(None, users=2, duration="2s", host=f"127.0.0.1:{port}")
+        proc = _run_locust(None, users=2, duration="2s", host=f"127.0.0.1:{port}")
     assert proc.returncode != 0
     stats = _stats(proc)
     assert stats["PeerProperties"]["num_failures"] > 0
@@ -113,11 +100,8 @@ def test_unreachable_host_is_reported_under_peer_properties(tmp_path):
 
 
 def test_locustfile_offers_the_stream_users():
-    env = dict(os.environ, FRAMETAP_PROTOCOLS="rabbitmq-stream")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py",
-                           "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(LOCUST + ["--list"], cwd=ROOT, env=locust_env("rabbitmq-stream"),
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "StreamPublisher" in proc.stdout and "StreamConsumer" in proc.stdout
     assert "StreamUser" not in proc.stdout

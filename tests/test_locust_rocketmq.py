@@ -1,23 +1,20 @@
 """Real headless Locust runs of the packaged locustfile against the reference RocketMQ servers."""
 
-import json
-import os
 import socket
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from loadgen.rocketmq.client import RocketMQClient, parse_host
 from loadgen.rocketmq.server import RocketMQServerThread
+from tests._support.locust import LOCUST, locust_env, run_locust
+from tests._support.processes import ROOT
 
 # Locust is only ever imported in subprocesses: importing it here would gevent-patch the
 # pytest process (and every test after this one).
 
 pytestmark = pytest.mark.slow
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -27,25 +24,15 @@ def rocketmq_servers():
 
 
 def _run_locust(host, extra_env=None, users=4, duration="4s"):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["FRAMETAP_PROTOCOLS"] = "rocketmq"
-    env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
-         "-u", str(users), "-r", str(users), "-t", duration, "--host", host,
-         "--json", "--skip-log", "--only-summary", "--loglevel", "WARNING",
-         "RocketMQProducer", "RocketMQConsumer"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_locust("rocketmq", host, ["RocketMQProducer", "RocketMQConsumer"],
+                      users=users, duration=duration, env=extra_env)
 
 
-def _stats(proc):
+def _stats(run):
     """{name: entry} from Locust's --json summary (final, unlike the lagging CSV)."""
-    start = proc.stdout.find("[")
-    assert start >= 0, f"no JSON on stdout:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    entries = json.loads(proc.stdout[start:])
-    assert {e["method"] for e in entries} <= {"rocketmq"}
-    return {e["name"]: e for e in entries}
+    stats = run.stats
+    assert {e["method"] for e in stats.values()} <= {"rocketmq"}
+    return stats
 
 
 @pytest.mark.parametrize("serialize", ["json", "rocketmq"])
@@ -117,10 +104,10 @@ def test_batch_and_v1_sends(rocketmq_servers):
 
 
 def test_unreachable_name_server_is_reported_under_route_lookup():
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # a port nobody listens on: bound (held) but not listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = _run_locust(f"127.0.0.1:{port}", users=2, duration="2s")
+        proc = _run_locust(f"127.0.0.1:{port}", users=2, duration="2s")
     assert proc.returncode != 0  # Locust exits 1 when there were failures
     stats = _stats(proc)
     assert stats["GET_ROUTEINFO_BY_TOPIC"]["num_failures"] > 0
@@ -139,11 +126,8 @@ def test_unknown_topic_without_auto_create_is_reported():
 
 
 def test_locustfile_offers_the_rocketmq_users():
-    env = dict(os.environ, FRAMETAP_PROTOCOLS="rocketmq")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py",
-                           "--list"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(LOCUST + ["--list"], cwd=ROOT, env=locust_env("rocketmq"),
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "RocketMQProducer" in proc.stdout and "RocketMQConsumer" in proc.stdout
     assert "RocketMQUser" not in proc.stdout

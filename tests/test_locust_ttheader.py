@@ -4,15 +4,16 @@ reported per method under ``request_type="ttheader"``, failures are exactly the
 declared ``NotFound`` and the unknown method, and every client frame-log row (seq id as
 ``correlation_id``) joins the proxy's response row for the same call."""
 
-import subprocess
 import uuid
 
 import pytest
 
 from loadgen.ttheader.server import ThriftServerThread
-from tests.test_clientlog_locust import (ROOT, check_rows, locust_cmd, locust_env,
-                                         locust_stats, read_rows, request_count)
-from tests.test_clientlog_proxy import Proxy, join_responses
+from tests._support.framelogs import flushes
+from tests._support.locust import run_locust
+from tests._support.processes import proxy_process
+from tests.test_clientlog_locust import check_rows, read_rows, request_count
+from tests.test_clientlog_proxy import join_responses
 
 pytestmark = pytest.mark.slow
 METHODS = {"getUser", "echo", "placeOrder", "listUsers", "ping", "log", "retired"}
@@ -23,19 +24,30 @@ METHODS = {"getUser", "echo", "placeOrder", "listUsers", "ping", "log", "retired
                                                  ("framed", "binary")])
 def test_locust_users_through_proxy(tmp_path, transport, protocol):
     run_id = f"tt-{uuid.uuid4().hex[:8]}"
-    with ThriftServerThread(service_time="200us") as srv, \
-            Proxy(tmp_path, [("thrift", "ttheader", ("127.0.0.1", srv.port), "")],
-                  run_id) as proxy:
-        cmd = locust_cmd(f"ttheader://{proxy.address('thrift')}",
-                         ["--frametap-framelog", str(tmp_path / "client-log"),
-                          "--frametap-run-id", run_id], 4, "4s", ["ThriftUser"])
-        proc = subprocess.run(cmd, cwd=ROOT, env=locust_env("ttheader", {
-            "FRAMETAP_TTHEADER_TRANSPORT": transport,
-            "FRAMETAP_TTHEADER_PROTOCOL": protocol,
-            "FRAMETAP_TTHEADER_ZLIB": "1" if transport == "theader" else "0"}),
-            capture_output=True, text=True, timeout=120)
-        proxy_rows = proxy.stop()
-    stats = locust_stats(proc)
+    with ThriftServerThread(service_time="200us") as srv, proxy_process(tmp_path, config=f"""
+[framelog]
+dir = "{tmp_path / 'proxy-log'}"
+run_id = "{run_id}"
+rotate_seconds = 3600
+
+[[routes]]
+name = "thrift"
+protocol = "ttheader"
+listen = "127.0.0.1:0"
+upstream = "127.0.0.1:{srv.port}"
+""", log_level="warning") as proxy:
+        run = run_locust("ttheader", f"ttheader://{proxy.address('thrift')}", ["ThriftUser"],
+                         users=4, duration="4s",
+                         args=["--frametap-framelog", str(tmp_path / "client-log"),
+                               "--frametap-run-id", run_id],
+                         env={"FRAMETAP_TTHEADER_TRANSPORT": transport,
+                              "FRAMETAP_TTHEADER_PROTOCOL": protocol,
+                              "FRAMETAP_TTHEADER_ZLIB": "1" if transport == "theader" else "0"})
+        # SIGTERM: the proxy drains, then writes and closes its frame log
+        assert proxy.stop(60) == 0, proxy.log_text()[-3000:]
+    proxy_rows = read_rows(tmp_path / "proxy-log")
+    proc = run
+    stats = run.stats
     assert set(stats) >= {"getUser", "echo", "placeOrder"}, stats.keys()
     assert set(stats) <= METHODS
     # failures: the unknown method always, NotFound for the ~1% unknown user ids
@@ -46,6 +58,12 @@ def test_locust_users_through_proxy(tmp_path, transport, protocol):
             assert stats[name]["num_failures"] == 0, (name, proc.stderr[-2000:])
     client_rows = read_rows(tmp_path / "client-log")
     assert len(client_rows) == request_count(stats)
+    # both writers flushed while the 4 s run went on (1 s interval), not only at close:
+    # a writer that died at its first wake-up leaves the same rows in one final flush
+    for directory, source in ((tmp_path / "client-log", "client"),
+                              (tmp_path / "proxy-log", "proxy")):
+        files, groups = flushes(directory, source)
+        assert files >= 1 and groups > files, (source, files, groups)
     check_rows(client_rows, "ttheader", run_id=run_id)
     assert {r["kind"] for r in client_rows if r["opcode_name"] == "log"} <= {"oneway"}
     pairs, expected, missing = join_responses(client_rows, proxy_rows)

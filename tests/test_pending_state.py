@@ -13,7 +13,7 @@ from proxy import framing_py
 from proxy.framing_common import MAP_ENTRY_BYTES, PENDING_BYTES
 from proxy.protocols.flymq.conformance import frame as fly_frame
 from proxy.protocols.rabbitmq_stream.samples import publish, publish_confirm
-from tests.parsers import make, parser_impls
+from tests.parsers import checked_tracer, make, parser_impls
 
 STREAM = parser_impls("rabbitmq-stream")
 FLYMQ = parser_impls("flymq")
@@ -153,7 +153,7 @@ def parser_now(parser):
 def test_map_expiry_is_in_request_order_and_walks_only_what_expires(name):
     stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
     events = []
-    parser.tracer = lambda r: events.append(r) if r["kind"] == "event" else None
+    parser.tracer = checked_tracer(lambda r: events.append(r) if r["kind"] == "event" else None)
     _stream_publishes(parser, 1000, 3)         # ids 1000..1029, in this order
     t0 = parser_now(parser)
     _stream_publishes(parser, 5, 2)            # ids 5..24: read later
@@ -254,8 +254,8 @@ def test_twins_agree_when_answers_overtake_requests_and_the_order_ring_wraps():
     for name in sorted(STREAM):
         stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
         events = []
-        parser.tracer = (lambda r: events.append(r["correlation_id"])
-                         if r["kind"] == "event" else None)
+        parser.tracer = checked_tracer(lambda r: events.append(r["correlation_id"])
+                                       if r["kind"] == "event" else None)
         seen = []
         _stream_publishes(parser, 0, 20)                      # ids 0..199
         parser.feed(1, _confirm(list(range(199, 0, -2))))     # the odd ones, newest first
@@ -294,8 +294,9 @@ def test_expire_with_a_limit_counts_at_most_that_many_and_the_rest_later():
     for name in sorted(STREAM):
         stats, parser = make(STREAM[name], "rabbitmq-stream", request_timeout=1.0)
         events = []
-        parser.tracer = (lambda r: events.append(int(r["correlation_id"].split(":")[1]))
-                         if r["kind"] == "event" else None)
+        parser.tracer = checked_tracer(
+            lambda r: events.append(int(r["correlation_id"].split(":")[1]))
+            if r["kind"] == "event" else None)
         _stream_publishes(parser, 0, 100)              # ids 0..999
         parser.feed(1, _confirm(list(range(0, 1000, 7))))   # holes in request order
         t = parser_now(parser) + 2 * SECOND

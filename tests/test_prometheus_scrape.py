@@ -1,6 +1,6 @@
 """A real Prometheus scrapes a real proxy process; the Grafana dashboard's queries run on it.
 
-Stack (all subprocesses on 127.0.0.1, free ports): the reference FlyMQ server, the proxy
+Stack (all subprocesses on 127.0.0.1, port 0: each names its ports in its ready file): the reference FlyMQ server, the proxy
 (``python -m proxy proxy --protocol flymq ... --admin ...``) and ``prometheus`` (Debian
 package ``prometheus``) scraping the proxy's admin port every second. PRODUCE requests go
 through the proxy with the sync FlyMQClient, and Prometheus' HTTP API must then report
@@ -15,22 +15,20 @@ import json
 import math
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from loadgen.flymq.client import FlyMQClient
-from tests.conftest import free_port
+from tests._support.processes import proxy_process, server_process
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
                                 http_get, metric_names, promtool_binary, start_prometheus,
-                                stop, variable_queries, wait_http, wait_port)
+                                stop, variable_queries)
 from tests.prom_support import substitute as substitute_vars
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "frametap.json"
-FRAMETAP = [sys.executable, "-m", "proxy"]
 ROUTE = "fly"                  # --name of the proxy's route
 JOB = "frametap"
 TOPIC = "scrape-test"
@@ -69,28 +67,13 @@ VARIABLES = {
 
 @pytest.fixture(scope="module")
 def proxy_stack(tmp_path_factory):
-    """Reference FlyMQ server + proxy process with an admin listener."""
+    """Reference FlyMQ server + proxy process with an admin listener (all on port 0)."""
     tmp = tmp_path_factory.mktemp("proxy")
-    server = proxy = None
-    try:
-        up_port = free_port()
-        server_log = open(tmp / "server.log", "w")
-        server = subprocess.Popen(FRAMETAP + ["serve", "flymq", "--listen", f"127.0.0.1:{up_port}"],
-                                  stdout=server_log, stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_port(up_port, server, "flymq server")
-
-        port, admin = free_port(), free_port()
-        proxy_log = tmp / "proxy.log"
-        proxy = subprocess.Popen(
-            FRAMETAP + ["proxy", "--protocol", "flymq", "--name", ROUTE,
-                        "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{up_port}",
-                        "--admin", f"127.0.0.1:{admin}"],
-            stdout=open(proxy_log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_http(f"http://127.0.0.1:{admin}/readyz", proxy, "proxy", proxy_log)
-        yield {"port": port, "admin": admin, "upstream": up_port}
-    finally:
-        stop(proxy)
-        stop(server)
+    with server_process(tmp, "flymq") as server, \
+            proxy_process(tmp, ["--protocol", "flymq", "--name", ROUTE,
+                                "--listen", "127.0.0.1:0", "--upstream", server.address,
+                                "--admin", "127.0.0.1:0"]) as proxy:
+        yield {"port": proxy.port(ROUTE), "admin": proxy.admin_port, "upstream": server.port}
 
 
 @pytest.fixture(scope="module")

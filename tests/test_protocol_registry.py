@@ -186,13 +186,20 @@ def test_toy_in_demo(toy):
     from loadgen import demo
     assert "toy" in demo.demo_protocols()
     assert "toy" in demo.build_parser().parse_args([]).protocols.split(",")
-    argv, ports, tables, host, names = demo.plan(demo.demo_protocols()["toy"], "1ms")
+    spec = demo.demo_protocols()["toy"]
+    argv = demo.server_plan(spec, "1ms")
     assert argv[:3] == ["serve", "toy", "--listen"] and argv[-2:] == ["--service-time", "1ms"]
-    assert argv[3] == f"127.0.0.1:{ports[0]}" and names == ["toy"]
+    assert argv[3] == "127.0.0.1:0"                       # its ready file names the port
+    servers = demo.server_addresses(spec, {"listen": ["127.0.0.1:4321"], "roles": {}})
+    assert servers == {"listen": "127.0.0.1:4321"}
+    # the route's own address is in its options: that port is picked before the proxy runs
+    assert demo.pinned_listeners(spec) == ["listen"]
+    tables, by_listener, names = demo.route_plan(spec, servers, pick_port=lambda: 5555)
+    assert names == ["toy"] and by_listener == {"listen": "toy"}
     cfg = config_from_dict(tomllib.loads("\n".join(tables)))
     route = cfg.routes[0]
-    assert (route.name, route.protocol, route.upstream) == ("toy", "toy", ("127.0.0.1", ports[0]))
-    assert route.options == {"colour": host}
+    assert (route.name, route.protocol, route.upstream) == ("toy", "toy", ("127.0.0.1", 4321))
+    assert route.listen == ("127.0.0.1", 5555) and route.options == {"colour": "127.0.0.1:5555"}
 
 
 @pytest.mark.slow

@@ -438,19 +438,20 @@ def test_requests_to_an_unreachable_upstream_are_not_request_timeouts():
     async def scenario():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            dead = "127.0.0.1:%d" % s.getsockname()[1]     # nothing listens there
-        app = await start_proxy(dead)
-        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
-        writer.write(request(1) + request(2))
-        assert await asyncio.wait_for(reader.read(), 5) == b""
-        route = app.routes[0]
-        await wait_for(lambda: not route.connections, what="closed")
-        snap = route.stats.snapshot()
-        assert snap["timeouts"] == {} and snap["in_flight"] == 0
-        assert snap["connect_failures"] == 1
-        assert route.closed_counts == {("proxy", "connect_failed"): 1}
-        writer.close()
-        await app.shutdown(0)
+            # held, never listening: nothing else can take the port while the test runs
+            dead = "127.0.0.1:%d" % s.getsockname()[1]
+            app = await start_proxy(dead)
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
+            writer.write(request(1) + request(2))
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            route = app.routes[0]
+            await wait_for(lambda: not route.connections, what="closed")
+            snap = route.stats.snapshot()
+            assert snap["timeouts"] == {} and snap["in_flight"] == 0
+            assert snap["connect_failures"] == 1
+            assert route.closed_counts == {("proxy", "connect_failed"): 1}
+            writer.close()
+            await app.shutdown(0)
     run(scenario())
 
 

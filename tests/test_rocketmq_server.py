@@ -3,14 +3,13 @@
 import itertools
 import json
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 from loadgen.rocketmq.server import RocketMQServerThread, main
 from proxy.protocols.rocketmq import codes
+from tests._support.processes import server_process
 from proxy.protocols.rocketmq.codec import (
     Message,
     RemotingCommand,
@@ -380,34 +379,19 @@ def test_cli_bad_argument(capsys):
     assert "--queues" in capsys.readouterr().err
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_cli_serves_until_sigterm():
-    ns, br = _free_port(), _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from loadgen.rocketmq.server import main; "
-                               "sys.exit(main(sys.argv[1:]))",
-         "--namesrv", f"127.0.0.1:{ns}", "--broker", f"127.0.0.1:{br}",
-         "--advertise-broker", "1.2.3.4:5", "--queues", "2", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert "name server" in line
-        c = RawClient(f"127.0.0.1:{ns}")
+def test_cli_serves_until_sigterm(tmp_path):
+    with server_process(tmp_path, "rocketmq", "--advertise-broker", "1.2.3.4:5",
+                        "--queues", "2", "--log-level", "WARNING") as srv:
+        assert "name server" in srv.log_text().splitlines()[0]
+        c = RawClient(srv.role("namesrv"))
         route = decode_topic_route(c.request(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": "t"}).body)
         c.close()
         assert route.broker_datas[0].broker_addrs == {0: "1.2.3.4:5"}
         assert route.queue_datas[0].write_queue_nums == 2
-        b = RawClient(f"127.0.0.1:{br}")
+        b = RawClient(srv.role("broker"))
         assert send_v2(b, "t", b"x").code == codes.SUCCESS
         b.close()
-    finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
+    assert srv.proc.returncode == 0, srv.log_text()[-2000:]
 
 
 # --------------------------------------------------------------------------- real client

@@ -10,7 +10,7 @@ import pytest
 from loadgen.rocketmq.server import RocketMQServerThread
 from proxy.app import ProxyApp
 from proxy.config import config_from_dict
-from tests.conftest import LoopThread, free_port
+from tests.conftest import LoopThread
 from tests.rocketmq_real_client import real_client_skip_reason, run_producer, run_pull_consumer
 from tests.support import sample
 
@@ -28,34 +28,46 @@ def real_client():
 
 
 class RocketMQProxy:
-    """Two routes: name server (with route-data rewriting) and broker."""
+    """Two routes: name server (with route-data rewriting) and broker.
+
+    The broker route starts first, on port 0, in its own ProxyApp: the name server
+    route's rewriting names the port it got (no port picked in advance)."""
 
     def __init__(self, server, rewrite=True):
         self.lt = LoopThread()
-        self.broker_port = free_port()
-        ns_route = {"name": "namesrv", "protocol": "rocketmq", "listen": "127.0.0.1:0",
-                    "upstream": server.namesrv_address}
-        if rewrite:
-            ns_route["options"] = {"advertise": {
-                server.broker_address: f"127.0.0.1:{self.broker_port}"}}
-        self.app = ProxyApp(config_from_dict({"routes": [
-            ns_route,
-            {"name": "broker", "protocol": "rocketmq",
-             "listen": f"127.0.0.1:{self.broker_port}", "upstream": server.broker_address},
-        ]}))
-        self.lt.run(self.app.start())
-        self.namesrv = "127.0.0.1:%d" % self.app.routes[0].address[1]
+        self.apps = {}
+        try:
+            self._start("broker", {"name": "broker", "protocol": "rocketmq",
+                                   "listen": "127.0.0.1:0",
+                                   "upstream": server.broker_address})
+            broker_port = self.apps["broker"].routes[0].address[1]
+            ns_route = {"name": "namesrv", "protocol": "rocketmq", "listen": "127.0.0.1:0",
+                        "upstream": server.namesrv_address}
+            if rewrite:
+                ns_route["options"] = {"advertise": {
+                    server.broker_address: f"127.0.0.1:{broker_port}"}}
+            self._start("namesrv", ns_route)
+        except BaseException:
+            self.close()
+            raise
+        self.namesrv = "127.0.0.1:%d" % self.apps["namesrv"].routes[0].address[1]
+
+    def _start(self, name, route):
+        app = ProxyApp(config_from_dict({"routes": [route]}))
+        self.apps[name] = app
+        self.lt.run(app.start())
 
     def value(self, route, name, **labels):
         labels = {"route": route, "protocol": "rocketmq", **labels}
-        return self.lt.call(lambda: sample(self.app, name, **labels)) or 0
+        return self.lt.call(lambda: sample(self.apps[route], name, **labels)) or 0
 
     def errors(self):
-        return self.lt.call(lambda: {r.cfg.name: r.stats.snapshot()["errors"]
-                                     for r in self.app.routes})
+        return self.lt.call(lambda: {name: app.routes[0].stats.snapshot()["errors"]
+                                     for name, app in self.apps.items()})
 
     def close(self):
-        self.lt.run(self.app.shutdown(0))
+        for app in self.apps.values():
+            self.lt.run(app.shutdown(0))
         self.lt.stop()
 
 

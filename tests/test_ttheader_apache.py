@@ -15,7 +15,7 @@ import pytest
 
 from proxy.app import ProxyApp
 from proxy.config import config_from_dict
-from tests.conftest import LoopThread, free_port
+from tests.conftest import LoopThread
 from tests.support import sample
 from tests.thrift_real import MODES, ApacheServer, client, thrift_or_skip
 
@@ -30,7 +30,7 @@ def gen():
 
 @pytest.fixture
 def server(gen):
-    srv = ApacheServer(gen, free_port()).start()
+    srv = ApacheServer(gen).start()
     yield srv
     srv.stop()
 

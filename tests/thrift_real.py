@@ -125,9 +125,10 @@ class Handler:
 
 
 class ApacheServer:
-    """Apache's TThreadedServer with THeaderProtocolFactory on 127.0.0.1."""
+    """Apache's TThreadedServer with THeaderProtocolFactory on 127.0.0.1; ``port`` 0 (the
+    default) binds a port the kernel picks, read back into :attr:`port` by :meth:`start`."""
 
-    def __init__(self, gen, port):
+    def __init__(self, gen, port=0):
         from thrift.protocol.THeaderProtocol import THeaderProtocolFactory
         from thrift.server import TServer
         from thrift.transport import TSocket, TTransport
@@ -150,6 +151,11 @@ class ApacheServer:
             pass
 
     def start(self):
+        # bind here, not in serve(): the port is known (and taken) before the thread runs
+        transport = self.server.serverTransport
+        transport.listen()
+        transport.listen = lambda: None          # serve() would bind a second socket
+        self.port = transport.handle.getsockname()[1]
         self.thread.start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

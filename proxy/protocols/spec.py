@@ -33,10 +33,11 @@ class DemoRoute:
 class DemoSpec:
     """How ``frametap demo`` runs this protocol's reference server behind the proxy.
 
-    The demo picks a free port per listener and starts ``frametap serve <name>
-    <server_args>`` with ``{server_<listener>}`` replaced by ``127.0.0.1:<port>`` and
-    ``{service_time}`` by ``--service-time``. Locust then connects to the proxy route
-    in front of ``locust_listener``. ``needs`` lists ``(program, how to install it)``
+    The demo starts ``frametap serve <name> <server_args>`` with ``{server_<listener>}``
+    replaced by ``127.0.0.1:0`` and ``{service_time}`` by ``--service-time``, and reads
+    the ports it bound from its ``--ready-file`` (a listener of the same name as a server
+    role, e.g. rocketmq's ``namesrv``, is that role's; otherwise listeners follow the bind
+    order). Locust then connects to the proxy route in front of ``locust_listener``. ``needs`` lists ``(program, how to install it)``
     pairs the server or users must find on PATH; when one is missing the demo leaves the
     protocol out with one line saying so, instead of failing.
     """
