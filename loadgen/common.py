@@ -300,6 +300,7 @@ class SocketClient:
     _sock: socket.socket | None
     conn_id = 0
     local_address = ""
+    remote_address = ""
     requests_sent = 0
     recent: deque = deque(maxlen=0)   # replaced per connection by _connected()
 
@@ -307,6 +308,10 @@ class SocketClient:
         """Number the connection and note its local address (``[v6]:port`` for IPv6)."""
         self.conn_id = next(_CONN_IDS)
         self.local_address = format_address(sock.getsockname())
+        try:            # where it went: the client frame log's route (the proxy's listener)
+            self.remote_address = format_address(sock.getpeername())
+        except (OSError, AttributeError, IndexError, TypeError):
+            self.remote_address = ""
         self.requests_sent = 0
         self.recent = deque(maxlen=16)
 
@@ -423,6 +428,7 @@ class _OnWire:
         if sent is None:
             return None
         ft = {"ts_ns": ts_ns, "conn_id": client.conn_id, "peer": client.local_address,
+              "target": client.remote_address or None,
               "correlation_id": sent.correlation_id, "opcode": sent.opcode,
               "opcode_name": sent.opcode_name, "kind": sent.kind, "status": sent.status}
         if self.fields:
@@ -448,6 +454,8 @@ class RequestReporter:
     ``conn_id``          the client connection's per-process number (``SocketClient.conn_id``)
     ``peer``             the client socket's local ``ip:port`` (``[v6]:port``): the proxy's
                          ``peer`` for that connection
+    ``target``           where the connection goes (``ip:port``; default: Locust's host):
+                         the row's ``route``
     ``correlation_id``   the id the proxy's parser gives the request (a string; None when
                          the frame carries none, e.g. RabbitMQ Stream StoreOffset)
     ``opcode``           the request's opcode (optional)
