@@ -189,7 +189,11 @@ def _figure_html(fig, div_id):
                        config=PLOT_CONFIG, default_height=f"{fig.layout.height or 420}px")
 
 
-XX
+def _chart_or(fig, div_id, sentence):
+    if fig is None:
+        return f'<p class="empty">{_esc(sentence)}</p>'
+    return (f'<div class="chart" style="min-height: {fig.layout.height or 420}px">'
+            f'{_figure_html(fig, div_id)}</div>')
 
 
 def _figure_json(fig):
