@@ -471,4 +471,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     from loadgen import plugins
-    plugins.main()
+    sys.exit(plugins.main())

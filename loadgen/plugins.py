@@ -47,6 +47,11 @@ def main(argv=None):
         args = ["-f", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                    "locustfile.py")] + args
     install()
+    from loadgen.loadargs import precheck
+    problem = precheck(args)
+    if problem:                  # one line, before Locust starts (and logs) anything
+        sys.stderr.write(f"frametap load: {problem}\n")
+        return 2
     from locust.main import main as locust_main
     sys.argv = ["locust"] + args
     return locust_main()
@@ -56,4 +61,4 @@ if __name__ == "__main__":
     # run as a script the module is __main__: use the importable one, so the plugins are
     # installed once (the locustfile installs them from there too)
     from loadgen import plugins
-    plugins.main()
+    sys.exit(plugins.main())
