@@ -113,7 +113,7 @@ def _spark_failure(exc, spark=None, logs=None):
     A file Spark could not decode is named: from Spark's message when it names it,
     else (a broken page behind a valid footer can fail deep in the Parquet reader with
     an IndexOutOfBounds and no file name) by reading each Parquet file alone."""
-    from loadgen.analysis.inputs import find_undecodable, local_name
+    from loadgen.analysis.inputs import find_undecodable, local_name, task_failure
     from loadgen.analysis.session import first_line
     text = str(exc)
     m = re.search(r"(?:reading file|Could not read footer for file:?)\s+(\S+?)\.?(?:\s|$)", text)
@@ -128,7 +128,9 @@ def _spark_failure(exc, spark=None, logs=None):
     if "Malformed records are detected" in text:
         return AnalysisError("a JSON Lines frame log has a line that is not a JSON object of "
                              "the frame-log schema")
-    if spark is not None and logs is not None and logs.parquet and "parquet" in text.lower():
+    if (spark is not None and logs is not None and logs.parquet and task_failure(text)
+            and not re.search(r"OutOfMemory|ExecutorLost|[Ee]xecutor lost|heartbeat|"
+                              r"killed|cancell?ed", text)):
         culprit = find_undecodable(spark, logs.parquet)
         if culprit is not None:
             path, why = culprit

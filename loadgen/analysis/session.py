@@ -191,14 +191,15 @@ class Progress:
 class JvmStderr:
     """Copies the JVM's stderr (the read end ``fd`` of its pipe) to ours, without its
     start-up noise, until every writer has gone (on its own thread).  Until
-    ``release()`` the lines are held back: when the JVM fails to start, ``reason()``
-    turns them into one line instead of a Java stack."""
+    ``release()`` the lines are held back: when Spark fails to start, ``reason()``
+    turns them into one line instead of a Java stack, and the rest is dropped."""
 
     def __init__(self, fd, console):
         self.console = console
         self.held = []
         self.lock = threading.Lock()
         self.released = False
+        self.muted = False
         threading.Thread(target=self._run, args=(fd,), name="frametap-jvm-stderr",
                          daemon=True).start()
 
@@ -212,13 +213,17 @@ class JvmStderr:
                     if not self.released:
                         self.held.append(line)
                         continue
+                    if self.muted:
+                        continue
                 self.console.say(line)
 
-    def release(self, show=True):
+    def release(self, show=True, mute=False):
         """From now on lines go straight to the console (the held ones first, unless
-        ``show`` is false)."""
+        ``show`` is false) - or nowhere, with ``mute`` (the command reports a failure
+        in its own line)."""
         with self.lock:
             held, self.held, self.released = self.held, [], True
+            self.muted = mute
         if show:
             for line in held:
                 self.console.say(line)
@@ -387,24 +392,25 @@ def start_session(master=None, conf=(), console=None, connect_timeout=CONNECT_TI
         shutil.rmtree(log_dir, ignore_errors=True)
         time.sleep(0.2)                      # the JVM's last words are still in the pipe
         why = jvm_stderr.reason()
-        jvm_stderr.release(show=False)
+        jvm_stderr.release(show=False, mute=True)
         if why:
             raise AnalysisError(f"Spark did not start: {why}") from None
         raise AnalysisError(f"Spark's JVM did not start ({first_line(exc)}); is Java 17+ "
                             "installed?") from None
     finally:
         os.close(write_end)                 # the JVM holds its own copy
-    jvm_stderr.release()
     try:
         sc = _bounded(lambda: SparkContext(conf=spark_conf, gateway=gateway),
                       None if _local(master) else connect_timeout)
     except TimeoutError:
+        jvm_stderr.release(show=False, mute=True)       # the one line below says it
         _kill(gateway)
         shutil.rmtree(log_dir, ignore_errors=True)
         raise AnalysisError(f"--master {master}: the master did not accept this application "
                             f"within {connect_timeout:g} s (--connect-timeout); is it a "
                             f"running Spark {_spark_version()} master?") from None
     except Exception as exc:
+        jvm_stderr.release(show=False, mute=True)
         _kill(gateway)
         shutil.rmtree(log_dir, ignore_errors=True)
         raise AnalysisError(f"cannot start Spark with master {master}: "
@@ -415,14 +421,17 @@ def start_session(master=None, conf=(), console=None, connect_timeout=CONNECT_TI
         sc.setLogLevel("ERROR")
         spark = SparkSession(sc)
     except AnalysisError:
+        jvm_stderr.release(show=False, mute=True)
         _stop_quietly(sc, gateway)
         shutil.rmtree(log_dir, ignore_errors=True)
         raise
     except Exception as exc:
+        jvm_stderr.release(show=False, mute=True)
         _stop_quietly(sc, gateway)
         shutil.rmtree(log_dir, ignore_errors=True)
         raise AnalysisError(f"cannot start Spark with master {master}: "
                             f"{_stopped_reason(exc)}") from None
+    jvm_stderr.release()          # the session is up: what the JVM says is shown from now
     spark._frametap_log_dir = log_dir
     return spark, True
 
@@ -465,7 +474,7 @@ def _wait_for_executor(sc, master, timeout):
             raise AnalysisError(f"--master {master}: no worker gave this application an "
                                 f"executor within {timeout:g} s (--connect-timeout); do "
                                 f"the master's workers have free cores and memory? (its "
-                                f"web UI, http://{host}:8080, lists them)")
+                                f"web UI, http://{host}:8080 by default, lists them)")
         time.sleep(0.25)
 
 
