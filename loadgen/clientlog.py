@@ -291,6 +291,8 @@ class _Plugin:
             if environment.parsed_options is not None:
                 environment.parsed_options.frametap_run_id = self.master_run_id
         if directory:
+            self._keep_totals(environment)
+        if directory:
             try:
                 os.makedirs(directory, exist_ok=True)
             except OSError as exc:
@@ -346,6 +348,23 @@ class _Plugin:
         if self.log is not None:
             self.log.flush(finish=True)
         self._totals(environment)
+
+    def _keep_totals(self, environment) -> None:
+        """Take Locust's totals for the run file just before ``--json`` / ``--json-file``
+        print them: Locust empties its per-name stats as it serializes them for that
+        (``get_stripped_report``), after the master's last worker reports arrived and
+        before ``quit``. (A worker serializes its stats for every report: its totals are
+        its master's business.)"""
+        from locust.runners import WorkerRunner
+        stats = environment.stats
+        if isinstance(environment.runner, WorkerRunner) or stats is None:
+            return
+        serialize = stats.serialize_stats
+
+        def serialize_stats():
+            self._totals(environment)
+            return serialize()
+        stats.serialize_stats = serialize_stats
 
     def on_quitting(self, environment, **_kwargs) -> None:
         self._totals(environment)

@@ -433,7 +433,7 @@ def find_undecodable(spark, files):
         for f in files:
             try:
                 (spark.read.schema(schema).parquet(f)
-                 .agg(F.sum(F.xxhash64(*READ_COLUMNS)), F.count(F.lit(1))).collect())
+                 .agg(F.max(F.xxhash64(*READ_COLUMNS)), F.count(F.lit(1))).collect())
             except Exception as exc:
                 return f, task_failure(str(exc)) or first_line(exc)
     finally:
