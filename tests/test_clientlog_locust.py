@@ -386,7 +386,8 @@ def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
     for path in glob.glob(str(log / "*")):
         with open(path, "rb") as f:
             data = f.read()
-        assert password.encode() not in data and b'"opcode_name":"AUTH"' in data
+        assert password.encode() not in data
+        assert b'"opcode_name":"AUTH"' in data or RUN_FILE.match(os.path.basename(path))
     # the same table through pyarrow's JSON reader, with the schema's types
     from pyarrow import json as pajson
     table = pajson.read_json(glob.glob(str(log / "*.jsonl"))[0], parse_options=pajson.ParseOptions(
