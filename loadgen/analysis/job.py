@@ -279,13 +279,14 @@ def _fmt(value, places=3):
 def summary_table(rows):
     """The summary as a fixed-width text table (what the terminal shows)."""
     head = ("source", "route", "opcode", "requests", "answers", "errors", "timeouts",
-            "unmatched", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms")
+            "cut off", "unmatched", "req/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms")
     lines = [head]
     for r in sorted(rows, key=lambda r: (r["source"] or "", r["route"] or "",
                                          r["opcode"] or "")):
         lines.append((r["source"] or "-", r["route"] or "-", r["opcode"] or "-",
                       str(r["requests"]), str(r["responses"]), str(r["errors"]),
-                      str(r["timeouts"]), str(r["unmatched"]), _fmt(r["rate_per_s"], 1),
+                      str(r["timeouts"]), str(r.get("cut_off") or 0), str(r["unmatched"]),
+                      _fmt(r["rate_per_s"], 1),
                       _fmt(r["p50_ms"]), _fmt(r["p99_ms"]), _fmt(r["p999_ms"]),
                       _fmt(r["max_ms"])))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
@@ -297,6 +298,23 @@ def summary_table(rows):
         if n == 0:
             out.append("-" * len(out[0]))
     return "\n".join(out)
+
+
+def headline(totals):
+    """The report's headline as lines for the terminal: per side, what clients sent."""
+    out = []
+    for source, label in (("client", "clients"), ("proxy", "proxy")):
+        t = next((r for r in totals if r["source"] == source and r.get("protocol") is None
+                  and r.get("leg", "c2s") == "c2s"), None)
+        if t is None or not t["requests"]:
+            continue
+        span = max(((t["last_req_ns"] or 0) - (t["first_req_ns"] or 0)) / 1e9, 1.0)
+        ratio = t["errors"] / t["responses"] * 100 if t["responses"] else 0.0
+        out.append(f"{label}: {t['requests']:,} requests ({t['requests'] / span:,.0f}/s), "
+                   f"errors {ratio:.2f} % of answers, {t['timeouts']:,} timeouts, "
+                   f"{t['cut_off']:,} cut off, p50 {_fmt(t['p50_ms'])} ms, "
+                   f"p99 {_fmt(t['p99_ms'])} ms")
+    return out
 
 
 def run(args, stdout=None):
@@ -331,6 +349,8 @@ def run(args, stdout=None):
     if not args.quiet:
         meta = result.meta
         stdout.write(summary_table(result.summary) + "\n\n")
+        for line in headline(result.tables.get("totals") or []):
+            stdout.write(line + "\n")
         stdout.write(f"{meta['records']:,} records in {result.files:,} file(s); percentiles "
                      f"by Spark percentile_approx, rank error <= {RANK_ERROR * 100:g} %\n")
         stdout.write(f"tables: {local_name(result.out_dir)}/ (summary, timeline, slowest, "
