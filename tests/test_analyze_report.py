@@ -358,7 +358,8 @@ def test_headline_quotes_the_numbers():
     for text in ("Clients (Locust users", "Proxy (requests clients sent", "200",
                  "errors (of answers)", "2.02 %", "cut off at close", "3.50 ms",
                  "8 users, spawn rate 8/s, run time 20 s, host 127.0.0.1:7001",
-                 "frametap demo: 8 users per protocol for 20 s", "route flex"):
+                 "frametap demo: 8 users per protocol for 20 s", "<h3>Proxy routes</h3>",
+                 "<td>flex</td>"):
         assert text in page, text
 
 
@@ -416,13 +417,15 @@ def test_selectors_redraw_their_charts_in_chromium(tmp_path):
         # the opcodes with a series, busiest first (the others have no rows over time)
         assert options == ["flymq · FETCH", "flymq · PRODUCE"]
         assert browser.evaluate(title).startswith("flymq · FETCH: ")
-        names = browser.evaluate("document.getElementById('opcode').data.map(t => t.name)")
+        names = browser.evaluate("document.getElementById('opcode').data"
+                                ".map(t => t.legendgroup + ' ' + t.name)")
         assert "proxy p99" in names and "proxy cut off/s" in names
         browser.evaluate("(() => { const s = document.getElementById('opcode-pick'); "
                          "s.value = 'flymq · PRODUCE'; s.dispatchEvent(new Event('change')); "
                          "})()")
         assert browser.evaluate(title).startswith("flymq · PRODUCE: ")
-        names = browser.evaluate("document.getElementById('opcode').data.map(t => t.name)")
+        names = browser.evaluate("document.getElementById('opcode').data"
+                                ".map(t => t.legendgroup + ' ' + t.name)")
         assert "client p50" in names and "proxy cut off/s" not in names
         browser.evaluate("(() => { const s = document.getElementById('latency-pick'); "
                          "s.value = 'flymq'; s.dispatchEvent(new Event('change')); })()")

@@ -63,7 +63,7 @@ h3 { font-size: 14px; margin: 14px 0 4px; color: #3a4357; }
 p.note { color: #5a6478; margin: 2px 0 10px; }
 p.empty { color: #5a6478; font-style: italic; }
 table { border-collapse: collapse; font-size: 13px; width: 100%; }
-th, td { padding: 3px 7px; border-bottom: 1px solid #eceef2; text-align: left;
+th, td { padding: 3px 6px; border-bottom: 1px solid #eceef2; text-align: left;
          white-space: nowrap; }
 th { background: #f0f2f5; position: sticky; top: 0; font-weight: 600; }
 th.group { text-align: center; border-left: 2px solid #fff; }
@@ -76,6 +76,8 @@ tr.notes td.wrap { color: #6b5a1e; }
 tr.expected td { color: #6b7488; }
 .scroll { max-height: 520px; overflow: auto; }
 .scroll.tall { max-height: 760px; }
+table.dense { font-size: 12.5px; }
+table.dense th, table.dense td { padding: 3px 5px; }
 tr.notes td { border-bottom: 1px solid #e1e4ea; padding-top: 0; font-size: 12px; }
 dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0; }
 dt { color: #5a6478; } dd { margin: 0; }
@@ -362,7 +364,8 @@ def ran_section(view):
         span = (f"{ns_to_text(meta['first_ns'])} – {ns_to_text(meta['last_ns'])} UTC "
                 f"({_duration(seconds)})")
     facts.append(("time span", span))
-    facts.extend(view.runs.settings())
+    routes = view.runs.routes()
+    facts.extend(view.runs.settings(routes=not routes))     # the routes: a table below
     if not view.runs:
         facts.append(("settings", "unknown: no run files (run-*.json) beside these frame "
                                   "logs - frametap proxy, frametap load and frametap demo "
@@ -378,11 +381,12 @@ def ran_section(view):
               ("inputs", ", ".join(meta.get("paths") or [])),
               ("generated", meta.get("generated", ""))]
     dl = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in facts)
-    routes = view.runs.routes()
     extra = ""
     if routes:
+        shown = [{k: (f"{v:g}" if isinstance(v, float) else v) for k, v in r.items()}
+                 for r in routes]
         extra = "<h3>Proxy routes</h3>" + html_table(
-            routes, ["name", "protocol", "listen", "upstream", "request_timeout",
+            shown, ["name", "protocol", "listen", "upstream", "request_timeout",
                      "connect_timeout", "max_connections", "framelog"],
             ["route", "protocol", "listen", "upstream", "request timeout s",
              "connect timeout s", "max connections", "frame log"])
@@ -412,8 +416,10 @@ def opcode_figures(view):
         rows = by_key.get((proto, opcode))
         if not rows:
             continue
-        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                            row_heights=[0.62, 0.38])
+        troubled = any(r["errors"] or r["timeouts"] or r["cut_off"] for r in rows)
+        nrows = 3 if troubled else 2
+        fig = make_subplots(rows=nrows, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                            row_heights=[0.56, 0.26, 0.18] if troubled else [0.66, 0.34])
         sides = {}
         for r in rows:
             sides.setdefault(_side_name(r["source"], r["leg"]), []).append(r)
@@ -422,38 +428,47 @@ def opcode_figures(view):
             if not points:
                 continue
             colour = SIDE_COLOURS[side]
+            group = {"legendgroup": side, "legendgrouptitle_text": {
+                "proxy": "proxy (c2s)", "proxy s2c": "proxy (s2c leg)",
+                "client": "clients"}[side]}
             x = [ns_to_text(r["bucket_s"] * 1_000_000_000, millis=False) for r in points]
             for q, dash in (("p50", "solid"), ("p99", "dot")):
                 y = [r[f"{q}_ms"] for r in points]
                 if any(v is not None for v in y):
                     fig.add_trace(go.Scatter(
-                        x=x, y=y, name=f"{side} {q}", mode="lines", connectgaps=False,
-                        line={"color": colour, "dash": dash, "width": 2},
-                        legendgroup=side,
+                        x=x, y=y, name=q, mode="lines", connectgaps=False,
+                        line={"color": colour, "dash": dash, "width": 2}, **group,
                         hovertemplate="%{x}<br>" + f"{side} {q}" + " %{y:.3f} ms"
                                       "<extra></extra>"), row=1, col=1)
             fig.add_trace(go.Scatter(
                 x=x, y=[r["requests"] / view.op_bucket_s for r in points],
-                name=f"{side} requests/s", mode="lines", line={"color": colour, "width": 1.5},
-                fill="tozeroy" if side == "proxy" else None, opacity=0.6, legendgroup=side,
+                name="requests/s", mode="lines", line={"color": colour, "width": 1.5},
+                fill="tozeroy" if side == "proxy" else None, opacity=0.6, **group,
                 hovertemplate="%{x}<br>" + side + " %{y:.1f} requests/s<extra></extra>"),
                 row=2, col=1)
+            if not troubled:
+                continue
             for key, name, colour2 in (("errors", "errors", "#c0392b"),
                                        ("timeouts", "timeouts", STATUS_COLOURS["timeout"]),
                                        ("cut_off", "cut off", STATUS_COLOURS["closed"])):
                 y = [r[key] / view.op_bucket_s for r in points]
                 if any(y):
                     fig.add_trace(go.Bar(
-                        x=x, y=y, name=f"{side} {name}/s", marker={"color": colour2},
-                        legendgroup=side, opacity=0.85,
+                        x=x, y=y, name=f"{name}/s", opacity=0.85, **group,
+                        marker={"color": colour2, "line": {"color": colour, "width": 1.5}},
                         hovertemplate="%{x}<br>" + f"{side} {name}" + " %{y:.2f}/s"
-                                      "<extra></extra>"), row=2, col=1)
-        title = f"{proto} · {opcode}: latency (above) and rate (below), per {per}"
-        _layout(fig, title, "ms", height=560)
-        fig.update_layout(legend={"y": 1.04}, barmode="stack", margin={"t": 90})
+                                      "<extra></extra>"), row=3, col=1)
+        title = (f"{proto} · {opcode}: latency, rate" + (", what went wrong" if troubled
+                                                         else "") + f" - per {per}")
+        _layout(fig, title, "ms", height=620 if troubled else 540)
+        fig.update_layout(barmode="stack", margin={"t": 60, "r": 20},
+                          legend={"orientation": "v", "x": 1.01, "xanchor": "left", "y": 1,
+                                  "yanchor": "top", "groupclick": "toggleitem"})
         fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=1)
-        fig.update_yaxes(title_text="per second", rangemode="tozero", row=2, col=1)
-        fig.update_xaxes(title_text="time (UTC)", row=2, col=1)
+        fig.update_yaxes(title_text="requests/s", rangemode="tozero", row=2, col=1)
+        if troubled:
+            fig.update_yaxes(title_text="problems/s", rangemode="tozero", row=3, col=1)
+        fig.update_xaxes(title_text="time (UTC)", row=nrows, col=1)
         key = f"{proto} · {opcode}"
         figures[key] = _figure_json(fig)
         if weight > best:
@@ -482,8 +497,9 @@ def opcode_section(view):
             f'<span class="badge">{len(figures)} opcodes</span></div>'
             f'<div class="chart" id="opcode"></div>')
     note = ("Pick an opcode: the clients' and the proxy's p50 (solid) and p99 (dotted) over "
-            "the run, and below it the requests, errors, timeouts and cut-offs per second. "
-            "The number beside each opcode is its request and answer rows.")
+            "the run, below it the requests per second, and at the bottom - when any went "
+            "wrong - error answers, timeouts and cut-offs per second, each bar edged in its "
+            "side's colour. The number beside each opcode is its request and answer rows.")
     script = {"id": "opcode", "select": "opcode-pick", "figures": figures}
     return _section("opcode", "Latency over time, per opcode", body, note), script
 
@@ -521,7 +537,8 @@ def compare_rows(view):
                 notes.append(f"the proxy also saw {s2c['requests']:,} {opcode} sent by the "
                              "server side (s2c)")
         elif s2c and s2c.get("requests") and not proxy:
-            notes.append("sent by the server side (s2c) only")
+            notes.append(f"sent by the server side only: the proxy saw {s2c['requests']:,} "
+                         "(s2c)")
         if lc and client and client["requests"] != lc["requests"]:
             if client["requests"] > lc["requests"]:
                 notes.append(f"the client log has one row per message ({client['requests']:,}),"
@@ -558,12 +575,12 @@ def compare_section(view):
         cols += ["requests", "failures"]
     groups += [("client frame log", 5, " sep"), ("proxy: requests from clients (c2s)", 6,
                                                    " sep"),
-               ("s2c", 1, " sep"), ("outside the server", 2, " sep")]
+               ("outside the server", 2, " sep")]
     cols += ["requests", "errors", "timeouts", "p50 ms", "p99 ms", "requests", "errors",
-             "timeouts", "cut off", "p50 ms", "p99 ms", "requests", "p50 ms", "p99 ms"]
+             "timeouts", "cut off", "p50 ms", "p99 ms", "p50 ms", "p99 ms"]
     seps = {2} | ({4} if have_locust else set())
     first_client = 4 if have_locust else 2
-    seps |= {first_client, first_client + 5, first_client + 11, first_client + 12}
+    seps |= {first_client, first_client + 5, first_client + 11}
     head = ("<tr>" + "".join(f'<th class="group{sep}" colspan="{n}">{_esc(t)}</th>'
                              for t, n, sep in groups) + "</tr><tr>" +
             "".join(f'<th class="{"sep" if i in seps else ""}">{_esc(c)}</th>'
@@ -597,7 +614,6 @@ def compare_section(view):
                      num(p.get("cut_off")) +
                      f'<td class="n">{_ms(p.get("p50_ms"))}</td>'
                      f'<td class="n">{_ms(p.get("p99_ms"))}</td>')
-        cells.append(num((s or {}).get("requests"), " sep"))
         d = d or {}
         cells.append(f'<td class="n sep">{_ms(d.get("outside_p50_ms"))}</td>'
                      f'<td class="n">{_ms(d.get("outside_p99_ms"))}</td>')
@@ -605,12 +621,12 @@ def compare_section(view):
         if r["notes"]:
             body.append(f'<tr class="notes"><td></td><td class="wrap" colspan="{width - 1}">'
                         f'↳ {_esc("; ".join(r["notes"]))}</td></tr>')
-    table = ("<div class='scroll tall'><table><thead>" + head + "</thead><tbody>" +
+    table = ("<div class='scroll tall'><table class='dense'><thead>" + head + "</thead><tbody>" +
              "".join(body) + "</tbody></table></div>")
     note = ("Per protocol and opcode, busiest first: what Locust counted (its run file), "
             "what the clients logged, and what the proxy saw of the requests clients sent "
-            "(c2s) and of the same opcode sent the other way (s2c: requests from servers, or "
-            "a broker forwarding). The client's latency includes the client library, the "
+            "(c2s); the same opcode sent the other way (s2c: by servers, or a broker "
+            "forwarding) is in legs.csv and in a note under the row. The client's latency includes the client library, the "
             "proxy and the network; the proxy's is its upstream round trip; 'outside the "
             "server' is their difference per joined pair (client and proxy row with the same "
             "peer and correlation id). Amber: errors, or a proxy count more than 1 % off "

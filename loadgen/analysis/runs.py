@@ -109,9 +109,9 @@ class Runs:
 
     # ---- the headline ----------------------------------------------------------------
 
-    def settings(self):
+    def settings(self, routes=True):
         """[(label, text)] of what ran, for the report's headline (empty without run
-        files)."""
+        files); ``routes``: with a line per proxy route."""
         out = []
         demo = self.demo()
         if demo:
@@ -131,7 +131,7 @@ class Runs:
             text = ", ".join(p for p in parts if p)
             out.append((f"Locust ({', '.join(section.get('protocols') or []) or '?'})",
                         f"{text}; users {classes}"))
-        for r in self.routes():
+        for r in self.routes() if routes else ():
             out.append((f"route {r.get('name')}",
                         f"{r.get('protocol')}: {r.get('listen')} → {r.get('upstream')}, "
                         f"request timeout {r.get('request_timeout')} s"))
