@@ -58,17 +58,20 @@ class RunInfo:
                      "pid": os.getpid(), "started": _iso(self.started), "ended": None}
         self.data.update(sections)
         self._warned = False
+        self._written = False
 
     def write(self):
         """Write the file now (atomically); returns self.  Never raises."""
         directory, name = os.path.split(self.path)
         tmp = os.path.join(directory, "." + name + ".tmp")
         try:
-            os.makedirs(directory, exist_ok=True)
+            if not self._written:        # later writes never re-create a directory
+                os.makedirs(directory, exist_ok=True)     # someone removed on purpose
             with open(tmp, "w") as f:
                 json.dump(self.data, f, indent=1, sort_keys=True, default=str)
                 f.write("\n")
             os.replace(tmp, self.path)
+            self._written = True
         except OSError as exc:
             if not self._warned:
                 log.warning("run file %s: cannot write (%s); the analysis report will not "
