@@ -28,9 +28,13 @@ column              value
 ==================  ===================================================================
 ts_ns               wall-clock start of the request (the event's ``start_time``)
 source, run_id      ``"client"``, the run id
-route               null: the client does not know the proxy's route names (the join
-                    key is ``peer`` + ``correlation_id``)
-protocol            the event's ``request_type``
+route               where the request went: the connection's remote address
+                    (``host:port``, ``[v6]:port``, ``unix:/path``; Locust's ``--host``
+                    when the user did not say) - the proxy's listen address when the
+                    load goes through one. ``frametap analyze`` names the proxy's route
+                    from it when the proxy's run file lists that listener (the join key
+                    stays ``peer`` + ``correlation_id``)
+protocol            the event's ``request_type`` (Locust's column "Type")
 conn_id             the client connection's per-process number
 peer                the client socket's local ``ip:port`` (``[v6]:port``): what the proxy
                     logs as the connection's peer when the client connects to it directly
@@ -50,6 +54,12 @@ resource            topic / stream when the users say
 frame_bytes etc.    null
 ==================  ===================================================================
 
+Besides the frame log, the process that runs the test (a plain run, or the master of a
+distributed one or of ``--processes``) writes a run file into the same directory
+(:mod:`proxy.runinfo`, ``run-client-....json``): host, users, spawn rate, run time, user
+classes and their protocols, and at the end of each test Locust's own totals and errors
+per request type and name - what the analysis report's headline quotes.
+
 Cost per request on the users' side: building the small context dict, and here one row
 dict appended to a :class:`~proxy.framelog.RowBuffer` (never blocks; overflow is dropped
 and counted). Encoding and writing happen off the users' event loop: Locust runs under
@@ -67,6 +77,7 @@ import time
 
 from loadgen.common import RequestReporter
 from proxy.framelog import FORMATS, FrameLog, RowBuffer, new_run_id
+from proxy.runinfo import RunInfo
 
 __all__ = ["install", "add_arguments", "ClientLog", "GeventFrameLog", "RUN_ID_ENV"]
 
@@ -139,9 +150,12 @@ class ClientLog:
     drained into files by a :class:`GeventFrameLog`."""
 
     def __init__(self, directory: str, run_id: str | None = None, fmt: str = "parquet",
-                 flush_interval: float = 1.0, limit: int = 65536, **framelog_options):
+                 flush_interval: float = 1.0, limit: int = 65536, target: str | None = None,
+                 **framelog_options):
         self.directory = directory
         self.run_id = run_id or new_run_id()
+        #: the rows' route when the request's own context names no target (Locust's host)
+        self.target = target
         self.framelog = GeventFrameLog(directory, source="client", fmt=fmt,
                                        flush_interval=flush_interval, **framelog_options)
         self.buffer = self.framelog.add_source(RowBuffer(limit, defaults={
@@ -168,7 +182,8 @@ class ClientLog:
         if ts_ns is None:
             ts_ns = (int(start_time * 1e9) if start_time
                      else time.time_ns() - int(response_time * 1e6))
-        row = {"ts_ns": ts_ns, "protocol": request_type, "conn_id": ft.get("conn_id"),
+        row = {"ts_ns": ts_ns, "route": ft.get("target") or self.target,
+               "protocol": request_type, "conn_id": ft.get("conn_id"),
                "peer": ft.get("peer"), "opcode": ft.get("opcode"),
                "opcode_name": opcode_name, "kind": ft.get("kind") or "request",
                "resource": ft.get("resource"),
@@ -242,12 +257,14 @@ class _Plugin:
     """The per-process state: the options this process was given itself, and the log."""
 
     LISTENERS = {"init": "on_init", "test_start": "on_test_start",
-                 "test_stop": "on_test_stop", "quit": "close"}
+                 "test_stop": "on_test_stop", "quitting": "on_quitting", "quit": "close"}
 
     def __init__(self):
         self.own = None          # (dir, run_id, format) from this process's command line
         self.log: ClientLog | None = None
         self.environment = None
+        self.runinfo: RunInfo | None = None
+        self.master_run_id: str | None = None
 
     @staticmethod
     def _is_master(environment) -> bool:
@@ -265,7 +282,16 @@ class _Plugin:
 
     def on_init(self, environment, **_kwargs) -> None:
         self.own = self._options(environment)
+        self.environment = environment
         directory = self.own[0]
+        if directory and self._is_master(environment):
+            # one run id for the whole distributed run: the master's goes to its workers
+            # with the first spawn message (unless each was given its own)
+            self.master_run_id = self.own[1] or new_run_id()
+            if environment.parsed_options is not None:
+                environment.parsed_options.frametap_run_id = self.master_run_id
+        if directory:
+            self._keep_totals(environment)
         if directory:
             try:
                 os.makedirs(directory, exist_ok=True)
@@ -275,7 +301,11 @@ class _Plugin:
                 sys.exit(2)
 
     def on_test_start(self, environment, **_kwargs) -> None:
-        if self.log is not None or self._is_master(environment):
+        if self._is_master(environment):
+            self._run_file(environment)
+            return
+        if self.log is not None:
+            self._run_file(environment)
             return
         own = self.own or (None, None, None)
         given = self._options(environment)      # a worker: the master's, once spawned
@@ -288,21 +318,80 @@ class _Plugin:
                       "client frame log off", fmt, ", ".join(FORMATS))
             return
         self.environment = environment
-        self.log = ClientLog(directory, run_id, fmt).start()
+        self.log = ClientLog(directory, run_id, fmt, target=host_target(environment.host)).start()
         environment.events.request.add_listener(self.log.on_request)
         RequestReporter.frame_log = True
         atexit.register(self.close, at_exit=True)
         log.info("frametap: client frame log in %s (run_id %s, pid %d)", directory,
                  self.log.run_id, os.getpid())
+        self._run_file(environment)
+
+    def _run_file(self, environment) -> None:
+        """The run file (:mod:`proxy.runinfo`) of the process that runs the test: a plain
+        run or a master (workers' numbers reach their master, which writes them)."""
+        from locust.runners import WorkerRunner
+        if isinstance(environment.runner, WorkerRunner):
+            return
+        directory = (self.own or (None,))[0]
+        if not directory:
+            return
+        section = locust_settings(environment)
+        if self.runinfo is None:
+            run_id = self.log.run_id if self.log is not None else self.master_run_id
+            self.runinfo = RunInfo(directory, "client", run_id, locust=section)
+            self.runinfo.write()
+        else:
+            self.runinfo.update(locust=section)
 
     def on_test_stop(self, environment, **_kwargs) -> None:
         # a finished test's rows in complete files now (the web UI may stay up for long)
         if self.log is not None:
             self.log.flush(finish=True)
+        self._totals(environment)
+
+    def _keep_totals(self, environment) -> None:
+        """Take Locust's totals for the run file just before ``--json`` / ``--json-file``
+        print them: Locust empties its per-name stats as it serializes them for that
+        (``get_stripped_report``), after the master's last worker reports arrived and
+        before ``quit``. (A worker serializes its stats for every report: its totals are
+        its master's business.)"""
+        from locust.runners import WorkerRunner
+        stats = environment.stats
+        if isinstance(environment.runner, WorkerRunner) or stats is None:
+            return
+        serialize = stats.serialize_stats
+
+        def serialize_stats():
+            self._totals(environment)
+            return serialize()
+        stats.serialize_stats = serialize_stats
+
+    def on_quitting(self, environment, **_kwargs) -> None:
+        self._totals(environment)
+
+    def _totals(self, environment) -> None:
+        """Locust's totals into the run file.  Taken at test_stop, at quitting and at
+        quit: Locust's ``--json`` / ``--json-file`` empty its per-name stats when they
+        print them (between quitting and quit), so an empty table never replaces a
+        full one."""
+        if self.runinfo is None or environment is None:
+            return
+        totals = locust_totals(environment)
+        if totals["stats"] or not (self.runinfo.data.get("locust") or {}).get("stats"):
+            self.runinfo.update(locust=totals)
+        else:
+            self.runinfo.update(locust={"errors": totals["errors"],
+                                        "errors_left_off": totals["errors_left_off"],
+                                        "total": totals["total"]})
 
     def close(self, at_exit=False, **_kwargs) -> None:
         """Locust ``quit`` listener (after the users' on_stop requests); also run at
         interpreter exit in case ``quit`` never fired."""
+        if not at_exit:
+            self._totals(self.environment)
+        runinfo, self.runinfo = self.runinfo, None
+        if runinfo is not None:
+            runinfo.finish()
         log_, self.log = self.log, None
         if log_ is None:
             return
@@ -312,6 +401,75 @@ class _Plugin:
         if self.environment is not None:
             self.environment.events.request.remove_listener(log_.on_request)
         log_.close()
+
+
+def host_target(host):
+    """Locust's ``--host`` as the address the users connect to (``host:port``,
+    ``unix:/path``): the scheme and any path dropped; None without a host."""
+    if not host:
+        return None
+    text = host.strip()
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        if scheme.lower() == "ipc":
+            return "unix:" + rest
+        text = rest.split("/", 1)[0] if not rest.startswith("/") else rest
+    return text.rstrip("/") or None
+
+
+def locust_settings(environment) -> dict:
+    """The ``locust`` section of the run file: what was asked of Locust."""
+    import locust
+    opts = environment.parsed_options
+    classes = list(environment.user_classes or [])
+
+    def opt(name):
+        return getattr(opts, name, None) if opts is not None else None
+    return {
+        "host": environment.host, "target": host_target(environment.host),
+        "users": opt("num_users"), "spawn_rate": opt("spawn_rate"),
+        "run_time_s": opt("run_time"), "headless": opt("headless"),
+        "processes": opt("processes"), "expect_workers": opt("expect_workers")
+        if opt("master") else None,
+        "user_classes": sorted(c.__name__ for c in classes),
+        "protocols": sorted({getattr(c, "request_type", "") for c in classes} - {""}),
+        "stop_timeout": opt("stop_timeout"), "locust_version": locust.__version__,
+        "protocols_env": os.environ.get("FRAMETAP_PROTOCOLS") or None,
+    }
+
+
+def locust_totals(environment, max_errors=200) -> dict:
+    """Locust's own numbers at the end of a test, per (type, name): requests, failures,
+    median and 99th percentile (Locust's rounded histogram, ms), and its error list."""
+    stats = environment.stats
+    entries = []
+    for (name, method), e in sorted(stats.entries.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if not (e.num_requests or e.num_failures):
+            continue
+        answered = e.num_requests - e.num_none_requests
+        entries.append({
+            "type": method, "name": name, "requests": e.num_requests,
+            "failures": e.num_failures,
+            "p50_ms": e.get_response_time_percentile(0.5) if answered else None,
+            "p99_ms": e.get_response_time_percentile(0.99) if answered else None,
+            "avg_ms": round(e.avg_response_time, 3) if answered else None,
+            "max_ms": e.max_response_time if answered else None})
+    errors = sorted(({"type": err.method, "name": err.name, "error": str(err.error)[:300],
+                      "occurrences": err.occurrences} for err in stats.errors.values()),
+                    key=lambda r: -r["occurrences"])
+    total = stats.total
+    return {"stats": entries, "errors": errors[:max_errors],
+            "errors_left_off": max(0, len(errors) - max_errors),
+            "total": {"requests": total.num_requests, "failures": total.num_failures},
+            "first_request": _iso(total.start_time) if total.start_time else None,
+            "last_request": _iso(total.last_request_timestamp)
+            if total.last_request_timestamp else None}
+
+
+def _iso(seconds):
+    import datetime
+    t = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (t.microsecond // 1000)
 
 
 def install(events=None) -> None:
@@ -332,4 +490,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     from loadgen import plugins
-    plugins.main()
+    sys.exit(plugins.main())

@@ -9,7 +9,8 @@
   ``conn_id`` and ``local_address`` and the requests it sent, :class:`SentRequest`, for
   the client-side frame log), :func:`format_address`.
 * Locust users: the ``FRAMETAP_*`` settings readers (:func:`env_int`, :func:`env_float`,
-  :func:`env_bool`, :func:`env_choice`) and :class:`RequestReporter` (its
+  :func:`env_bool`, :func:`env_choice`), :class:`Backoff` (waits between reconnections to
+  a peer that keeps failing) and :class:`RequestReporter` (its
   :meth:`~RequestReporter.timed` context manager times a request and fires Locust's
   request event; :meth:`~RequestReporter.on_wire` gives a request its frame-log row,
   see :mod:`loadgen.clientlog`).
@@ -24,6 +25,7 @@ import asyncio
 import itertools
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -39,7 +41,7 @@ __all__ = [
     "new_event_loop", "ServerThread", "address_arg", "user_arg", "service_time_arg",
     "CommandLineError", "serve_main", "parse_host", "connect_tcp", "SocketClient",
     "SentRequest", "format_address",
-    "env_int", "env_float", "env_bool", "env_choice", "RequestReporter",
+    "env_int", "env_float", "env_bool", "env_choice", "Backoff", "RequestReporter",
 ]
 
 
@@ -333,6 +335,7 @@ class SocketClient:
     _sock: socket.socket | None
     conn_id = 0
     local_address = ""
+    remote_address = ""
     requests_sent = 0
     recent: deque = deque(maxlen=0)   # replaced per connection by _connected()
 
@@ -340,6 +343,10 @@ class SocketClient:
         """Number the connection and note its local address (``[v6]:port`` for IPv6)."""
         self.conn_id = next(_CONN_IDS)
         self.local_address = format_address(sock.getsockname())
+        try:            # where it went: the client frame log's route (the proxy's listener)
+            self.remote_address = format_address(sock.getpeername())
+        except (OSError, AttributeError, IndexError, TypeError):
+            self.remote_address = ""
         self.requests_sent = 0
         self.recent = deque(maxlen=16)
 
@@ -437,6 +444,53 @@ def env_choice(name: str, default: str, choices: tuple) -> str:
     return text
 
 
+class Backoff:
+    """Waits between reconnections to a peer that keeps failing (a dead server, or a
+    proxy whose upstream is down: the connect succeeds, the first request fails).
+
+    :meth:`before_connect` is called before every connection attempt: the first one
+    after a success goes ahead at once; each further attempt without a successful
+    request in between waits ``first`` seconds, doubling up to ``cap``, each wait
+    ±``jitter`` (a fraction) so that many users do not retry in step. :meth:`ok` (a
+    request succeeded) starts over. Settings: ``FRAMETAP_RECONNECT_DELAY`` (``first``,
+    default 0.1 s) and ``FRAMETAP_RECONNECT_MAX_DELAY`` (``cap``, default 5 s).
+    """
+
+    __slots__ = ("first", "cap", "jitter", "attempts", "_rng", "_sleep")
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0, jitter: float = 0.2,
+                 rng: random.Random | None = None, sleep: Callable[[float], None] = None):
+        self.first = first
+        self.cap = max(cap, first)
+        self.jitter = jitter
+        self.attempts = 0            # connection attempts since the last success
+        self._rng = rng or random.Random()
+        self._sleep = sleep or time.sleep      # gevent's, once Locust patched time
+
+    @classmethod
+    def from_env(cls) -> "Backoff":
+        return cls(env_float("FRAMETAP_RECONNECT_DELAY", 0.1),
+                   env_float("FRAMETAP_RECONNECT_MAX_DELAY", 5.0))
+
+    def delay(self) -> float:
+        """The wait before the next attempt (0 for the first after a success)."""
+        if self.attempts == 0:
+            return 0.0
+        base = min(self.cap, self.first * 2 ** min(self.attempts - 1, 62))
+        return min(self.cap, base * (1 + self.jitter * (2 * self._rng.random() - 1)))
+
+    def before_connect(self) -> float:
+        """Wait as long as :meth:`delay` says, count the attempt; returns the wait."""
+        wait = self.delay()
+        self.attempts += 1
+        if wait > 0:
+            self._sleep(wait)
+        return wait
+
+    def ok(self) -> None:
+        self.attempts = 0
+
+
 class _OnWire:
     """Placeholder in a timed request's context until the block ends: the request goes
     out on ``client`` as its first request after ``mark``."""
@@ -456,6 +510,7 @@ class _OnWire:
         if sent is None:
             return None
         ft = {"ts_ns": ts_ns, "conn_id": client.conn_id, "peer": client.local_address,
+              "target": client.remote_address or None,
               "correlation_id": sent.correlation_id, "opcode": sent.opcode,
               "opcode_name": sent.opcode_name, "kind": sent.kind, "status": sent.status}
         if self.fields:
@@ -481,6 +536,8 @@ class RequestReporter:
     ``conn_id``          the client connection's per-process number (``SocketClient.conn_id``)
     ``peer``             the client socket's local ``ip:port`` (``[v6]:port``): the proxy's
                          ``peer`` for that connection
+    ``target``           where the connection goes (``ip:port``; default: Locust's host):
+                         the row's ``route``
     ``correlation_id``   the id the proxy's parser gives the request (a string; None when
                          the frame carries none, e.g. RabbitMQ Stream StoreOffset)
     ``opcode``           the request's opcode (optional)
@@ -515,6 +572,15 @@ class RequestReporter:
     last_exception: Exception | None = None
     #: True while the client-side frame log runs in this process (set by loadgen.clientlog).
     frame_log = False
+    #: the user's reconnection back-off (:meth:`before_connect`), made on first use
+    backoff: Backoff | None = None
+
+    def before_connect(self) -> float:
+        """Call before opening a connection: waits when the previous connections
+        failed without a successful request (:class:`Backoff`); returns the wait."""
+        if self.backoff is None:
+            self.backoff = Backoff.from_env()
+        return self.backoff.before_connect()
 
     def on_wire(self, req: dict, client: SocketClient, **fields) -> None:
         """Inside a :meth:`timed` block: the request goes out on ``client`` (its first
@@ -561,6 +627,8 @@ class RequestReporter:
         # success with whatever the block had set).
         meta["response_time"] = (time.perf_counter() - start) * 1000.0
         self.last_exception = meta["exception"]
+        if meta["exception"] is None and not quiet and self.backoff is not None:
+            self.backoff.ok()            # the peer answers: reconnect at once next time
         ctx = meta["context"]
         if ctx:
             wire = ctx.get("frametap")
@@ -577,6 +645,8 @@ class RequestReporter:
              exception: Exception | None = None, **context) -> None:
         """Report one request timed elsewhere (``response_time`` in ms); ``context`` is
         the event's context (``frametap=`` for its frame-log row, see the class)."""
+        if exception is None and self.backoff is not None:
+            self.backoff.ok()
         self.environment.events.request.fire(
             request_type=self.request_type, name=name, response_time=response_time,
             response_length=length, exception=exception, context=context)

@@ -7,6 +7,7 @@ Every process it starts is its own child and is stopped on exit, Ctrl-C included
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,21 @@ from loadgen import promread
 from proxy.framelog import new_run_id
 from proxy import protocols
 from proxy.paths import locustfile_path
+from proxy.runinfo import RunInfo, is_run_file
+
+#: Failures the demo's users cause on purpose, per protocol: (Locust name or None for
+#: any, the start of Locust's error text - the exception's class; "" for any -, the
+#: frame-log status the proxy gives the answer, why).  Everything else is not expected.
+EXPECTED_FAILURES = {
+    "ttheader": (
+        ("retired", "", "UNKNOWN_METHOD",
+         "the users call `retired`, a method the service does not have, to show an "
+         "UNKNOWN_METHOD answer"),
+        (None, "NotFound", "EXCEPTION",
+         "about 1 % of the user ids the users ask for do not exist: the service answers "
+         "its declared NotFound exception"),
+    ),
+}
 
 
 def demo_protocols():
@@ -171,6 +187,20 @@ def analyse(logdir, out):
     return r.returncode
 
 
+def locust_exit_reason(stderr):
+    """The line of a failed Locust's stderr that says why: its last error or traceback
+    line (never its stats tables, whose borders and rows also go to stderr)."""
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    table = re.compile(r"^(-+\|[-|]*|Type\s+Name\b.*|\S+\s+\S.*\|.*\d.*\|.*|"
+                       r"Aggregated\b.*|Response time percentiles.*|Error report.*|"
+                       r"#\s*occurrences.*)$")
+    useful = [line for line in lines if not table.match(line)]
+    for line in reversed(useful):
+        if re.search(r"(Error|Exception|error:|CRITICAL|Traceback)", line):
+            return line[:300]
+    return (useful[-1][:300] if useful else "no message (see its output above)")
+
+
 def stop_gracefully(proc, what, timeout=30.0):
     """SIGTERM and wait (the proxy drains, then flushes its frame log)."""
     if proc.poll() is None:
@@ -241,13 +271,21 @@ def fmt_ms(seconds):
 
 
 def report(metrics_text, locust_rows, seconds, route=None, out=sys.stdout):
-    """Per-opcode table of one route: proxy view (from /metrics) next to Locust's view."""
+    """Per-opcode table of one route: proxy view (from /metrics) next to Locust's view.
+
+    ``t/o``: the proxy's timeouts (no answer within the route's request timeout);
+    ``cut``: requests whose connection closed before the answer (the run stopping), not
+    timeouts. An opcode that crosses the proxy in both directions (a fleximq REQ goes
+    from the requester to the broker and on to a responder) is counted by the proxy once
+    per leg: a note under the table says so."""
     ops = promread.per_opcode(metrics_text, route)
-    names = sorted(op for op, v in ops.items() if v["requests"] or v["timeouts"])
+    names = sorted(op for op, v in ops.items()
+                   if v["requests"] or v["timeouts"] or v.get("cutoffs"))
     width = max([len(n) for n in names] + [8])
     peak = max([ops[n]["requests"] for n in names] + [1])
-    head = (f"{'opcode':<{width}}  {'proxy req':>10} {'err':>5} {'p50 ms':>7} {'p99 ms':>7}"
-            f"  {'locust req':>10} {'fail':>5} {'p50 ms':>7} {'p99 ms':>7}  requests/s")
+    head = (f"{'opcode':<{width}}  {'proxy req':>10} {'err':>5} {'t/o':>5} {'cut':>5} "
+            f"{'p50 ms':>7} {'p99 ms':>7}  {'locust req':>10} {'fail':>5} {'p50 ms':>7} "
+            f"{'p99 ms':>7}  requests/s")
     print(head, file=out)
     print("-" * len(head), file=out)
     for n in names:
@@ -258,18 +296,25 @@ def report(metrics_text, locust_rows, seconds, route=None, out=sys.stdout):
         l50 = f"{lrow['p50']:.0f}" if lrow else "-"
         l99 = f"{lrow['p99']:.0f}" if lrow else "-"
         bar = "#" * max(1, round(30 * v["requests"] / peak)) if v["requests"] else ""
-        print(f"{n:<{width}}  {v['requests']:>10.0f} {v['errors']:>5.0f} {fmt_ms(v['p50']):>7}"
-              f" {fmt_ms(v['p99']):>7}  {lreq:>10} {lfail:>5} {l50:>7} {l99:>7}  "
+        print(f"{n:<{width}}  {v['requests']:>10.0f} {v['errors']:>5.0f} {v['timeouts']:>5.0f}"
+              f" {v.get('cutoffs', 0):>5.0f} {fmt_ms(v['p50']):>7} {fmt_ms(v['p99']):>7}  "
+              f"{lreq:>10} {lfail:>5} {l50:>7} {l99:>7}  "
               f"{v['requests'] / seconds:>8.0f} {bar}", file=out)
     # totals add up from the rows above: Locust rows of other routes are not in them
     total = sum(ops[n]["requests"] for n in names)
     etotal = sum(ops[n]["errors"] for n in names)
+    ttotal = sum(ops[n]["timeouts"] for n in names)
+    ctotal = sum(ops[n].get("cutoffs", 0) for n in names)
     shown = [locust_rows[n] for n in names if n in locust_rows]
     ltotal = sum(r["requests"] for r in shown)
     lfail = sum(r["failures"] for r in shown)
     print("-" * len(head), file=out)
-    print(f"{'total':<{width}}  {total:>10.0f} {etotal:>5.0f} {'':>7} {'':>7}  "
-          f"{ltotal:>10} {lfail:>5}", file=out)
+    print(f"{'total':<{width}}  {total:>10.0f} {etotal:>5.0f} {ttotal:>5.0f} {ctotal:>5.0f} "
+          f"{'':>7} {'':>7}  {ltotal:>10} {lfail:>5}", file=out)
+    for n in names:
+        note = count_note(n, ops[n], locust_rows.get(n))
+        if note:
+            print(f"  {n}: {note}", file=out)
     return ops
 
 
@@ -312,6 +357,101 @@ def start_proxy(procs, frametap, out, cfg, logdir, run_id, specs, servers, attem
         print(f"[demo] proxy metrics at http://{bound['admin']}/metrics", flush=True)
         return proxy, bound, route_names, locust_routes
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def count_note(opcode, proxy, locust):
+    """Why the proxy's count of ``opcode`` differs from Locust's, when a rule knows."""
+    if not locust or not locust.get("requests") or not proxy.get("requests"):
+        return None
+    lreq, preq = locust["requests"], proxy["requests"]
+    c2s, s2c = proxy.get("c2s_frames", 0), proxy.get("s2c_frames", 0)
+    slack = max(5, 0.05 * lreq)
+    if abs(preq - 2 * lreq) <= slack and c2s and abs(s2c - c2s) <= max(5, 0.05 * c2s):
+        return (f"each one crosses the proxy twice - {c2s:,.0f} from the requesters to the "
+                f"broker and {s2c:,.0f} on to the responders - so the proxy counts "
+                f"{preq:,.0f} answered legs where Locust counts {lreq:,} requests")
+    if preq > 2.5 * lreq:
+        return (f"the proxy counts each message ({preq:,.0f}), Locust each request, which "
+                f"carries a batch of about {preq / lreq:.0f} ({lreq:,})")
+    return None
+
+
+def locust_errors(logdir, protocol):
+    """Locust's error list ([{"type", "name", "error", "occurrences"}]) for ``protocol``
+    from the run files its processes wrote into ``logdir`` (loadgen.clientlog)."""
+    out = []
+    try:
+        names = sorted(os.listdir(logdir))
+    except OSError:
+        return out
+    for name in names:
+        if not (is_run_file(name) and name.startswith("run-client-")):
+            continue
+        try:
+            with open(os.path.join(logdir, name)) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for e in (data.get("locust") or {}).get("errors") or []:
+            if e.get("type") == protocol:
+                out.append(e)
+    return out
+
+
+def expected_why(protocol, name, error):
+    """Why a failure of ``protocol``'s Locust request ``name`` with error text ``error``
+    is deliberate, or None when it is not (EXPECTED_FAILURES)."""
+    for want_name, prefix, _status, why in EXPECTED_FAILURES.get(protocol, ()):
+        if (want_name is None or want_name == name) and str(error).startswith(prefix):
+            return why
+    return None
+
+
+def explain_failures(protocol, rows, errors, out=sys.stdout):
+    """One line per kind of failure Locust counted for ``protocol``: which requests, how
+    many, the error, and whether the demo meant it.  Returns the count not expected."""
+    failed = {name: r["failures"] for name, r in rows.items() if r["failures"]}
+    if not failed:
+        return 0
+    kinds = {}
+    for e in errors:
+        error = str(e.get("error", ""))
+        what = error.split("(", 1)[0].strip() or error[:60]
+        why = expected_why(protocol, e.get("name"), error)
+        key = (why is not None, what, why)
+        entry = kinds.setdefault(key, {"names": {}, "count": 0, "sample": error})
+        entry["names"][e.get("name")] = entry["names"].get(e.get("name"), 0) + \
+            (e.get("occurrences") or 0)
+        entry["count"] += e.get("occurrences") or 0
+    unexpected = 0
+    total = sum(failed.values())
+    print(f"[demo] {protocol}: {total:,} of {sum(r['requests'] for r in rows.values()):,} "
+          f"requests failed", file=out)
+    for (expected, what, why), entry in sorted(kinds.items(), key=lambda kv: -kv[1]["count"]):
+        names = ", ".join(f"{n} ×{c:,}" for n, c in sorted(entry["names"].items(),
+                                                            key=lambda kv: -kv[1]))
+        if expected:
+            print(f"[demo]   expected ({names}): {why}", file=out)
+        else:
+            unexpected += entry["count"]
+            print(f"[demo]   NOT expected ({names}): {entry['sample'][:200]}", file=out)
+    listed = sum(entry["count"] for entry in kinds.values())
+    if listed < total:
+        unexpected += total - listed
+        print(f"[demo]   NOT expected: {total - listed:,} failures Locust did not describe "
+              "(no run file with its error list)", file=out)
+    return unexpected
+
+
+def demo_section(args, chosen):
+    """The ``demo`` section of the demo's run file (proxy.runinfo): its settings, and the
+    failures it causes on purpose (the report marks them)."""
+    return {"seconds": args.seconds, "users": args.users, "service_time": args.service_time,
+            "protocols": list(chosen),
+            "expected_failures": [
+                {"protocol": proto, "opcode": name, "status": status, "why": why}
+                for proto in chosen
+                for name, _prefix, status, why in EXPECTED_FAILURES.get(proto, ())]}
 
 
 def build_parser():
@@ -383,6 +523,7 @@ def main(argv=None):
         hosts = {proto: bound["routes"][locust_routes[proto]] for proto in chosen}
         wait_ready(f"http://{bound['admin']}/readyz", proxy)
 
+        runinfo = RunInfo(logdir, "demo", run_id, demo=demo_section(args, chosen)).write()
         loads = []
         for proto in chosen:
             classes = available[proto].user_classes
@@ -414,9 +555,8 @@ def main(argv=None):
             stdout, stderr = p.communicate()
             rows[proto] = locust_totals(stdout)
             if p.returncode != 0:
-                err = stderr.strip().splitlines()
-                print(f"[demo] Locust exited with {p.returncode}: {err[-1] if err else ''}",
-                      file=sys.stderr)
+                print(f"[demo] {proto}: Locust failed (exit status {p.returncode}): "
+                      f"{locust_exit_reason(stderr)}", file=sys.stderr)
         time.sleep(0.5)
         text = promread.fetch(metrics_url)
         with open(os.path.join(out, "metrics.txt"), "w") as f:
@@ -434,6 +574,9 @@ def main(argv=None):
                 ops = report(text, rows.get(proto, {}), args.seconds, route=route)
                 total += sum(v["requests"] for v in ops.values())
                 print()
+        for proto in chosen:
+            explain_failures(proto, rows.get(proto, {}), locust_errors(logdir, proto))
+        runinfo.finish()
         errs = promread.sample_sum(text, "frametap_protocol_errors_total")
         unmatched = promread.sample_sum(text, "frametap_unmatched_responses_total")
         print(f"protocol errors: {errs:.0f}   unmatched responses: {unmatched:.0f}   "

@@ -121,17 +121,34 @@ def main(argv=None):
     """``python -m loadgen.plugins [locust options]``: Locust with the plugins loaded
     first; otherwise the same as ``locust``. ``-f`` defaults to the packaged locustfile."""
     args = list(sys.argv[1:] if argv is None else argv)
+    packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)), "locustfile.py")
     if not any(a in ("-f", "--locustfile") or a.startswith("--locustfile=") for a in args):
-        args = ["-f", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                   "locustfile.py")] + args
+        args = ["-f", packaged] + args
     install()
+    from loadgen.loadargs import precheck
+    problem = precheck(args) if _locustfiles(args) == [os.path.realpath(packaged)] else None
+    if problem:                  # one line, before Locust starts (and logs) anything
+        sys.stderr.write(f"frametap load: {problem}\n")
+        return 2
     from locust.main import main as locust_main
     sys.argv = ["locust"] + args
     return locust_main()
+
+
+def _locustfiles(args):
+    """The real paths of the ``-f`` / ``--locustfile`` values in ``args`` (the packaged
+    locustfile's arguments are checked before Locust starts; another's are its own)."""
+    out = []
+    for i, a in enumerate(args):
+        if a in ("-f", "--locustfile") and i + 1 < len(args):
+            out += args[i + 1].split(",")
+        elif a.startswith("--locustfile="):
+            out += a.partition("=")[2].split(",")
+    return [os.path.realpath(p) for p in out]
 
 
 if __name__ == "__main__":
     # run as a script the module is __main__: use the importable one, so the plugins are
     # installed once (the locustfile installs them from there too)
     from loadgen import plugins
-    plugins.main()
+    sys.exit(plugins.main())

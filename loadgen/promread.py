@@ -30,10 +30,12 @@ def histogram_quantile(q, buckets):
 
 
 def per_opcode(text, route=None):
-    """{opcode: {"requests", "errors", "timeouts", "p50", "p99", "c2s_frames"}} of a scrape."""
+    """{opcode: {"requests", "errors", "timeouts", "cutoffs", "p50", "p99", "c2s_frames",
+    "s2c_frames"}} of a scrape (``cutoffs``: requests whose connection closed before the
+    answer, counted apart from timeouts)."""
     buckets = defaultdict(lambda: defaultdict(float))    # opcode -> le -> cumulative
     out = defaultdict(lambda: {"requests": 0.0, "errors": 0.0, "timeouts": 0.0,
-                               "c2s_frames": 0.0})
+                               "cutoffs": 0.0, "c2s_frames": 0.0, "s2c_frames": 0.0})
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if route is not None and s.labels.get("route") not in (None, route):
@@ -47,8 +49,11 @@ def per_opcode(text, route=None):
                     out[op]["errors"] += s.value
             elif s.name == "frametap_request_timeouts_total":
                 out[op]["timeouts"] += s.value
-            elif s.name == "frametap_frames_total" and s.labels.get("direction") == "c2s":
-                out[op]["c2s_frames"] += s.value
+            elif s.name == "frametap_request_cutoffs_total":
+                out[op]["cutoffs"] += s.value
+            elif s.name == "frametap_frames_total" and s.labels.get("direction") in (
+                    "c2s", "s2c"):
+                out[op][s.labels["direction"] + "_frames"] += s.value
     for op, b in buckets.items():
         series = sorted(b.items())
         out[op]["p50"] = histogram_quantile(0.5, series)

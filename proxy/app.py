@@ -92,6 +92,7 @@ class ProxyApp:
         self._stop = None
         self._force = None
         self.framelog = None           # proxy.framelog.FrameLog when [framelog] is set
+        self.runinfo = None            # proxy.runinfo.RunInfo beside the frame logs
         self.reserve = None            # descriptors kept for /metrics at the fd limit
 
     async def start(self):
@@ -130,6 +131,10 @@ class ProxyApp:
             await self._write_ready_file()
         if self.config.framelog is not None:
             self.framelog = start_framelog(self.config.framelog, self.routes)
+            from proxy.runinfo import RunInfo, proxy_section
+            self.runinfo = RunInfo(self.config.framelog.dir, "proxy",
+                                   self.framelog.sources[0].run_id,
+                                   proxy=proxy_section(self.config, self.routes)).write()
         # Everything built at start-up (modules, protocol tables, config) lives as long as
         # the process: out of the collector's sight, a full collection walks only what the
         # connections made (~10 ms of loop time per full pass before)
@@ -204,6 +209,8 @@ class ProxyApp:
             log.info("frame log: %d records in %d files in %s (%d dropped)",
                      sum(self.framelog.records.values()), self.framelog.files,
                      self.framelog.sink.directory, sum(self.framelog.dropped().values()))
+        if self.runinfo is not None:
+            self.runinfo.finish()
         if self.admin is not None:
             self.admin.close()
         if self.reserve is not None:

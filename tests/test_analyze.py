@@ -17,6 +17,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -72,10 +73,20 @@ def proxy_pair(rows, ts, route, protocol, conn, peer, op, corr, latency, *, answ
                     latency_ns=latency, request_opcode_name=op, **base))
 
 
+def event(ts, route, protocol, conn, peer, op, corr, status, direction="c2s", latency=None,
+          run_id="run-a"):
+    """A proxy event row: a request that timed out (``status="timeout"``) or whose
+    connection closed before its answer (``status="closed"``: a cut-off)."""
+    return row(ts_ns=ts, source="proxy", run_id=run_id, route=route, protocol=protocol,
+               conn_id=conn, peer=peer, direction=direction, opcode=1, opcode_name=op,
+               kind="event", correlation_id=corr, status=status, request_opcode_name=op,
+               frame_bytes=0, messages=0, latency_ns=latency)
+
+
 def known_rows():
     """Proxy and client rows of one run over ~60 s, grouped by the file they go to."""
     files = {"fly": [], "fly_more": [], "stream": [], "bulk": [], "client_pq": [],
-             "client_json": []}
+             "client_json": [], "flex": []}
     fly, more = files["fly"], files["fly_more"]
     produce = []        # (ts, conn, peer, corr, latency, error) of each fly PRODUCE
     for i in range(1000):                       # PRODUCE: 1000 over 10 s on 4 connections
@@ -103,6 +114,14 @@ def known_rows():
         else:
             proxy_pair(fly, ts, "fly", "flymq", 5, peer, "FETCH", str(i + 1),
                        5_000_000 + i * 10_000 + 1, req_bytes=60, resp_bytes=900, messages=3)
+    for i in range(4):                          # FETCHes cut off when the run stopped; two
+        ts, peer = T0 + 2_500_000_000 + i, "127.0.0.1:50005"     # carry how long they
+        fly.append(row(ts_ns=ts, source="proxy", run_id="run-a", route="fly",    # waited:
+                       protocol="flymq", conn_id=5, peer=peer, direction="c2s", opcode=2,
+                       opcode_name="FETCH", kind="request", correlation_id=str(300 + i),
+                       frame_bytes=60, messages=1))      # never the slowest "answers"
+        fly.append(event(ts + 400_000_000, "fly", "flymq", 5, peer, "FETCH", str(300 + i),
+                         "closed", latency=99_000_000_000 if i < 2 else None))
     for i in range(3):                          # responses that answer nothing
         fly.append(row(ts_ns=T0 + 4_000_000_000 + i, source="proxy", run_id="run-a",
                        route="fly", protocol="flymq", conn_id=6, peer="127.0.0.1:50006",
@@ -122,6 +141,44 @@ def known_rows():
                           run_id="run-a", route="stream", protocol="rabbitmq-stream",
                           conn_id=11, peer="127.0.0.1:51001", direction="c2s", opcode=9,
                           opcode_name="Credit", kind="oneway", frame_bytes=13, messages=0))
+    for i in range(6):                          # Publishes cut off by the end of the run
+        ts, peer = T0 + 9_500_000_000 + i * 1000, "127.0.0.1:51001"
+        stream.append(row(ts_ns=ts, source="proxy", run_id="run-a", route="stream",
+                          protocol="rabbitmq-stream", conn_id=11, peer=peer, direction="c2s",
+                          opcode=2, opcode_name="Publish", kind="request",
+                          correlation_id=f"1:{400 + i}", frame_bytes=300, messages=1))
+        stream.append(event(ts + 5_000_000, "stream", "rabbitmq-stream", 11, peer, "Publish",
+                            f"1:{400 + i}", "closed"))
+    flex = files["flex"]            # fleximq REQ: requester -> broker -> responder and back
+    for i in range(50):
+        ts, corr = T0 + 3_000_000_000 + i * 40_000_000, f"req-{i}"
+        inner = 1_000_000 + i * 1000              # the responder's time (broker leg)
+        outer = inner + 300_000 + i * 10          # the requester's wait
+        base = dict(source="proxy", run_id="run-a", route="flex", protocol="fleximq",
+                    correlation_id=corr)
+        req_side = dict(conn_id=31, peer="127.0.0.1:52001")
+        resp_side = dict(conn_id=32, peer="127.0.0.1:52002")
+        flex.append(row(ts_ns=ts, direction="c2s", opcode=3, opcode_name="REQ",
+                        kind="request", frame_bytes=80, messages=1, **base, **req_side))
+        flex.append(row(ts_ns=ts + 100_000, direction="s2c", opcode=3, opcode_name="REQ",
+                        kind="request", frame_bytes=80, messages=1, **base, **resp_side))
+        flex.append(row(ts_ns=ts + 100_000 + inner, direction="c2s", opcode=4,
+                        opcode_name="REP", kind="response", status="200", outcome="ok",
+                        frame_bytes=70, messages=1, latency_ns=inner,
+                        request_opcode_name="REQ", **base, **resp_side))
+        flex.append(row(ts_ns=ts + outer, direction="s2c", opcode=4, opcode_name="REP",
+                        kind="response", status="600" if i % 25 == 24 else "200",
+                        outcome="error" if i % 25 == 24 else "ok", frame_bytes=70,
+                        messages=1, latency_ns=outer, request_opcode_name="REQ", **base,
+                        **req_side))
+        # the requester's client row: its route is the proxy listener it connected to
+        files["client_pq"].append(row(
+            ts_ns=ts - 30_000, source="client", run_id="run-a", route=FLEX_TARGET,
+            protocol="fleximq", conn_id=4, peer="127.0.0.1:52001", direction="c2s",
+            opcode=3, opcode_name="REQ", kind="request", correlation_id=corr,
+            status="600" if i % 25 == 24 else "200",
+            outcome="error" if i % 25 == 24 else "ok", frame_bytes=80, messages=1,
+            latency_ns=outer + 200_003))
     rng = random.Random(20261118)
     bulk = files["bulk"]
     for i in range(60_000):                     # enough answers for the sketch to compress
@@ -156,6 +213,43 @@ def known_rows():
     return files
 
 
+#: where the fleximq client rows say they went, and the proxy route listening there (on
+#: every interface: the run file's listen address names the port only)
+FLEX_TARGET = "127.0.0.1:7001"
+RUN_FILES = {
+    "run-proxy-h1-100-20261118T193320Z.json": {
+        "format": "frametap-run/1", "source": "proxy", "run_id": "run-a", "host": "h1",
+        "pid": 100, "started": "2026-11-18T19:33:20.000Z", "ended": "2026-11-18T19:34:20.000Z",
+        "proxy": {"routes": [
+            {"name": "fly", "protocol": "flymq", "listen": "127.0.0.1:19092",
+             "upstream": "10.0.0.9:9092", "request_timeout": 30.0},
+            {"name": "stream", "protocol": "rabbitmq-stream", "listen": "127.0.0.1:5553",
+             "upstream": "10.0.0.9:5552", "request_timeout": 30.0},
+            {"name": "flex", "protocol": "fleximq", "listen": "0.0.0.0:7001",
+             "upstream": "10.0.0.9:7890", "request_timeout": 30.0}]}},
+    "host2/run-client-h3-300-20261118T193320Z.json": {
+        "format": "frametap-run/1", "source": "client", "run_id": "run-a", "host": "h3",
+        "pid": 300, "started": "2026-11-18T19:33:20.000Z", "ended": "2026-11-18T19:34:20.000Z",
+        "locust": {"host": "127.0.0.1:19092", "users": 12, "spawn_rate": 4, "run_time_s": 60,
+                   "user_classes": ["FlyMQProducer"], "protocols": ["flymq"],
+                   "stats": [{"type": "flymq", "name": "PRODUCE", "requests": 505,
+                              "failures": 30, "p50_ms": 1, "p99_ms": 2}],
+                   "errors": [{"type": "flymq", "name": "PRODUCE", "occurrences": 25,
+                               "error": "FlyMQServerError('no such topic 12345')"}]}},
+}
+
+
+def client_routes(rows):
+    """``rows`` with client rows' target addresses named as the analysis names them from
+    the run files (RUN_FILES: the flex route listens on every interface, port 7001)."""
+    out = []
+    for r in rows:
+        if r["source"] == "client" and r["route"] == FLEX_TARGET:
+            r = dict(r, route="flex")
+        out.append(r)
+    return out
+
+
 def write_parquet(path, rows, row_group_size=None):
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     pq.write_table(table, path, compression="zstd", row_group_size=row_group_size,
@@ -177,8 +271,11 @@ def write_known(directory, files, fmt=None):
             ("stream", "proxy-h1-100-20261118T193320Z-000002", "jsonl", None),
             ("bulk", "host2/proxy-h2-200-20261118T193320Z-000002", "parquet", 8192),
             ("client_pq", "client-h3-300-20261118T193320Z-000001", "parquet", None),
-            ("client_json", "client-h3-300-20261118T193320Z-000002", "jsonl", None)]
+            ("client_json", "client-h3-300-20261118T193320Z-000002", "jsonl", None),
+            ("flex", "host2/proxy-h2-200-20261118T193320Z-000003", "parquet", None)]
     for key, stem, kind, groups in plan:
+        if key not in files:
+            continue
         kind = fmt or kind
         path = os.path.join(directory, f"{stem}.{kind}")
         if kind == "parquet":
@@ -197,6 +294,9 @@ def write_known(directory, files, fmt=None):
     for name in ("_SUCCESS", "README.txt"):
         with open(os.path.join(directory, name), "w") as f:
             f.write("not a frame log\n")
+    for name, data in RUN_FILES.items():
+        with open(os.path.join(directory, name), "w") as f:
+            json.dump(data, f)
 
 
 # ---- the oracle: docs/design.md's rules, applied in Python -------------------------------
@@ -214,13 +314,20 @@ class Oracle:
         client = src == "client" and kind == "request"
         timeout = (kind == "event" and r["status"] == "timeout") or (
             client and r["status"] == "timeout")
+        cut = kind == "event" and r["status"] == "closed"
         unmatched = (kind == "response" and r["latency_ns"] is None
                      and r["request_opcode_name"] is None)
         answered = (kind == "response" and not unmatched) or (
             client and r["latency_ns"] is not None and not timeout)
         op = r["opcode_name"] if is_req else (r["request_opcode_name"] or r["opcode_name"])
         frame = kind != "event"
-        return dict(op=op, is_req=is_req, answered=answered, timeout=timeout,
+        if src == "client":
+            leg = "c2s"
+        elif kind == "response":
+            leg = "c2s" if r["direction"] == "s2c" else "s2c"
+        else:
+            leg = r["direction"]
+        return dict(op=op, is_req=is_req, answered=answered, timeout=timeout, cut=cut, leg=leg,
                     unmatched=unmatched, error=answered and r["outcome"] == "error",
                     lat=r["latency_ns"] if answered else None,
                     fb=(r["frame_bytes"] or 0) if frame else 0,
@@ -233,11 +340,12 @@ class Oracle:
             key = (r["source"], r["route"], r["protocol"], c["op"])
             g = groups.setdefault(key, dict(requests=0, responses=0, errors=0, timeouts=0,
                                             unmatched=0, ts=[], lats=[], frame_bytes=0,
-                                            messages=0))
+                                            messages=0, cut_off=0))
             g["requests"] += c["is_req"]
             g["responses"] += c["answered"]
             g["errors"] += c["error"]
             g["timeouts"] += c["timeout"]
+            g["cut_off"] += c["cut"]
             g["unmatched"] += c["unmatched"]
             if c["is_req"]:
                 g["ts"].append(r["ts_ns"])
@@ -251,6 +359,34 @@ class Oracle:
             g["rate_per_s"] = round(g["requests"] / span, 3)
             g["error_ratio"] = round(g["errors"] / g["responses"], 6) if g["responses"] else 0.0
         return groups
+
+    def legs(self):
+        """Per (source, protocol, opcode, leg): counts and sorted latencies."""
+        groups = {}
+        for r in self.rows:
+            c = self.classify(r)
+            g = groups.setdefault((r["source"], r["protocol"], c["op"], c["leg"]), dict(
+                requests=0, responses=0, errors=0, timeouts=0, cut_off=0, lats=[]))
+            g["requests"] += c["is_req"]
+            g["responses"] += c["answered"]
+            g["errors"] += c["error"]
+            g["timeouts"] += c["timeout"]
+            g["cut_off"] += c["cut"]
+            if c["lat"] is not None:
+                g["lats"].append(c["lat"])
+        for g in groups.values():
+            g["lats"].sort()
+        return groups
+
+    def errors(self):
+        """{(source, route, protocol, opcode, status): error answers}."""
+        out = {}
+        for r in self.rows:
+            c = self.classify(r)
+            if c["error"]:
+                key = (r["source"], r["route"], r["protocol"], c["op"], r["status"])
+                out[key] = out.get(key, 0) + 1
+        return out
 
     def timeline(self):
         groups = {}
@@ -350,7 +486,7 @@ def known(tmp_path_factory):
     directory = tmp_path_factory.mktemp("known-logs")
     files = known_rows()
     write_known(str(directory), files)
-    return str(directory), files, [r for rows in files.values() for r in rows]
+    return str(directory), files, client_routes([r for rows in files.values() for r in rows])
 
 
 @pytest.fixture(scope="module")
@@ -368,11 +504,18 @@ def test_outputs_exist_with_the_contract_columns(analysed):
     out, result, _ = analysed
     from loadgen.analysis.tables import (DECOMPOSITION_COLUMNS, SLOWEST_COLUMNS,
                                          SUMMARY_COLUMNS, TIMELINE_COLUMNS)
+    from loadgen.analysis.tables import ERRORS_COLUMNS, LEGS_COLUMNS
+    # the product design's summary columns, then cut_off at the end
+    assert SUMMARY_COLUMNS[:18] == (
+        "source", "route", "protocol", "opcode", "requests", "responses", "errors",
+        "error_ratio", "timeouts", "unmatched", "rate_per_s", "p50_ms", "p90_ms", "p99_ms",
+        "p999_ms", "max_ms", "frame_bytes", "messages") and SUMMARY_COLUMNS[18:] == ("cut_off",)
     for name, cols in (("summary", SUMMARY_COLUMNS), ("timeline", TIMELINE_COLUMNS),
-                       ("slowest", SLOWEST_COLUMNS), ("decomposition", DECOMPOSITION_COLUMNS)):
+                       ("slowest", SLOWEST_COLUMNS), ("decomposition", DECOMPOSITION_COLUMNS),
+                       ("legs", LEGS_COLUMNS), ("errors", ERRORS_COLUMNS)):
         with open(os.path.join(out, name + ".csv")) as f:
             assert f.readline().rstrip("\n").split(",") == list(cols), name
-        if name != "slowest":
+        if name not in ("slowest", "legs", "errors"):
             table = pq.read_table(os.path.join(out, name))
             assert table.column_names == list(cols), name
     assert not os.path.exists(os.path.join(out, "slowest"))      # CSV only, as designed
@@ -391,15 +534,19 @@ def test_summary_counts_exact_and_percentiles_within_accuracy(analysed):
     fly = expected[("proxy", "fly", "flymq", "PRODUCE")]
     assert (fly["requests"], fly["responses"], fly["errors"], fly["unmatched"]) == (
         1000, 1000, 50, 3)
-    assert expected[("proxy", "fly", "flymq", "FETCH")]["timeouts"] == 10
-    # 200 FETCHes sent over 3.98 s: their timeouts, 30 s later, do not dilute the rate
-    assert expected[("proxy", "fly", "flymq", "FETCH")]["rate_per_s"] == round(200 / 3.98, 3)
+    fetch = expected[("proxy", "fly", "flymq", "FETCH")]
+    assert (fetch["timeouts"], fetch["cut_off"]) == (10, 4)     # cut-offs are no timeouts
+    # 204 FETCHes sent over 3.98 s: their timeouts, 30 s later, do not dilute the rate
+    assert fetch["rate_per_s"] == round(204 / 3.98, 3)
+    assert expected[("proxy", "stream", "rabbitmq-stream", "Publish")]["cut_off"] == 6
+    assert expected[("proxy", "flex", "fleximq", "REQ")]["requests"] == 100     # two legs
+    assert expected[("client", "flex", "fleximq", "REQ")]["requests"] == 50
     assert expected[("client", None, "flymq", "PRODUCE")]["timeouts"] == 5
     assert expected[("proxy", "stream", "rabbitmq-stream", "Credit")]["responses"] == 0
     for key, e in expected.items():
         g = got[key]
         for col in ("requests", "responses", "errors", "timeouts", "unmatched", "frame_bytes",
-                    "messages"):
+                    "messages", "cut_off"):
             assert num(g[col]) == e[col], (key, col)
         assert float(g["rate_per_s"]) == pytest.approx(e["rate_per_s"], abs=1e-3), key
         assert float(g["error_ratio"]) == pytest.approx(e["error_ratio"], abs=1e-6), key
@@ -461,6 +608,8 @@ def test_slowest_exact(analysed):
     rows = read_csv(os.path.join(out, "slowest.csv"))
     expected = oracle.slowest(30)
     assert len(rows) == 30
+    # cut-offs are not answers, whatever an event row carries: none is among the slowest
+    assert max(float(r["latency_ms"]) for r in rows) < 1000
     import datetime
     for got, e in zip(rows, expected):
         ts = datetime.datetime.fromtimestamp(e["ts_ns"] // 1_000_000 / 1000,
@@ -478,7 +627,8 @@ def test_decomposition_pairs_and_percentiles(analysed):
     out, _, oracle = analysed
     expected = oracle.decomposition()
     assert {k: len(g["client"]) for k, g in expected.items()} == {
-        ("fly", "flymq", "PRODUCE"): 500, ("stream", "rabbitmq-stream", "Publish"): 100}
+        ("fly", "flymq", "PRODUCE"): 500, ("stream", "rabbitmq-stream", "Publish"): 100,
+        ("flex", "fleximq", "REQ"): 50}
     rows = read_csv(os.path.join(out, "decomposition.csv"))
     got = {(r["route"], r["protocol"], r["opcode"]): r for r in rows}
     assert set(got) == set(expected)
@@ -489,7 +639,7 @@ def test_decomposition_pairs_and_percentiles(analysed):
             for q in (0.5, 0.99):
                 col = f"{part}_p{int(q * 100)}_ms"
                 assert_rank_close(e[part], q, float(g[col]), f"{key} {col}")
-    assert pq.read_table(os.path.join(out, "decomposition")).num_rows == 2
+    assert pq.read_table(os.path.join(out, "decomposition")).num_rows == 3
 
 
 def test_string_keys_give_the_same_tables(spark, known):
@@ -506,9 +656,11 @@ def test_string_keys_give_the_same_tables(spark, known):
             sorted(map(tuple, tables.summary_of(counted, latency, hashed).collect()), key=str),
             sorted(map(tuple, tables.timeline_of(counted, latency, hashed).collect()), key=str),
             tables.series_of(counted, latency, 5, hashed).collect(),
-            sorted(map(tuple, tables.decomposition(rows, counted, hashed).collect()), key=str))
+            sorted(map(tuple, tables.decomposition(rows, counted, hashed).collect()), key=str),
+            sorted(map(tuple, tables.legs_of(counted, latency, hashed).collect()), key=str),
+            tables.op_series_of(counted, latency, 5, hashed).collect())
     assert got[True] == got[False]
-    assert len(got[True][0]) == 8 and len(got[True][2]) > 10 and len(got[True][3]) == 2
+    assert len(got[True][0]) == 10 and len(got[True][2]) > 10 and len(got[True][3]) == 3
 
 
 def test_a_hash_collision_is_detected(spark, known):
@@ -549,7 +701,7 @@ def test_jsonl_and_parquet_read_the_same(spark, known, tmp_path):
         logs = tmp_path / f"logs-{fmt}"
         write_known(str(logs), dict(files, bulk=[]), fmt=fmt)
         found = inputs.find_local([str(logs)])
-        assert len(getattr(found, fmt)) == 6
+        assert len(getattr(found, fmt)) == 7
         frames = tables.classify(inputs.read_frames(spark, found))
         seen[fmt] = sorted(map(tuple, frames.collect()), key=str)
     assert seen["jsonl"] == seen["parquet"]
@@ -570,7 +722,8 @@ def test_proxy_only_logs_give_empty_decomposition_with_header(spark, known, tmp_
     assert result.meta["sources"] == ["proxy"]
     page = (out / "report.html").read_text()
     assert "there is no decomposition" in page
-    assert '"charts": ["latency", "throughput", "p99", "errors"]' in page
+    assert ('"charts": ["opcode", "errors-by-status", "latency", "throughput", "p99", '
+            '"errors", "problems"]') in page
 
 
 def test_empty_files_write_every_output_with_header(spark, tmp_path):
@@ -620,11 +773,12 @@ def test_both_ways_find_the_same_files(find, known):
         "client-h3-300-20261118T193320Z-000002.jsonl",
         "host2/deeper/proxy-h2-200-20261118T193320Z-000001.parquet",
         "host2/proxy-h2-200-20261118T193320Z-000002.parquet",
+        "host2/proxy-h2-200-20261118T193320Z-000003.parquet",
         "proxy-h1-100-20261118T193320Z-000001.parquet",
         "proxy-h1-100-20261118T193320Z-000002.jsonl"])
     # a file given directly, twice, and a directory holding it: each file once
     one = os.path.join(known[0], "proxy-h1-100-20261118T193320Z-000001.parquet")
-    assert len(find([one, one, known[0]])) == 6
+    assert len(find([one, one, known[0]])) == 7
 
 
 def test_missing_path(find, tmp_path):
@@ -844,6 +998,251 @@ def test_report_renders_in_chromium(analysed, tmp_path):
     from tests.test_analyze_report import check_report_in_chromium
     out, result, _ = analysed
     shot = check_report_in_chromium(os.path.join(out, "report.html"), tmp_path,
-                                    expect_charts=["latency", "throughput", "p99", "errors",
-                                                   "problems", "decomposition"])
+                                    expect_charts=["opcode", "errors-by-status", "latency",
+                                                   "throughput", "p99", "errors", "problems",
+                                                   "decomposition"])
     assert os.path.getsize(shot) > 50_000
+
+
+# ---- cut-offs, legs, errors, run files (issue 20) -------------------------------------------
+
+def test_cut_offs_are_counted_apart_from_timeouts(analysed):
+    """A request whose connection closed first (event status "closed") is a cut-off:
+    in summary.csv's last column, never in ``timeouts``, never an answer."""
+    out, result, oracle = analysed
+    got = {(r["source"], opt(r["route"]), r["opcode"]): r
+           for r in read_csv(os.path.join(out, "summary.csv"))}
+    fetch, publish = got[("proxy", "fly", "FETCH")], got[("proxy", "stream", "Publish")]
+    assert (int(fetch["timeouts"]), int(fetch["cut_off"])) == (10, 4)
+    assert (int(publish["timeouts"]), int(publish["cut_off"])) == (0, 6)
+    assert int(fetch["responses"]) == 190 and int(fetch["requests"]) == 204
+    assert all(int(r["cut_off"]) == 0 for k, r in got.items()
+               if k not in (("proxy", "fly", "FETCH"), ("proxy", "stream", "Publish")))
+    totals = {(t["source"], t["protocol"], t["leg"]): t for t in result.tables["totals"]}
+    assert totals[("proxy", None, "c2s")]["cut_off"] == 10
+    assert totals[("proxy", None, "c2s")]["timeouts"] == 10
+    assert totals[("proxy", "flymq", "c2s")]["cut_off"] == 4
+
+
+def test_legs_count_each_direction_of_a_request_apart(analysed):
+    """A fleximq REQ crosses the proxy twice (requester -> broker, broker -> responder):
+    the summary counts both, legs.csv each leg with its own latencies."""
+    out, result, oracle = analysed
+    expected = oracle.legs()
+    rows = {(r["source"], r["protocol"], r["opcode"], r["leg"]): r
+            for r in read_csv(os.path.join(out, "legs.csv"))}
+    assert set(rows) == set(expected)
+    c2s, s2c = rows[("proxy", "fleximq", "REQ", "c2s")], rows[("proxy", "fleximq", "REQ", "s2c")]
+    assert (int(c2s["requests"]), int(c2s["responses"]), int(c2s["errors"])) == (50, 50, 2)
+    assert (int(s2c["requests"]), int(s2c["responses"]), int(s2c["errors"])) == (50, 50, 0)
+    client = rows[("client", "fleximq", "REQ", "c2s")]
+    assert int(client["requests"]) == 50
+    for key, e in expected.items():
+        r = rows[key]
+        for col in ("requests", "responses", "errors", "timeouts", "cut_off"):
+            assert int(r[col]) == e[col], (key, col)
+        if e["lats"]:
+            assert_rank_close(e["lats"], 0.5, float(r["p50_ms"]), f"{key} p50")
+            assert_rank_close(e["lats"], 0.99, float(r["p99_ms"]), f"{key} p99")
+        else:
+            assert r["p50_ms"] == "", key
+    # the requester's leg waited for the responder's: its p50 is the longer one
+    assert float(c2s["p50_ms"]) > float(s2c["p50_ms"])
+
+
+def test_errors_by_status(analysed):
+    out, result, oracle = analysed
+    rows = read_csv(os.path.join(out, "errors.csv"))
+    got = {(r["source"], opt(r["route"]), r["protocol"], r["opcode"], r["status"]):
+           int(r["errors"]) for r in rows}
+    assert got == oracle.errors()
+    assert got[("proxy", "fly", "flymq", "PRODUCE", "ERROR")] == 50
+    assert got[("proxy", "flex", "fleximq", "REQ", "600")] == 2
+    assert got[("client", "flex", "fleximq", "REQ", "600")] == 2
+
+
+def test_client_rows_are_named_by_the_proxys_route(analysed):
+    """A client row's route is the address it connected to; the proxy's run file says
+    which route listens there (0.0.0.0:7001 takes 127.0.0.1:7001)."""
+    out, result, _ = analysed
+    routes = {(r["source"], opt(r["route"]), r["opcode"])
+              for r in read_csv(os.path.join(out, "summary.csv")) if r["protocol"] == "fleximq"}
+    assert routes == {("proxy", "flex", "REQ"), ("client", "flex", "REQ")}
+    series = {(r["source"], r["route"]) for r in result.tables["series"]}
+    assert ("client", "flex") in series and ("client", FLEX_TARGET) not in series
+
+
+def test_run_files_reach_the_report(analysed):
+    out, result, _ = analysed
+    assert result.meta["run_files"] == 2
+    runs = result.tables["runs"]
+    assert [r["name"] for r in runs.routes()] == ["fly", "stream", "flex"]
+    assert runs.locust_stats()[("flymq", "PRODUCE")]["requests"] == 505
+    # Locust's messages that differ in a number are one row
+    assert runs.locust_errors()[0]["error"] == "FlyMQServerError('no such topic N')"
+    page = open(os.path.join(out, "report.html")).read()
+    assert "12 users, spawn rate 4/s, run time 60 s" in page
+    assert "each REQ crosses the proxy twice" in page
+
+
+def test_opcode_series_per_leg(analysed):
+    out, result, oracle = analysed
+    per = {}
+    for r in result.tables["op_series"]:
+        key = (r["source"], r["protocol"], r["opcode"], r["leg"])
+        per[key] = per.get(key, 0) + r["requests"]
+    expected = {k: g["requests"] for k, g in oracle.legs().items() if g["requests"]}
+    assert {k: v for k, v in per.items() if v} == expected
+
+
+def test_an_unreadable_run_file_is_skipped_with_a_line(spark, known, tmp_path):
+    from loadgen.analysis.job import analyze
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000001.parquet"), known[1]["stream"])
+    (logs / "run-proxy-h-1-20261118T193320Z.json").write_text('{"source": "proxy", "pro')
+    said = []
+    result = analyze(spark, [str(logs)], str(tmp_path / "out"), warn=said.append)
+    assert result.meta["run_files"] == 0
+    assert len(said) == 1 and said[0].startswith("analyze: run file ") and \
+        "run-proxy-h-1-20261118T193320Z.json ignored" in said[0]
+
+
+# ---- one line for every start-up and input failure --------------------------------------
+
+def _one_line(r):
+    """The command failed as a user error: exit 2 and exactly one line on stderr."""
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("frametap: error: "), r.stderr
+    return lines[0]
+
+
+def test_bad_master_is_one_line(tmp_path, known):
+    r = frametap("analyze", known[0], "--out", str(tmp_path / "out"), "--master", "bogus://x",
+                 "--quiet", timeout=60)
+    assert _one_line(r) == ("frametap: error: --master bogus://x: expected local[*], local[N], "
+                            "spark://HOST:PORT, yarn or k8s://https://HOST:PORT")
+
+
+def test_unreachable_master_is_one_line_at_once(tmp_path, known):
+    require_java()
+    import time
+    started = time.monotonic()
+    r = frametap("analyze", known[0], "--out", str(tmp_path / "out"), "--master",
+                 "spark://unreachable.invalid:7077", "--quiet", timeout=60)
+    line = _one_line(r)
+    assert line.startswith("frametap: error: --master spark://unreachable.invalid:7077: "
+                           "cannot reach the Spark master: unreachable.invalid: unknown host")
+    with socket.socket() as s:                     # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = frametap("analyze", known[0], "--out", str(tmp_path / "out"), "--master",
+                 f"spark://127.0.0.1:{port}", "--quiet", timeout=60)
+    assert _one_line(r) == (f"frametap: error: --master spark://127.0.0.1:{port}: cannot reach "
+                            f"the Spark master: 127.0.0.1:{port}: connection refused")
+    assert time.monotonic() - started < 30          # no JVM was started for either
+
+
+def test_a_master_that_never_answers_is_given_up_on(tmp_path, known):
+    """Something listens but is no Spark master (it takes the connection and says
+    nothing): --connect-timeout bounds the wait, then one line."""
+    require_java()
+    import threading
+    import time
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    port = server.getsockname()[1]
+    try:
+        started = time.monotonic()
+        r = frametap("analyze", known[0], "--out", str(tmp_path / "out"), "--master",
+                     f"spark://127.0.0.1:{port}", "--connect-timeout", "4", "--quiet",
+                     timeout=120)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join(5)
+        for c in held:
+            c.close()
+        server.close()
+    assert _one_line(r).startswith(
+        f"frametap: error: --master spark://127.0.0.1:{port}: the master did not accept this "
+        "application within 4 s (--connect-timeout)")
+    assert took < 60                                # JVM start-up + 4 s, not Spark's minute
+
+
+def test_connect_timeout_must_be_positive():
+    r = frametap("analyze", "/tmp", "--out", "/tmp/x", "--connect-timeout", "0")
+    assert r.returncode == 2 and "--connect-timeout" in r.stderr and "Traceback" not in r.stderr
+
+
+def corrupt_pages(path, rows, seed):
+    """A frame log whose footer is intact and whose data pages are not: 50 bytes of
+    the data overwritten (the seeds used here break a page Spark reads, in a way whose
+    error names no file)."""
+    write_parquet(path, rows, 4000)
+    data = bytearray(open(path, "rb").read())
+    rng = random.Random(seed)
+    end = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    i = rng.randrange(4, end - 50)
+    data[i:i + 50] = rng.randbytes(50)
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    pq.ParquetFile(path)                           # the footer still reads
+
+
+@pytest.mark.parametrize("seed", [2, 10])
+def test_corrupt_pages_behind_a_valid_footer_are_named(tmp_path, known, seed):
+    """Spark fails deep in its Parquet reader (an index out of bounds, no file name):
+    the command finds the file that does not decode and names it, in one line."""
+    require_java()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    bad = logs / "proxy-h-1-20261118T193320Z-000001.parquet"
+    corrupt_pages(str(bad), known[1]["bulk"][:20000], seed)
+    write_parquet(str(logs / "proxy-h-1-20261118T193320Z-000002.parquet"), known[1]["stream"])
+    r = frametap("analyze", str(logs), "--out", str(tmp_path / "out"), "--quiet")
+    line = _one_line(r)
+    assert line.startswith(f"frametap: error: cannot read {bad}: ")
+    assert "Traceback" not in r.stderr
+
+
+def test_spark_failure_names_the_undecodable_file(spark, known, tmp_path):
+    """The same rule without the CLI: a task failure that names no file."""
+    from loadgen.analysis import inputs
+    from loadgen.analysis.job import JobFailed, _spark_failure
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    good = logs / "proxy-h-1-20261118T193320Z-000002.parquet"
+    write_parquet(str(good), known[1]["stream"])
+    found = inputs.find_local([str(logs)])
+
+    class Failure(Exception):
+        pass
+    text = ("An error occurred while calling o1.collectToPython.\n: org.apache.spark."
+            "SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 "
+            "times, most recent failure: Lost task 0.0 in stage 3.0 (TID 3) (10.0.0.1 executor "
+            "driver): java.lang.ArrayIndexOutOfBoundsException: Index 4024 out of bounds for "
+            "length 4000\n\tat org.apache.spark.sql...")
+    assert isinstance(_spark_failure(Failure(text), spark, found), JobFailed)   # all fine
+    bad = logs / "proxy-h-1-20261118T193320Z-000001.parquet"
+    corrupt_pages(str(bad), known[1]["bulk"][:20000], 2)
+    found = inputs.find_local([str(logs)])
+    err = _spark_failure(Failure(text), spark, found)
+    assert isinstance(err, AnalysisError) and str(err).startswith(f"cannot read {bad}: ")
+    # out of memory is Spark's trouble, not the file's: no hunt for a culprit
+    oom = text.replace("java.lang.ArrayIndexOutOfBoundsException", "java.lang.OutOfMemoryError")
+    assert isinstance(_spark_failure(Failure(oom), spark, found), JobFailed)

@@ -209,4 +209,41 @@ def test_cluster_gives_the_same_tables_as_local(logs, local_tables, cluster, tmp
     assert "rank error <= 0.01 %" in r.stdout
     noise = [line for line in r.stderr.splitlines() if not line.startswith("analyze: ")]
     assert noise == [], r.stderr
-    assert "analyze: [8/8] report" in r.stderr
+    assert "analyze: [9/9] report" in r.stderr
+
+
+def test_a_master_without_workers_is_one_line(logs, tmp_path):
+    """A standalone master that accepts the application but has no worker to give it an
+    executor: every job would wait for ever ("Initial job has not accepted any
+    resources"); the command gives up after --connect-timeout, in one line."""
+    require_java()
+    port, ui = free_port(), free_port()
+    master = Daemon(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", str(port), "--webui-port", str(ui)], tmp_path / "master.log",
+                    spark_env())
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
+                    if json.load(r).get("status") == "ALIVE":
+                        break
+            except OSError:
+                pass
+            if master.proc.poll() is not None:
+                need(f"spark master exited ({master.proc.returncode})")
+            time.sleep(0.5)
+        started = time.monotonic()
+        r = run_analyze([logs, "--out", str(tmp_path / "out"), "--master",
+                         f"spark://127.0.0.1:{port}", "--connect-timeout", "5", "--quiet"],
+                        spark_env(), timeout=180)
+        took = time.monotonic() - started
+    finally:
+        master.stop()
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    assert lines == [f"frametap: error: --master spark://127.0.0.1:{port}: no worker gave this "
+                     "application an executor within 5 s (--connect-timeout); do the master's "
+                     "workers have free cores and memory? (its web UI, http://127.0.0.1:8080 "
+                     "by default, lists them)"], r.stderr
+    assert took < 90

@@ -236,8 +236,8 @@ def test_on_wire_logs_the_first_request_after_it_whatever_the_outcome():
     a, b = user.fired
     assert a["context"]["frametap"] == {
         "ts_ns": a["context"]["frametap"]["ts_ns"], "conn_id": 42, "peer": "127.0.0.1:4000",
-        "correlation_id": "101", "opcode": 9, "opcode_name": "A", "kind": "request",
-        "status": "OK", "resource": "t", "messages": 3}
+        "target": None, "correlation_id": "101", "opcode": 9, "opcode_name": "A",
+        "kind": "request", "status": "OK", "resource": "t", "messages": 3}
     assert abs(a["context"]["frametap"]["ts_ns"] / 1e9 - a["start_time"]) < 1e-6
     assert b["context"]["frametap"]["correlation_id"] == "103"
     assert b["context"]["frametap"]["status"] is None and b["exception"] is not None

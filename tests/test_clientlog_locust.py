@@ -198,7 +198,10 @@ def check_rows(rows, protocol, run_id=None):
     peer = re.compile(r"^(\d+\.\d+\.\d+\.\d+|\[[0-9a-fA-F:.%\w]+\]):\d+$")
     for r in rows:
         assert r["source"] == "client" and r["protocol"] == protocol
-        assert r["direction"] == "c2s" and r["route"] is None
+        # the route is where the request went: an address (the proxy's listener, named
+        # by the analysis from the proxy's run file)
+        assert r["direction"] == "c2s", r
+        assert peer.match(r["route"] or "") or (r["route"] or "").startswith("unix:"), r
         assert r["kind"] in ("request", "oneway")
         assert peer.match(r["peer"]), r
         assert r["conn_id"] >= 1 and r["latency_ns"] >= 0 and r["ts_ns"] > 1.6e18
@@ -311,6 +314,7 @@ def test_rocketmq_client_rows_join_on_name_server_and_broker(tmp_path):
 # ---------------------------------------------------------------------- processes
 
 FILE_NAME = re.compile(r"^client-(?P<host>[^-]+)-(?P<pid>\d+)-\d{8}T\d{6}Z-\d{6}\.(parquet|jsonl)$")
+RUN_FILE = re.compile(r"^run-client-(?P<host>[^-]+)-(?P<pid>\d+)-\d{8}T\d{6}Z\.json$")
 
 
 def file_pids(directory):
@@ -318,6 +322,8 @@ def file_pids(directory):
     assert not [n for n in names if n.startswith(".")], names   # no unfinished file left
     pids = Counter()
     for name in names:
+        if RUN_FILE.match(name):         # what ran (proxy/runinfo.py): not a frame log
+            continue
         m = FILE_NAME.match(name)
         assert m, name
         pids[int(m["pid"])] += 1
@@ -342,9 +348,17 @@ def test_processes_each_child_writes_its_own_files_and_no_secret(tmp_path):
     check_rows(rows, "flymq")
     stats = locust_stats(subprocess.CompletedProcess([], 0, out, err))
     assert len(rows) == request_count(stats)
-    # one run id per process when none is given, one conn_id numbering per process
+    # one run id for the run when none is given (the master's, handed to its children),
+    # which the master's run file names too; one conn_id numbering per process
     by_run = Counter(r["run_id"] for r in rows)
-    assert len(by_run) == 2
+    run_files = [n for n in os.listdir(log) if RUN_FILE.match(n)]
+    assert len(by_run) == 1 and len(run_files) == 1, (by_run, run_files)
+    assert int(RUN_FILE.match(run_files[0])["pid"]) == proc.pid      # the parent: the master
+    with open(log / run_files[0]) as f:
+        run = json.load(f)
+    assert run["run_id"] == next(iter(by_run)) and run["ended"]
+    assert run["locust"]["processes"] == 2 and run["locust"]["users"] == 4
+    assert sum(e["requests"] for e in run["locust"]["stats"]) == request_count(stats)
     assert {r["opcode_name"] for r in rows} >= {"AUTH", "PRODUCE", "FETCH"}
     assert all(r["status"] == "OK" for r in rows if r["opcode_name"] == "AUTH")
     for r in rows:
@@ -364,14 +378,16 @@ def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
                                      "FRAMETAP_FLYMQ_USER": "u",
                                      "FRAMETAP_FLYMQ_PASSWORD": password})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(file_pids(log)) and all(n.endswith(".jsonl") for n in os.listdir(log))
+    assert set(file_pids(log)) and all(n.endswith(".jsonl") for n in os.listdir(log)
+                                       if not RUN_FILE.match(n))
     rows = read_rows(log)
     check_rows(rows, "flymq", run_id="demo-run-7")
     assert len(rows) == request_count(locust_stats(proc))
     for path in glob.glob(str(log / "*")):
         with open(path, "rb") as f:
             data = f.read()
-        assert password.encode() not in data and b'"opcode_name":"AUTH"' in data
+        assert password.encode() not in data
+        assert b'"opcode_name":"AUTH"' in data or RUN_FILE.match(os.path.basename(path))
     # the same table through pyarrow's JSON reader, with the schema's types
     from pyarrow import json as pajson
     table = pajson.read_json(glob.glob(str(log / "*.jsonl"))[0], parse_options=pajson.ParseOptions(

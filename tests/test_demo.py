@@ -31,7 +31,15 @@ def test_demo_runs_and_reports(tmp_path):
     assert "PRODUCE" in rows and "FETCH" in rows, r.stdout + r.stderr
     assert int(rows["PRODUCE"][1]) > 0 and int(rows["FETCH"][1]) > 0
     # proxy's count and Locust's count differ at most by requests cut off at the stop
-    assert abs(int(rows["PRODUCE"][1]) - int(rows["PRODUCE"][5])) <= 4
+    # (columns: opcode, proxy req, err, t/o, cut, p50, p99, locust req, fail, ...)
+    assert abs(int(rows["PRODUCE"][1]) - int(rows["PRODUCE"][7])) <= 4
+    # the demo's failures are explained per protocol, the deliberate ones as expected
+    assert "Locust exited with" not in r.stderr and "-----|" not in r.stderr
+    if "ttheader" in r.stdout:
+        assert "[demo] ttheader: " in r.stdout and "[demo]   expected (retired ×" in r.stdout
+    # what ran, beside the frame logs: the demo's, the proxy's and each Locust's run file
+    runs = sorted(p.name.split("-")[1] for p in (tmp_path / "framelogs").glob("run-*.json"))
+    assert runs.count("demo") == 1 and runs.count("proxy") == 1 and runs.count("client") >= 3
     assert "protocol errors: 0   unmatched responses: 0" in r.stdout
     assert (tmp_path / "metrics.txt").read_text().count("frametap_frames_total") > 2
     assert_all_closed(ports_in(r.stdout))
@@ -135,7 +143,8 @@ def test_report_totals_add_up_from_their_rows():
     out = io.StringIO()
     report(metrics, rows, 20.0, route="ns", out=out)
     total = [ln for ln in out.getvalue().splitlines() if ln.startswith("total")][0].split()
-    assert total[1] == "8" and total[3] == "8" and total[4] == "0"
+    # total, proxy req, err, t/o, cut, locust req, fail
+    assert total[1] == "8" and total[5] == "8" and total[6] == "0"
 
 
 def test_demo_leaves_out_a_protocol_whose_program_is_missing(monkeypatch, capsys):
@@ -160,3 +169,86 @@ def test_demo_leaves_out_a_protocol_whose_program_is_missing(monkeypatch, capsys
     assert demo.main(["--protocols", needing[0], "--seconds", "1"]) == 2
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and "not found" in err and needing[0] in err
+
+
+def test_a_request_that_crosses_the_proxy_twice_is_said_so():
+    """fleximq REQ: requester -> broker -> responder, so the proxy answers count two legs
+    per Locust request; a RabbitMQ Stream Publish is one Locust request per batch."""
+    from loadgen.demo import count_note
+    req = {"requests": 4078, "c2s_frames": 2041, "s2c_frames": 2037}
+    note = count_note("REQ", req, {"requests": 2041})
+    assert note == ("each one crosses the proxy twice - 2,041 from the requesters to the "
+                    "broker and 2,037 on to the responders - so the proxy counts 4,078 "
+                    "answered legs where Locust counts 2,041 requests")
+    publish = {"requests": 53290, "c2s_frames": 5329, "s2c_frames": 0}
+    assert count_note("Publish", publish, {"requests": 5329}) == (
+        "the proxy counts each message (53,290), Locust each request, which carries a batch "
+        "of about 10 (5,329)")
+    # a Thrift reply has its call's name and the same count: nothing to say
+    call = {"requests": 5710, "c2s_frames": 5710, "s2c_frames": 5710}
+    assert count_note("getUser", call, {"requests": 5709}) is None
+    assert count_note("Tune", call, None) is None
+
+
+def test_the_table_shows_the_proxys_timeouts_and_cut_offs():
+    import io
+    from loadgen.demo import report
+    labels = 'route="fx",protocol="fleximq",opcode="REQ"'
+    metrics = "\n".join([
+        f'frametap_request_duration_seconds_count{{{labels},outcome="ok"}} 4078',
+        f'frametap_request_duration_seconds_bucket{{{labels},outcome="ok",le="+Inf"}} 4078',
+        f'frametap_request_timeouts_total{{{labels}}} 3',
+        f'frametap_request_cutoffs_total{{{labels}}} 5',
+        f'frametap_frames_total{{{labels},direction="c2s"}} 2041',
+        f'frametap_frames_total{{{labels},direction="s2c"}} 2037',
+    ]) + "\n"
+    out = io.StringIO()
+    report(metrics, {"REQ": {"requests": 2041, "failures": 2, "p50": 3, "p99": 15}}, 20.0,
+           route="fx", out=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split()[:7] == ["opcode", "proxy", "req", "err", "t/o", "cut", "p50"]
+    row = [ln for ln in lines if ln.startswith("REQ")][0].split()
+    assert row[1:5] == ["4078", "0", "3", "5"] and row[7:9] == ["2041", "2"]
+    assert any(ln.startswith("  REQ: each one crosses the proxy twice") for ln in lines)
+
+
+def test_failures_say_which_protocol_why_and_whether_expected():
+    import io
+    from loadgen.demo import explain_failures
+    rows = {"retired": {"requests": 162, "failures": 162}, "getUser": {"requests": 5710,
+                                                                      "failures": 39},
+            "echo": {"requests": 2615, "failures": 0}}
+    errors = [{"type": "ttheader", "name": "retired", "error": "Unknown function retired",
+               "occurrences": 162},
+              {"type": "ttheader", "name": "getUser", "occurrences": 30,
+               "error": "NotFound(message='no user 10029', id=10029)"},
+              {"type": "ttheader", "name": "getUser", "occurrences": 9,
+               "error": "ConnectionResetError(104, 'Connection reset by peer')"}]
+    out = io.StringIO()
+    assert explain_failures("ttheader", rows, errors, out) == 9
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[demo] ttheader: 201 of 8,487 requests failed"
+    assert lines[1].startswith("[demo]   expected (retired ×162): the users call `retired`")
+    assert lines[2].startswith("[demo]   expected (getUser ×30): about 1 % of the user ids")
+    assert lines[3] == ("[demo]   NOT expected (getUser ×9): ConnectionResetError(104, "
+                        "'Connection reset by peer')")
+    out = io.StringIO()
+    assert explain_failures("flymq", {"PRODUCE": {"requests": 9, "failures": 0}}, [], out) == 0
+    assert out.getvalue() == ""
+
+
+def test_a_crashed_locust_is_named_by_its_error_not_its_table():
+    from loadgen.demo import locust_exit_reason
+    stderr = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "ValueError: FRAMETAP_FLYMQ_KEYS='x': expected an integer >= 1",
+        "Type     Name    # reqs      # fails |    Avg     Min",
+        "--------|--------|-------|-------------|-------|-------",
+        "flymq    PRODUCE     10     0(0.00%) |      1       0",
+        "--------|--------|-------|-------------|-------|-------",
+        "         Aggregated      10     0(0.00%) |      1       0",
+    ])
+    assert locust_exit_reason(stderr) == ("ValueError: FRAMETAP_FLYMQ_KEYS='x': expected an "
+                                          "integer >= 1")
+    assert locust_exit_reason("") == "no message (see its output above)"

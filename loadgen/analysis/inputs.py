@@ -12,11 +12,13 @@ start-up), and ``find_frame_logs`` + ``check_parquet`` through Hadoop's FileSyst
 the driver for everything else, so whatever Spark can read works here.
 """
 
+import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 from proxy.framelog import SCHEMA
+from proxy.runinfo import is_run_file
 
 from loadgen.analysis import AnalysisError
 from loadgen.analysis.session import first_line
@@ -26,7 +28,7 @@ SUFFIXES = (".parquet", ".jsonl")
 #: The columns the analysis reads (Parquet reads only these; ``attrs`` and the byte
 #: split are never needed).
 READ_COLUMNS = ("ts_ns", "source", "run_id", "route", "protocol", "conn_id", "peer",
-                "opcode_name", "kind", "correlation_id", "status", "outcome",
+                "direction", "opcode_name", "kind", "correlation_id", "status", "outcome",
                 "frame_bytes", "messages", "latency_ns", "request_opcode_name")
 
 #: Parquet physical type of each SCHEMA column ("MAP": a group).
@@ -34,11 +36,13 @@ _PARQUET_TYPES = {"int64": "INT64", "int32": "INT32", "string": "BINARY"}
 
 
 class FrameLogs:
-    """The frame-log files found: ``parquet`` and ``jsonl`` (Hadoop path strings)."""
+    """The frame-log files found: ``parquet`` and ``jsonl`` (Hadoop path strings), and
+    the run files beside them (``run_files``: ``run-*.json``, proxy.runinfo)."""
 
     def __init__(self):
         self.parquet = []
         self.jsonl = []
+        self.run_files = []
         self._seen = set()
 
     def add(self, path):
@@ -47,6 +51,11 @@ class FrameLogs:
         self._seen.add(path)
         (self.parquet if path.endswith(".parquet") else self.jsonl).append(path)
         return True
+
+    def add_run_file(self, path):
+        if path not in self._seen:
+            self._seen.add(path)
+            self.run_files.append(path)
 
     def __len__(self):
         return len(self.parquet) + len(self.jsonl)
@@ -125,10 +134,13 @@ def find_local(paths, exclude=None):
                 dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
                 for name in sorted(files):
                     full = os.path.join(top, name)
-                    if (name.endswith(SUFFIXES) and not name.startswith((".", "_"))
-                            and not (skip and full.startswith(skip))):
+                    if skip and full.startswith(skip):
+                        continue
+                    if name.endswith(SUFFIXES) and not name.startswith((".", "_")):
                         logs.add("file://" + full)
                         found += 1
+                    elif is_run_file(name):
+                        logs.add_run_file("file://" + full)
         elif path.endswith(SUFFIXES) and not os.path.basename(path).startswith((".", "_")):
             logs.add("file://" + path)
             found += 1
@@ -237,10 +249,13 @@ def find_frame_logs(spark, paths, exclude=None):
                         f = files.next().getPath()
                         name = f.toString()
                         rel = f.toUri().getPath()[len(prefix):]
-                        if (name.endswith(SUFFIXES) and not _hidden(rel)
-                                and not (skip and name.startswith(skip))):
+                        if _hidden(rel) or (skip and name.startswith(skip)):
+                            continue
+                        if name.endswith(SUFFIXES):
                             logs.add(name)
                             found += 1
+                        elif is_run_file(f.getName()):
+                            logs.add_run_file(name)
                 except Exception as exc:
                     raise AnalysisError(f"{given}: cannot list: {first_line(exc)}") from None
             else:
@@ -339,3 +354,88 @@ def read_frames(spark, logs):
     for part in parts[1:]:
         frames = frames.unionByName(part)
     return frames
+
+
+def read_run_files(spark, logs, warn=None):
+    """The run files' JSON objects (proxy.runinfo), read on the driver (they are small);
+    one that cannot be read or parsed is skipped with a ``warn(line)``."""
+    out = []
+    for path in logs.run_files:
+        try:
+            local = local_path(path)
+            if local is not None:
+                with open(local, encoding="utf-8") as f:
+                    text = f.read(1 << 22)
+            else:
+                text = _hadoop_read(spark, path)
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except Exception as exc:       # a run file only adds to the report: go on without
+            if warn is not None:
+                warn(f"analyze: run file {local_name(path)} ignored: "
+                     f"{getattr(exc, 'strerror', None) or first_line(exc)}")
+            continue
+        data["_path"] = local_name(path)
+        out.append(data)
+    return out
+
+
+def _hadoop_read(spark, path, limit=1 << 22):
+    jvm = spark._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(spark._jsc.hadoopConfiguration())
+    stream = fs.open(hpath)
+    try:
+        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
+        lines, size = [], 0
+        while size < limit:
+            line = reader.readLine()
+            if line is None:
+                break
+            lines.append(line)
+            size += len(line) + 1
+        return "\n".join(lines)
+    finally:
+        stream.close()
+
+
+def task_failure(text):
+    """The exception a failed Spark task ended with, from a job failure's text
+    (``java.lang.ArrayIndexOutOfBoundsException: Index 4024 out of bounds ...``)."""
+    m = re.search(r"\(TID \d+\) \([^)]*\): ([^\n]+)", text)
+    if m:
+        return m.group(1).strip()[:200]
+    m = re.search(r"Caused by: ([^\n]+)", text)
+    return m.group(1).strip()[:200] if m else None
+
+
+def find_undecodable(spark, files):
+    """(path, reason) of the first Parquet file in ``files`` whose data (the columns the
+    analysis reads) does not decode, or None.  Only called after a job failed: local
+    files are read with pyarrow first, then each file alone with Spark (the reader
+    that failed), so the file that broke the job is the one named."""
+    import pyarrow.parquet as pq
+    for f in files:
+        local = local_path(f)
+        if local is None:
+            continue
+        try:
+            pq.read_table(local, columns=list(READ_COLUMNS)).validate(full=True)
+        except Exception as exc:
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return f, text[:200]
+    from pyspark.sql import functions as F
+    schema = spark_schema(READ_COLUMNS)
+    sc = spark.sparkContext
+    sc.setLogLevel("OFF")          # each failure here is expected, and reported by us
+    try:
+        for f in files:
+            try:
+                (spark.read.schema(schema).parquet(f)
+                 .agg(F.max(F.xxhash64(*READ_COLUMNS)), F.count(F.lit(1))).collect())
+            except Exception as exc:
+                return f, task_failure(str(exc)) or first_line(exc)
+    finally:
+        sc.setLogLevel("ERROR")
+    return None

@@ -33,6 +33,17 @@ def csv_ready(df):
     return df.select(*cols)
 
 
+def plain(value):
+    """A value as ``csv_ready`` writes it: decimals plainly (at most 6 places, trailing
+    zeros dropped), nulls empty."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        text = ("%.6f" % value).rstrip("0").rstrip(".")
+        return text if text not in ("", "-0") else "0"
+    return str(value)
+
+
 class OutputDir:
     """``--out DIR``: created when missing; outputs replace earlier ones of the same name."""
 
@@ -92,6 +103,18 @@ class OutputDir:
         if self.fs.exists(crc):
             self.fs.delete(crc, False)
         return target.toString()
+
+    def csv_rows(self, rows, columns, name):
+        """Write a small table already on the driver (``rows``: dicts) as the single file
+        ``DIR/name`` with a header, in the format ``csv`` writes."""
+        import csv
+        import io
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
+        out.writerow(columns)
+        for r in rows:
+            out.writerow([plain(r.get(c)) for c in columns])
+        return self.write_text(name, buf.getvalue())
 
     def write_text(self, name, text):
         """Write ``text`` (UTF-8) as ``DIR/name`` (the report) from the driver."""

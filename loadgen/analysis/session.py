@@ -188,14 +188,104 @@ class Progress:
         return f"{head}: stages {len(done)}/{len(stages)}{tasks}, {self.elapsed():.1f} s"
 
 
-def _pump_stderr(fd, console):
-    """Copy the JVM's stderr (the read end ``fd`` of its pipe) to ours, without its
-    start-up noise, until every writer has gone (on its own thread)."""
-    with os.fdopen(fd, "rb") as stream:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line and not JVM_NOISE.match(line):
-                console.say(line)
+class JvmStderr:
+    """Copies the JVM's stderr (the read end ``fd`` of its pipe) to ours, without its
+    start-up noise, until every writer has gone (on its own thread).  Until
+    ``release()`` the lines are held back: when Spark fails to start, ``reason()``
+    turns them into one line instead of a Java stack, and the rest is dropped."""
+
+    def __init__(self, fd, console):
+        self.console = console
+        self.held = []
+        self.lock = threading.Lock()
+        self.released = False
+        self.muted = False
+        threading.Thread(target=self._run, args=(fd,), name="frametap-jvm-stderr",
+                         daemon=True).start()
+
+    def _run(self, fd):
+        with os.fdopen(fd, "rb") as stream:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip()
+                if not line or JVM_NOISE.match(line):
+                    continue
+                with self.lock:
+                    if not self.released:
+                        self.held.append(line)
+                        continue
+                    if self.muted:
+                        continue
+                self.console.say(line)
+
+    def release(self, show=True, mute=False):
+        """From now on lines go straight to the console (the held ones first, unless
+        ``show`` is false) - or nowhere, with ``mute`` (the command reports a failure
+        in its own line)."""
+        with self.lock:
+            held, self.held, self.released = self.held, [], True
+            self.muted = mute
+        if show:
+            for line in held:
+                self.console.say(line)
+
+    def reason(self):
+        """What the JVM said when it failed: its exception's message, or None."""
+        with self.lock:
+            lines = list(self.held)
+        for line in lines:
+            m = re.match(r'Exception in thread "[^"]*" (?:[\w.$]+): (.+)', line)
+            if m:
+                return m.group(1).strip()[:300]
+        for line in lines:
+            m = re.match(r"(?:Error|[\w.$]+(?:Exception|Error)): (.+)", line)
+            if m:
+                return m.group(1).strip()[:300]
+        return None
+
+
+#: what ``--master`` accepts (Spark's own forms; Spark 4 has no Mesos)
+MASTER_FORMS = re.compile(r"^(local(\[(\*|\d+)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+                          r"|yarn|spark://[^\s/]+|k8s://\S+)$")
+
+
+def check_master(master):
+    """AnalysisError for a ``--master`` Spark would refuse (before any JVM starts)."""
+    if not MASTER_FORMS.match(master):
+        raise AnalysisError(f"--master {master}: expected local[*], local[N], "
+                            "spark://HOST:PORT, yarn or k8s://https://HOST:PORT")
+
+
+def master_addresses(master):
+    """[(host, port)] of a ``spark://h1:p1,h2:p2`` master (port 7077 when omitted)."""
+    out = []
+    for part in master[len("spark://"):].split(","):
+        part = part.strip()
+        if part.startswith("["):
+            host, _, rest = part[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        else:
+            host, _, port = part.partition(":")
+        out.append((host, int(port) if port.isdigit() else 7077))
+    return out
+
+
+def probe_master(master, timeout):
+    """AnalysisError unless one of a ``spark://`` master's addresses accepts a TCP
+    connection within ``timeout`` seconds (Spark itself would retry for a minute)."""
+    import socket
+    problems = []
+    for host, port in master_addresses(master):
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return
+        except socket.gaierror as exc:
+            problems.append(f"{host}: unknown host ({exc.strerror or exc})")
+        except (TimeoutError, socket.timeout):
+            problems.append(f"{host}:{port}: no answer within {timeout:g} s")
+        except OSError as exc:
+            problems.append(f"{host}:{port}: {(exc.strerror or str(exc)).lower()}")
+    raise AnalysisError(f"--master {master}: cannot reach the Spark master: "
+                        f"{'; '.join(problems)}")
 
 
 def _local(master):
@@ -242,12 +332,21 @@ def _quiet_pyspark_loggers():
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
-def start_session(master=None, conf=(), console=None):
+#: how long a cluster master may take to accept the application and give it an
+#: executor (``--connect-timeout``)
+CONNECT_TIMEOUT = 15.0
+
+
+def start_session(master=None, conf=(), console=None, connect_timeout=CONNECT_TIMEOUT):
     """``(spark, owned)``: a SparkSession and whether this process started it (and so
     must stop it).  ``conf`` is ``[(key, value)]`` from ``--conf``.
 
     Under ``spark-submit`` the session exists already: it is reused, and ``--master`` /
     JVM settings are spark-submit's business.
+
+    A cluster master gets ``connect_timeout`` seconds to accept the application (Spark
+    alone waits a minute and more, then fails with a Java stack), and a ``spark://``
+    master as long again to give it an executor; each failure is one AnalysisError.
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
@@ -266,6 +365,9 @@ def start_session(master=None, conf=(), console=None):
     if problem:
         raise AnalysisError(problem)
     master = master or "local[*]"
+    check_master(master)
+    if master.startswith("spark://"):
+        probe_master(master, min(connect_timeout, 5.0))
     settings = default_conf(master)
     settings.update(dict(conf))
     log_dir = tempfile.mkdtemp(prefix="frametap-log4j-")
@@ -281,28 +383,134 @@ def start_session(master=None, conf=(), console=None):
     from pyspark.java_gateway import launch_gateway
     os.environ.setdefault("SPARK_HOME", _pyspark_home())
     # the JVM's stderr goes through a pipe we read from the start, so what it says when
-    # it fails to start (an old Java, say) is shown too
+    # it fails to start (an old Java, a refused setting) is shown too - in one line
     read_end, write_end = os.pipe()
-    threading.Thread(target=_pump_stderr, args=(read_end, console),
-                     name="frametap-jvm-stderr", daemon=True).start()
+    jvm_stderr = JvmStderr(read_end, console)
     try:
         gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": write_end})
     except Exception as exc:
         shutil.rmtree(log_dir, ignore_errors=True)
+        time.sleep(0.2)                      # the JVM's last words are still in the pipe
+        why = jvm_stderr.reason()
+        jvm_stderr.release(show=False, mute=True)
+        if why:
+            raise AnalysisError(f"Spark did not start: {why}") from None
         raise AnalysisError(f"Spark's JVM did not start ({first_line(exc)}); is Java 17+ "
                             "installed?") from None
     finally:
         os.close(write_end)                 # the JVM holds its own copy
     try:
-        sc = SparkContext(conf=spark_conf, gateway=gateway)
+        sc = _bounded(lambda: SparkContext(conf=spark_conf, gateway=gateway),
+                      None if _local(master) else connect_timeout)
+    except TimeoutError:
+        jvm_stderr.release(show=False, mute=True)       # the one line below says it
+        _kill(gateway)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise AnalysisError(f"--master {master}: the master did not accept this application "
+                            f"within {connect_timeout:g} s (--connect-timeout); is it a "
+                            f"running Spark {_spark_version()} master?") from None
     except Exception as exc:
+        jvm_stderr.release(show=False, mute=True)
+        _kill(gateway)
         shutil.rmtree(log_dir, ignore_errors=True)
         raise AnalysisError(f"cannot start Spark with master {master}: "
                             f"{first_line(exc)}") from None
-    sc.setLogLevel("ERROR")
-    spark = SparkSession(sc)
+    try:
+        if master.startswith("spark://"):
+            _wait_for_executor(sc, master, connect_timeout)
+        sc.setLogLevel("ERROR")
+        spark = SparkSession(sc)
+    except AnalysisError:
+        jvm_stderr.release(show=False, mute=True)
+        _stop_quietly(sc, gateway)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise
+    except Exception as exc:
+        jvm_stderr.release(show=False, mute=True)
+        _stop_quietly(sc, gateway)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        raise AnalysisError(f"cannot start Spark with master {master}: "
+                            f"{_stopped_reason(exc)}") from None
+    jvm_stderr.release()          # the session is up: what the JVM says is shown from now
     spark._frametap_log_dir = log_dir
     return spark, True
+
+
+def _bounded(fn, timeout):
+    """``fn()``, or TimeoutError when it has not returned within ``timeout`` seconds
+    (None: no bound).  It runs on a daemon thread that is left behind on a timeout (the
+    caller then kills the JVM it waits for)."""
+    if timeout is None:
+        return fn()
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:      # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+    worker = threading.Thread(target=run, name="frametap-spark-start", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _wait_for_executor(sc, master, timeout):
+    """AnalysisError unless a standalone master gives the application an executor in
+    ``timeout`` seconds (without one every job waits forever)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if sc._jsc.sc().getExecutorMemoryStatus().size() > 1:     # the driver is one
+            return
+        if sc._jsc.sc().isStopped():
+            raise AnalysisError(f"--master {master}: the master stopped this application "
+                                "(see the master's log)")
+        if time.monotonic() > deadline:
+            host = master_addresses(master)[0][0]
+            raise AnalysisError(f"--master {master}: no worker gave this application an "
+                                f"executor within {timeout:g} s (--connect-timeout); do "
+                                f"the master's workers have free cores and memory? (its "
+                                f"web UI, http://{host}:8080 by default, lists them)")
+        time.sleep(0.25)
+
+
+def _kill(gateway):
+    """End the JVM (a thread may still wait on it: it then gets a closed connection)."""
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(10)
+        except Exception:
+            pass
+    try:
+        gateway.shutdown()
+    except Exception:
+        pass
+
+
+def _stop_quietly(sc, gateway):
+    try:
+        sc.setLogLevel("OFF")
+        sc.stop()
+    except Exception:
+        _kill(gateway)
+
+
+def _stopped_reason(exc):
+    text = first_line(exc)
+    if "stopped SparkContext" in text:
+        return "Spark stopped the application as it started (see the lines above)"
+    return text
+
+
+def _spark_version():
+    import pyspark
+    return pyspark.__version__
 
 
 def stop_session(spark, owned):

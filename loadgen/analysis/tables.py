@@ -14,9 +14,17 @@ How rows count (``classify``), by the request's opcode:
   feeds the percentiles;
 * a ``response`` row with neither is unmatched, under its own ``opcode_name``;
 * an ``event`` row with ``status = "timeout"`` is a timeout of ``request_opcode_name``;
+  one with ``status = "closed"`` is a cut-off (its connection closed before the answer:
+  a run that stopped, a peer that went away), counted apart from timeouts;
 * a ``source = "client"`` ``request`` row is a request and, when it carries a latency,
   its answer too (the client logs one row per completed request); one with
   ``status = "timeout"`` is a timeout instead.
+
+Every row also has a ``leg``: the direction its request was sent (a proxy response
+answers a request that went the other way; client rows are ``c2s``).  A fleximq REQ
+crosses the proxy twice - requester to broker (``c2s``) and broker to responder
+(``s2c``) - so the proxy counts it once per leg, and the client/proxy comparison
+compares Locust with the ``c2s`` leg.
 """
 
 import math
@@ -27,17 +35,31 @@ from loadgen.analysis import ACCURACY, RANK_ERROR
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 
+#: the product design's summary columns, then ``cut_off`` (requests whose connection
+#: closed before their answer: counted apart from ``timeouts``)
 SUMMARY_COLUMNS = ("source", "route", "protocol", "opcode", "requests", "responses",
                    "errors", "error_ratio", "timeouts", "unmatched", "rate_per_s", "p50_ms",
-                   "p90_ms", "p99_ms", "p999_ms", "max_ms", "frame_bytes", "messages")
+                   "p90_ms", "p99_ms", "p999_ms", "max_ms", "frame_bytes", "messages",
+                   "cut_off")
 TIMELINE_COLUMNS = ("second", "source", "route", "opcode", "requests", "errors", "p99_ms")
 SLOWEST_COLUMNS = ("ts", "source", "route", "protocol", "opcode", "conn_id", "peer",
                    "correlation_id", "latency_ms", "status")
 DECOMPOSITION_COLUMNS = ("route", "protocol", "opcode", "pairs", "client_p50_ms",
                          "client_p99_ms", "server_p50_ms", "server_p99_ms",
                          "outside_p50_ms", "outside_p99_ms")
+#: errors.csv: what went wrong, per request opcode: each error answer's status (the
+#: protocol's status name; on the client side the exception's class when no answer came)
+ERRORS_COLUMNS = ("source", "route", "protocol", "opcode", "status", "errors")
+#: legs.csv: per (source, protocol, opcode, leg) - the client/proxy comparison's grain
+LEGS_COLUMNS = ("source", "protocol", "opcode", "leg", "requests", "responses", "errors",
+                "timeouts", "cut_off", "p50_ms", "p99_ms")
+
+#: event statuses: a request that got no answer in time / whose connection closed first
+TIMEOUT, CLOSED = "timeout", "closed"
 
 NS_PER_S = 1_000_000_000
+#: at most about this many points per line in the report's per-opcode chart
+OPCODE_POINTS = 400
 
 
 def ms(col):
@@ -51,17 +73,26 @@ def _count(flag):
 
 def classify(frames):
     """Each frame-log row with its grouping opcode (``op``), answered latency (``lat``),
-    what it counts as (boolean ``is_*``), and its bytes and messages."""
+    what it counts as (boolean ``is_*``), its request's direction (``leg``), the status
+    of an error answer (``err_status``), and its bytes and messages."""
     kind, source, status = F.col("kind"), F.col("source"), F.col("status")
     latency, request_op = F.col("latency_ns"), F.col("request_opcode_name")
     is_req = kind.isin("request", "oneway")
+    is_event = kind.eqNullSafe("event")
     client_row = source.eqNullSafe("client") & kind.eqNullSafe("request")
-    is_timeout = ((kind.eqNullSafe("event") & status.eqNullSafe("timeout"))
-                  | (client_row & status.eqNullSafe("timeout")))
+    is_timeout = ((is_event & status.eqNullSafe(TIMEOUT))
+                  | (client_row & status.eqNullSafe(TIMEOUT)))
+    is_cut = is_event & status.eqNullSafe(CLOSED)
     is_unmatched = kind.eqNullSafe("response") & latency.isNull() & request_op.isNull()
     answered = ((kind.eqNullSafe("response") & ~is_unmatched)
                 | (client_row & latency.isNotNull() & ~is_timeout))
-    is_frame = ~kind.eqNullSafe("event")
+    is_err = answered & F.col("outcome").eqNullSafe("error")
+    direction = F.coalesce(F.col("direction"), F.lit("c2s"))
+    leg = (F.when(source.eqNullSafe("client"), F.lit("c2s"))
+           .when(kind.eqNullSafe("response"),
+                 F.when(direction == "s2c", F.lit("c2s")).otherwise(F.lit("s2c")))
+           .otherwise(direction))
+    is_frame = ~is_event
     return frames.select(
         "ts_ns", "source", "run_id", "route", "protocol", "conn_id", "peer",
         "correlation_id", "status", "kind",
@@ -70,9 +101,12 @@ def classify(frames):
         F.when(answered, latency).alias("lat"),
         is_req.alias("is_req"),
         answered.alias("is_resp"),
-        (answered & F.col("outcome").eqNullSafe("error")).alias("is_err"),
+        is_err.alias("is_err"),
         is_timeout.alias("is_to"),
+        is_cut.alias("is_cut"),
         is_unmatched.alias("is_un"),
+        leg.alias("leg"),
+        F.when(is_err, F.coalesce(status, F.lit("(no status)"))).alias("err_status"),
         F.when(is_frame, F.coalesce(F.col("frame_bytes"), F.lit(0))).otherwise(0).alias("fb"),
         F.when(is_frame, F.coalesce(F.col("messages"), F.lit(0))).otherwise(0).alias("msgs"),
     )
@@ -105,17 +139,21 @@ def _bucket(bucket_s, col="sec"):
 
 def counts(rows):
     """Pass 1, every row: counts and sums per (second, source, route, protocol, opcode,
-    run): the finest grain any table needs, in one code-generated hash aggregation
+    run, leg, error status): the finest grain any table needs (``err_status`` is null
+    on every row but error answers, so it splits few groups), in one code-generated hash
+    aggregation
     over the frames (no percentile: that would make Spark interpret the whole
     aggregation).  Summary, timeline, series and runs add these up (``*_counts``), so
     their extra groupings cost nothing like another pass."""
     return (rows.select("*", _second().alias("sec"))
-            .groupBy("sec", "source", "route", "protocol", "op", "run_id")
+            .groupBy("sec", "source", "route", "protocol", "op", "run_id", "leg",
+                     "err_status")
             .agg(F.count(F.lit(1)).alias("records"),
                  _count("is_req").alias("requests"),
                  _count("is_resp").alias("responses"),
                  _count("is_err").alias("errors"),
                  _count("is_to").alias("timeouts"),
+                 _count("is_cut").alias("cut_off"),
                  _count("is_un").alias("unmatched"),
                  F.min("ts_ns").alias("first_ns"),
                  F.max("ts_ns").alias("last_ns"),
@@ -126,7 +164,8 @@ def counts(rows):
                  F.sum("msgs").alias("messages")))
 
 
-_SUMS = ("requests", "responses", "errors", "timeouts", "unmatched", "frame_bytes", "messages")
+_SUMS = ("requests", "responses", "errors", "timeouts", "cut_off", "unmatched", "frame_bytes",
+         "messages")
 
 
 def runs_of(counted):
@@ -144,6 +183,9 @@ def runs_of(counted):
 SUMMARY_KEY = ("source", "route", "protocol", "op")
 TIMELINE_KEY = ("source", "route", "op")             # per second
 SERIES_KEY = ("source", "route")                     # per report bucket
+LEG_KEY = ("source", "protocol", "op", "leg")        # legs; per opcode-series bucket
+PROTOCOL_KEY = ("source", "protocol", "leg")         # the report's headline
+SOURCE_KEY = ("source", "leg")
 _NULL = "\u0000null"                                 # what a null key hashes as
 
 
@@ -152,32 +194,44 @@ def _hash(cols):
 
 
 _HASHES = {"summary": ("ks", SUMMARY_KEY), "timeline": ("kt", TIMELINE_KEY),
-           "series": ("kr", SERIES_KEY)}
+           "series": ("kr", SERIES_KEY), "legs": ("kl", LEG_KEY)}
+#: the sets keyed by a hash column, and the hash columns each percentile set uses
+_HASHED_BY = {"summary": "summary", "timeline": "timeline", "series": "series",
+              "legs": "legs", "opseries": "legs"}
 
 
 def _with_keys(df, hashed, sets=tuple(_HASHES)):
     """``df`` with the hash key columns of ``sets`` (``ks`` summary, ``kt`` timeline,
-    ``kr`` series: 64-bit hashes of their string keys) when ``hashed``."""
+    ``kr`` series, ``kl`` legs: 64-bit hashes of their string keys) when ``hashed``."""
     if not hashed:
         return df
+    sets = [_HASHED_BY.get(s, s) for s in sets]
+    sets = [s for i, s in enumerate(sets) if s in _HASHES and s not in sets[:i]]
     return df.select("*", *[_hash(_HASHES[s][1]).alias(_HASHES[s][0]) for s in sets])
 
 
 def _keys(hashed):
-    """{set: its key columns} as ``latencies`` and the joins name them."""
+    """{set: its key columns} as ``latencies`` and the joins name them.  The two small
+    report sets (per source; per source and protocol) are keyed by their strings."""
     if hashed:
-        return {"summary": ("ks",), "timeline": ("sec", "kt"), "series": ("bucket_s", "kr")}
-    return {"summary": SUMMARY_KEY, "timeline": ("sec",) + TIMELINE_KEY,
-            "series": ("bucket_s",) + SERIES_KEY}
+        keys = {"summary": ("ks",), "timeline": ("sec", "kt"), "series": ("bucket_s", "kr"),
+                "legs": ("kl",), "opseries": ("bucket_o", "kl")}
+    else:
+        keys = {"summary": SUMMARY_KEY, "timeline": ("sec",) + TIMELINE_KEY,
+                "series": ("bucket_s",) + SERIES_KEY, "legs": LEG_KEY,
+                "opseries": ("bucket_o",) + LEG_KEY}
+    keys.update(proto=PROTOCOL_KEY, side=SOURCE_KEY)
+    return keys
 
 
 def hashes_are_unique(counted):
-    """Whether the 64-bit key hashes name each summary, timeline and series group of
-    this data alone.  Pass 2 groups by hashes (a long per row is much cheaper to
+    """Whether the 64-bit key hashes name each summary, timeline, series and legs group
+    of this data alone.  Pass 2 groups by hashes (a long per row is much cheaper to
     group by than four strings); this check on the few distinct keys makes that
     exact: on a collision the job groups by the strings instead."""
-    keys = _with_keys(counted.select(*SUMMARY_KEY).distinct(), True).collect()
-    for cols, key in ((SUMMARY_KEY, "ks"), (TIMELINE_KEY, "kt"), (SERIES_KEY, "kr")):
+    keys = _with_keys(counted.select(*SUMMARY_KEY, "leg").distinct(), True).collect()
+    for cols, key in ((SUMMARY_KEY, "ks"), (TIMELINE_KEY, "kt"), (SERIES_KEY, "kr"),
+                      (LEG_KEY, "kl")):
         named = {}
         for r in keys:
             named.setdefault(r[key], set()).add(tuple(r[c] for c in cols))
@@ -186,13 +240,16 @@ def hashes_are_unique(counted):
     return True
 
 
-def latencies(rows, bucket_s, hashed=True):
+def latencies(rows, bucket_s, hashed=True, op_bucket_s=None):
     """Pass 2, answered rows only: one percentile sketch (``q``: the QUANTILES, each a
-    logged latency in ns) per summary group, timeline second and report bucket, from
-    one scan (Spark's grouping sets).  Keyed as ``_keys(hashed)`` says."""
+    logged latency in ns) per summary group, timeline second, report bucket (per route:
+    ``bucket_s``; per opcode and leg: ``op_bucket_s``), leg, and per source and protocol,
+    from one scan (Spark's grouping sets).  Keyed as ``_keys(hashed)`` says."""
+    op_bucket_s = op_bucket_s or bucket_s
     answered = rows.where(F.col("lat").isNotNull()).select(
-        *SUMMARY_KEY, "lat", _second().alias("sec"),
-        _bucket(bucket_s, f"(ts_ns div {NS_PER_S})").alias("bucket_s"))
+        *SUMMARY_KEY, "leg", "lat", _second().alias("sec"),
+        _bucket(bucket_s, f"(ts_ns div {NS_PER_S})").alias("bucket_s"),
+        _bucket(op_bucket_s, f"(ts_ns div {NS_PER_S})").alias("bucket_o"))
     keyed = _with_keys(answered, hashed)
     sets = _keys(hashed)
     columns = []
@@ -212,8 +269,8 @@ def _attach(counted_groups, latency, set_name, hashed):
     for k in keys:                                   # null-safe: a route may be null
         eq = F.col(f"c.{k}").eqNullSafe(F.col(f"l.{k}"))
         cond = eq if cond is None else cond & eq
-    return c.join(F.broadcast(lat) if set_name == "summary" else lat, cond, "left") \
-            .select("c.*", "l.q")
+    small = set_name in ("summary", "legs", "proto", "side")
+    return c.join(F.broadcast(lat) if small else lat, cond, "left").select("c.*", "l.q")
 
 
 def summary_of(counted, latency, hashed=True):
@@ -236,7 +293,7 @@ def summary_of(counted, latency, hashed=True):
         ms(F.col("q")[0]).alias("p50_ms"), ms(F.col("q")[1]).alias("p90_ms"),
         ms(F.col("q")[2]).alias("p99_ms"), ms(F.col("q")[3]).alias("p999_ms"),
         ms(F.col("max_ns")).alias("max_ms"),
-        "frame_bytes", "messages",
+        "frame_bytes", "messages", "cut_off",
     )
 
 
@@ -253,15 +310,72 @@ def timeline_of(counted, latency, hashed=True):
 
 
 def series_of(counted, latency, bucket_s, hashed=True):
-    """Per (bucket, source, route): requests, responses, errors, p99 - the report's
-    throughput, p99 and error-ratio charts (``bucket_seconds`` keeps them small)."""
+    """Per (bucket, source, route): requests, responses, errors, timeouts, cut-offs, p99 -
+    the report's throughput, p99 and error-ratio charts (``bucket_seconds`` keeps them
+    small).  Client rows carry no route: their ``protocol`` names them."""
     groups = counted.groupBy(_bucket(bucket_s).alias("bucket_s"), *SERIES_KEY).agg(
-        F.sum("requests").alias("requests"), F.sum("responses").alias("responses"),
-        F.sum("errors").alias("errors"))
+        F.first("protocol", ignorenulls=True).alias("protocol"),
+        *[F.sum(c).alias(c) for c in _LEG_SUMS])
     g = _attach(groups, latency, "series", hashed)
-    return (g.select("bucket_s", "source", "route", "requests", "responses", "errors",
-                     ms(F.col("q")[2]).alias("p99_ms"))
+    return (g.select("bucket_s", "source", "route", "protocol", "requests", "responses",
+                     "errors", "timeouts", "cut_off", ms(F.col("q")[2]).alias("p99_ms"))
             .orderBy("source", "route", "bucket_s"))
+
+
+def legs_of(counted, latency, hashed=True):
+    """One row per (source, protocol, opcode, leg): LEGS_COLUMNS - the grain at which
+    the report compares what the clients saw with what the proxy saw."""
+    groups = counted.groupBy(*LEG_KEY).agg(*[F.sum(c).alias(c) for c in _LEG_SUMS])
+    g = _attach(groups, latency, "legs", hashed)
+    return g.select("source", "protocol", F.col("op").alias("opcode"), "leg", *_LEG_SUMS,
+                    ms(F.col("q")[0]).alias("p50_ms"), ms(F.col("q")[2]).alias("p99_ms"))
+
+
+_LEG_SUMS = ("requests", "responses", "errors", "timeouts", "cut_off")
+
+
+def op_series_of(counted, latency, op_bucket_s, hashed=True):
+    """Per (bucket, source, protocol, opcode, leg): requests, answers, errors, timeouts,
+    cut-offs, p50 and p99 - the report's latency-over-time chart per opcode."""
+    groups = counted.groupBy(_bucket(op_bucket_s).alias("bucket_o"), *LEG_KEY).agg(
+        *[F.sum(c).alias(c) for c in _LEG_SUMS])
+    g = _attach(groups, latency, "opseries", hashed)
+    return (g.select(F.col("bucket_o").alias("bucket_s"), "source", "protocol",
+                     F.col("op").alias("opcode"), "leg", *_LEG_SUMS,
+                     ms(F.col("q")[0]).alias("p50_ms"), ms(F.col("q")[2]).alias("p99_ms"))
+            .orderBy("source", "protocol", "opcode", "leg", "bucket_s"))
+
+
+def totals_of(counted, latency):
+    """The run's headline numbers: per (source, leg), and per (source, protocol, leg) -
+    requests, answers, errors, timeouts, cut-offs, unmatched, first and last request,
+    p50, p90, p99, max.  ``protocol`` is null on the per-source rows.  Per leg, so that
+    what clients asked (``c2s``) is not mixed with what servers sent or forwarded."""
+    sums = [F.sum(c).alias(c) for c in _SUMS if c not in ("frame_bytes", "messages")]
+    extra = [F.min("first_req_ns").alias("first_req_ns"),
+             F.max("last_req_ns").alias("last_req_ns"), F.max("max_ns").alias("max_ns")]
+    out = []
+    for name, key in (("side", SOURCE_KEY), ("proto", PROTOCOL_KEY)):
+        g = _attach(counted.groupBy(*key).agg(*sums, *extra), latency, name, False)
+        if "protocol" not in key:
+            g = g.withColumn("protocol", F.lit(None).cast("string"))
+        out.append(g.select(
+            "source", "protocol", "leg", *[c for c in _SUMS if c not in ("frame_bytes", "messages")],
+            "first_req_ns", "last_req_ns",
+            ms(F.col("q")[0]).alias("p50_ms"), ms(F.col("q")[1]).alias("p90_ms"),
+            ms(F.col("q")[2]).alias("p99_ms"), ms(F.col("max_ns")).alias("max_ms")))
+    return out[0].unionByName(out[1]).orderBy("source", "leg",
+                                              F.col("protocol").asc_nulls_first())
+
+
+def errors_of(counted):
+    """One row per (source, route, protocol, opcode, status) of error answers:
+    ERRORS_COLUMNS (timeouts and cut-offs are the summary's own columns)."""
+    return (counted.where(F.col("err_status").isNotNull())
+            .groupBy("source", "route", "protocol", "op", "err_status")
+            .agg(F.sum("errors").alias("errors"))
+            .select("source", "route", "protocol", F.col("op").alias("opcode"),
+                    F.col("err_status").alias("status"), "errors"))
 
 
 def slowest_threshold(summary, n):
@@ -296,7 +410,7 @@ def slowest(rows, n, threshold=None):
     """The ``n`` slowest answered requests (orderBy + limit: a top-N per partition, never
     a full sort on the driver).  ``ts_ns`` is the answer row's own timestamp.
     ``threshold`` (from ``slowest_threshold``) drops rows that cannot be among them."""
-    answered = rows.where(F.col("lat").isNotNull())
+    answered = rows.where(F.col("lat").isNotNull())      # never a timeout or a cut-off
     if threshold is not None:
         answered = answered.where(F.col("lat") >= F.lit(threshold))
     return (answered

@@ -71,6 +71,7 @@ class FlexiMQClient(SocketClient):
             SocketClient._connected(self, _UnixName())
             # the proxy logs a Unix client as unix:<the path it listens on>
             self.local_address = "unix:" + self.address
+            self.remote_address = "unix:" + self.address
         else:
             SocketClient._connected(self, sock)
 

@@ -60,16 +60,29 @@ RESPONDERS: list[int] = []
 
 
 def parse_host(host: str | None) -> str:
-    """Locust's --host as the client's address text (``h:p`` or ``unix:/path``)."""
+    """Locust's --host as the client's address text (``h:p`` or ``unix:/path``):
+    ``tcp://H:P``, ``fleximq://H:P``, ``ipc:///path``, ``unix:/path``, ``H:P`` or ``H``
+    (port 7890); ValueError for anything else (checked as the proxy checks addresses)."""
     if not host:
         raise ValueError("fleximq: --host is required (HOST:PORT or unix:/path)")
     text = host.strip()
     if text.startswith("ipc://"):
-        return "unix:" + text[len("ipc://"):]
-    if text.startswith("tcp://"):
-        text = text[len("tcp://"):].rstrip("/")
-    if ":" not in text.replace("unix:", "", 1) and not text.startswith("unix:"):
-        text += ":7890"
+        text = "unix:" + text[len("ipc://"):]
+    else:
+        scheme, sep, rest = text.partition("://")
+        if sep:
+            if scheme.lower() not in ("tcp", "fleximq"):
+                raise ValueError(f"host {host!r}: expected scheme tcp://, fleximq:// or "
+                                 f"ipc:// (or HOST:PORT, unix:/path)")
+            text = rest.rstrip("/")
+        if ":" not in text.replace("unix:", "", 1) and not text.startswith("unix:"):
+            text += ":7890"
+    from proxy.addresses import parse_address
+    from proxy.errors import ConfigError
+    try:
+        parse_address(text, "--host", allow_unix=True)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
     return text
 
 
@@ -102,7 +115,8 @@ class FlexiMQSettings:
 
 class FlexiMQUser(RequestReporter, User):
     """Abstract: one joined :class:`FlexiMQClient` (reconnected and re-joined after a
-    failure, on the next task)."""
+    failure, on the next task, after a back-off while that keeps failing:
+    :class:`loadgen.common.Backoff`)."""
 
     abstract = True
     wait_time = between(0.001, 0.01)
@@ -132,6 +146,7 @@ class FlexiMQUser(RequestReporter, User):
         client = self.client
         if client is not None and not client.closed:
             return client
+        self.before_connect()            # back off while the broker keeps failing
         with self.timed("CONNECT", quiet=True):
             client = FlexiMQClient(self.address, timeout=self.settings.timeout)
         if self.last_exception is not None:

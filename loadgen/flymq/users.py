@@ -6,7 +6,8 @@ Every request fires ``environment.events.request`` with ``request_type="flymq"``
 = the spec's opcode name (``PRODUCE``, ``FETCH``, ...), ``response_time`` in ms measured with
 ``perf_counter()``, ``response_length`` = response frame bytes, and failures through
 ``exception=`` (ERROR responses, socket errors, timeouts). A connection that failed is
-re-opened on the next request.
+re-opened on the next request, after a back-off while reconnections keep failing
+(:class:`loadgen.common.Backoff`: FRAMETAP_RECONNECT_DELAY, FRAMETAP_RECONNECT_MAX_DELAY).
 
 With the client-side frame log on (``--frametap-framelog DIR``, :mod:`loadgen.clientlog`)
 every reported request that went out on a connection is also one frame-log row whose
@@ -117,6 +118,7 @@ class FlyMQUser(RequestReporter, User):
         client = self.client
         if client is None or client.closed:
             host, port = self._address
+            self.before_connect()        # back off while the server keeps failing
             client = FlyMQClient(host, port, timeout=self.settings.timeout)
             self.client = client
             if self.settings.user:

@@ -201,6 +201,7 @@ class StreamUser(RequestReporter, User):
         s = self.settings
         host, port = self._address
         client = None
+        self.before_connect()            # back off while the broker keeps failing
         with self.timed("PeerProperties", quiet=True) as req:  # reported only on failure
             try:
                 client = StreamClient(host, port, user=s.user, password=s.password,
@@ -210,13 +211,11 @@ class StreamUser(RequestReporter, User):
                 req["name"] = getattr(exc, "command", None) or "PeerProperties"
                 raise
         if client is None:
-            time.sleep(min(1.0, s.timeout))  # don't spin on a dead server
-            return None
+            return None                  # the next attempt waits (before_connect)
         self.client = client
         if not self.on_connect(client):
             client.close()
-            self.client = None
-            time.sleep(min(1.0, s.timeout))  # e.g. access refused: don't spin
+            self.client = None           # e.g. access refused: the next attempt waits
             return None
         return client
 

@@ -89,7 +89,7 @@ from dataclasses import dataclass
 
 from locust import User, between, task
 
-from loadgen.common import RequestReporter, env_bool, env_choice, env_float, env_int
+from loadgen.common import Backoff, RequestReporter, env_bool, env_choice, env_float, env_int
 from loadgen.rocketmq.client import (
     DEFAULT_TOPIC,
     RocketMQClient,
@@ -185,6 +185,7 @@ class RocketMQUser(RequestReporter, User):
         self.queues: list = []
         self._next_route = 0.0
         self._next_heartbeat = 0.0
+        self._backoffs: dict[str | None, Backoff] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -222,19 +223,31 @@ class RocketMQUser(RequestReporter, User):
 
     # ------------------------------------------------------------------ plumbing
 
+    def _backoff(self, addr: str | None) -> Backoff:
+        """The reconnection back-off of one address (the name server's when None): a
+        dead broker is retried ever more slowly while the name server answers."""
+        backoff = self._backoffs.get(addr)
+        if backoff is None:
+            backoff = self._backoffs[addr] = Backoff.from_env()
+        return backoff
+
     def _client(self, addr: str | None) -> RocketMQClient:
         """The connection to the broker at ``addr`` (the name server when None), opened
-        when needed. An exception from opening it is marked ``connecting = True``."""
+        when needed, after a back-off while connections to it keep failing
+        (:class:`loadgen.common.Backoff`). An exception from opening it is marked
+        ``connecting = True``."""
         try:
             if addr is None:
                 if self.namesrv is None or self.namesrv.closed:
                     host, port = self._namesrv_address
+                    self._backoff(None).before_connect()
                     self.namesrv = RocketMQClient(host, port, timeout=self.settings.timeout,
                                                   serialize=self.settings.serialize)
                 return self.namesrv
             client = self.brokers.get(addr)
             if client is None or client.closed:
                 host, port = parse_host(addr)
+                self._backoff(addr).before_connect()
                 client = RocketMQClient(host, port, timeout=self.settings.timeout,
                                         serialize=self.settings.serialize)
                 self.brokers[addr] = client
@@ -246,14 +259,13 @@ class RocketMQUser(RequestReporter, User):
     def _succeeded(self, req: dict, addr: str | None) -> bool:
         """After a :meth:`timed` request to ``addr``: True when it succeeded. On failure,
         broker trouble (not an error answer or a timeout) makes the next task look the
-        route up again, and a failed connect pauses a little (don't spin)."""
+        route up again (the next connection to it waits: :meth:`_client`)."""
         exc = req["exception"]
         if exc is None:
+            self._backoff(addr).ok()
             return True
         if addr is not None and not isinstance(exc, (RocketMQServerError, TimeoutError)):
             self._next_route = 0.0
-        if getattr(exc, "connecting", False):
-            time.sleep(min(1.0, self.settings.timeout))
         return False
 
     def _lookup_route(self, topic: str, not_found_ok: bool):
@@ -271,6 +283,8 @@ class RocketMQUser(RequestReporter, User):
                 route = None
                 req["context"]["status"] = "TOPIC_NOT_EXIST"
             req["response_length"] = client.last_response_bytes
+        if req["exception"] is None:
+            self._backoff(None).ok()
         return route
 
     def refresh_route(self) -> bool:

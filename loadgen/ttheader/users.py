@@ -10,7 +10,8 @@ TApplicationException UNKNOWN_METHOD is a failure, as is a declared ``NotFound``
 ``request_type="ttheader"``, ``name`` = the method, ``response_time`` in ms from
 ``perf_counter()`` (a oneway call: the time to send it), ``response_length`` = the reply
 frame's bytes, failures through ``exception=``. A connection that failed is re-opened on
-the next call.
+the next call, after a back-off while reconnections keep failing
+(:class:`loadgen.common.Backoff`).
 
 Client-side frame log (``--frametap-framelog DIR``): one row per call, ``correlation_id``
 = the call's seq id (what the proxy correlates on), ``status`` as the proxy names the
@@ -71,6 +72,7 @@ class ThriftUser(RequestReporter, User):
         client = self.client
         if client is None or client.closed:
             host, port = self._address
+            self.before_connect()        # back off while the server keeps failing
             client = ThriftClient(host, port, self.transport, self.protocol, self.timeout,
                                   zlib=self.zlib)
             self.client = client
