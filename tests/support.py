@@ -87,8 +87,10 @@ class FaultyUpstream:
                 data = await reader.read(65536)
                 if not data:
                     self.eof_seen.set()
-                    # answer what is complete, then close our side too
-                    writer.write_eof()
+                    # answer what is complete, then close our side too (unless a reset
+                    # closed the transport already: write_eof() would raise)
+                    if not writer.is_closing():
+                        writer.write_eof()
                     return
                 self.received += data
                 self.got_bytes.set()
