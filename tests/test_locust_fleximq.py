@@ -41,7 +41,7 @@ def test_headless_run_requests_pings_and_publishes(tmp_path, transport):
 
 def test_wrong_token_is_a_reported_failure(tmp_path):
     with FlexiMQBrokerThread(tokens=["tok"]) as b:
-        proc = _run_locust(b.address, tmp_path / "run", users=2, duration="2s",
+        proc = _run_locust(b.address, tmp_path / "run", users=2, duration="4s",
                            extra_env={"FRAMETAP_FLEXIMQ_TOKEN": "nope"})
     assert proc.returncode == 1, proc.stderr[-2000:]   # Locust: 1 when requests failed
     stats = _stats(tmp_path / "run")

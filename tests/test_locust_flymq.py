@@ -55,7 +55,7 @@ def test_failures_are_reported_through_exception(tmp_path):
     # A server that demands AUTH: every request fails with ERROR, and Locust must count
     # those as failures (not successes) under the opcode name.
     with FlyMQServerThread(users={"u": "p"}, require_auth=True) as srv:
-        proc = _run_locust(srv.port, tmp_path / "fail", users=2, duration="2s")
+        proc = _run_locust(srv.port, tmp_path / "fail", users=2, duration="4s")
     assert proc.returncode != 0
     stats = _stats(tmp_path / "fail")
     assert int(stats[("", "Aggregated")]["Failure Count"]) > 0
