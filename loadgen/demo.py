@@ -5,6 +5,7 @@ Every process it starts is its own child and is stopped on exit, Ctrl-C included
 """
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -23,19 +24,20 @@ from proxy import protocols
 from proxy.paths import locustfile_path
 from proxy.runinfo import RunInfo, is_run_file
 
-#: Failures the demo's users cause on purpose, per protocol: (Locust name or None for
-#: any, the start of Locust's error text - the exception's class; "" for any -, the
-#: frame-log status the proxy gives the answer, why).  Everything else is not expected.
-EXPECTED_FAILURES = {
-    "ttheader": (
-        ("retired", "", "UNKNOWN_METHOD",
-         "the users call `retired`, a method the service does not have, to show an "
-         "UNKNOWN_METHOD answer"),
-        (None, "NotFound", "EXCEPTION",
-         "about 1 % of the user ids the users ask for do not exist: the service answers "
-         "its declared NotFound exception"),
-    ),
-}
+def expected_failures(protocol):
+    """The failures ``protocol``'s users cause on purpose: (Locust name or None for any,
+    the start of Locust's error text - the exception's class; "" for any -, the frame-log
+    status the proxy gives the answer, why), from ``DEMO_EXPECTED_FAILURES`` in the
+    package beside its users module (a package that imports no Locust).  Everything else
+    is not expected."""
+    spec = protocols.load(protocol)
+    if not spec.users:
+        return ()
+    try:
+        pkg = importlib.import_module(spec.users.rsplit(".", 1)[0])
+    except ImportError:
+        return ()
+    return getattr(pkg, "DEMO_EXPECTED_FAILURES", ())
 
 
 def demo_protocols():
@@ -400,8 +402,8 @@ def locust_errors(logdir, protocol):
 
 def expected_why(protocol, name, error):
     """Why a failure of ``protocol``'s Locust request ``name`` with error text ``error``
-    is deliberate, or None when it is not (EXPECTED_FAILURES)."""
-    for want_name, prefix, _status, why in EXPECTED_FAILURES.get(protocol, ()):
+    is deliberate, or None when it is not (expected_failures())."""
+    for want_name, prefix, _status, why in expected_failures(protocol):
         if (want_name is None or want_name == name) and str(error).startswith(prefix):
             return why
     return None
@@ -451,7 +453,7 @@ def demo_section(args, chosen):
             "expected_failures": [
                 {"protocol": proto, "opcode": name, "status": status, "why": why}
                 for proto in chosen
-                for name, _prefix, status, why in EXPECTED_FAILURES.get(proto, ())]}
+                for name, _prefix, status, why in expected_failures(proto)]}
 
 
 def build_parser():

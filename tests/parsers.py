@@ -44,10 +44,9 @@ TRACER_ERRORS = []
 def checked_tracer(fn):
     """``fn`` as a parser ``tracer`` whose exceptions still fail the test.
 
-    Both twins call the tracer inside ``try: ... except Exception: pass``
-    (proxy/_framing.pyx and proxy/framing_py.py ``_emit``), so an exception a tracer
-    raises — a failed check, a KeyError on an unexpected row — would only drop that
-    record. The wrapper keeps the exception for the test's teardown, then re-raises it."""
+    Both twins re-raise what a tracer raised when feed()/expire()/close() returns; the
+    wrapper also keeps it for the test's teardown, so a test that catches the exception
+    (or a caller that swallows it) still fails."""
     def tracer(row):
         try:
             return fn(row)

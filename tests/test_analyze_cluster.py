@@ -21,6 +21,7 @@ import urllib.request
 
 import pytest
 
+from tests._support import free_port
 from tests.test_analyze import known_rows, need, require_java, write_known
 
 pytestmark = pytest.mark.slow

@@ -139,8 +139,9 @@ upstream = "{srv.role('broker')}"
     assert not srv.ready_path.exists()
 
 
-def test_a_raising_tracer_is_reported_though_the_parser_swallows_it():
-    """Both twins swallow a tracer's exception; checked_tracer keeps it for teardown."""
+def test_a_raising_tracer_fails_the_call_and_is_kept_for_teardown():
+    """Both twins re-raise a tracer's exception when feed() returns; checked_tracer also
+    keeps it for teardown, so a test that happens to catch it still fails."""
     from tests.parsers import TRACER_ERRORS, checked_tracer, make, parser_impls
     from proxy.protocols.flymq.conformance import frame as fly_frame
     for impl in parser_impls("flymq").values():
@@ -149,7 +150,8 @@ def test_a_raising_tracer_is_reported_though_the_parser_swallows_it():
         def picky(row):
             raise AssertionError("tracer check failed")
         parser.tracer = checked_tracer(picky)
-        parser.feed(0, fly_frame(0x01, b"\x00" * 8))     # a request: one record
+        with pytest.raises(AssertionError, match="tracer check failed"):
+            parser.feed(0, fly_frame(0x01, b"\x00" * 8))     # a request: one record
     assert len(TRACER_ERRORS) == len(parser_impls("flymq"))
     assert "tracer check failed" in TRACER_ERRORS[0]
     del TRACER_ERRORS[:]                 # expected here: do not fail this test
