@@ -417,7 +417,7 @@ async def start_admin(source, **attrs):
     return server
 
 
-async def until(predicate, timeout=5.0):
+async def until(predicate, timeout=20.0):   # generous: returns as soon as it holds
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
@@ -437,7 +437,7 @@ def test_a_client_that_does_not_read_is_dropped_and_its_buffers_freed():
         conn = next(iter(server.connections))
         # an 8 MiB body, but only the high-water mark and a piece wait in the process
         assert conn.transport.get_write_buffer_size() <= WRITE_HIGH + 65536
-        await until(lambda: server.open == 0, timeout=3)
+        await until(lambda: server.open == 0, timeout=20)   # a loaded machine renders slowly
         assert server.errors.total["write_timeout"] == 1
         assert conn.transport.get_write_buffer_size() == 0
         sock.close()
