@@ -23,7 +23,7 @@ def assert_all_closed(ports):
 
 
 def test_demo_runs_and_reports(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "proxy", "demo", "--seconds", "3", "--users", "2",
+    r = subprocess.run([sys.executable, "-m", "proxy", "demo", "--seconds", "8", "--users", "2",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {line.split()[0]: line.split() for line in r.stdout.splitlines()
