@@ -111,9 +111,10 @@ class RunPlumbing:
 
 def install(events=None) -> None:
     """Install every plugin into Locust's ``events`` (each once per process)."""
-    from loadgen import clientlog, locustmetrics
+    from loadgen import clientlog, locustmetrics, tlsopts
     clientlog.install(events)
     locustmetrics.install(events)
+    tlsopts.install(events)
     install_once(RunPlumbing, _add_run_arguments, events)
 
 

@@ -102,6 +102,8 @@ class RouteConfig:
     options: dict = field(default_factory=dict)
     #: false: this route writes no frame log
     framelog: bool = True
+    #: [routes.tls] (proxy.tls.TLSConfig), None: plain TCP on both sides
+    tls: object = None
 
 
 @dataclass
@@ -130,6 +132,8 @@ class Config:
     max_pending_bytes: int = 256 * MiB
     #: how errors name a key ("routes[0].listen" -> "--listen" for the CLI's one route)
     key_names: dict = field(default_factory=dict)
+    #: [proxy] tls_keylog: TLS session keys appended there (NSS key log format); None: off
+    tls_keylog: str | None = None
 
     def key_name(self, key):
         """The name the user gave ``key`` (a config path such as "routes[0].listen")."""
@@ -176,7 +180,7 @@ def _string(value, name, what="a non-empty string"):
 
 ROUTE_KEYS = {"name", "protocol", "listen", "upstream", "max_frame_bytes", "request_timeout",
               "connect_timeout", "max_connections", "half_close_timeout", "idle_timeout",
-              "options", "framelog"}
+              "options", "framelog", "tls"}
 _ROUTE_NUMBERS = {"max_frame_bytes": None, "request_timeout": 30.0, "connect_timeout": 5.0,
                   "max_connections": 10000, "half_close_timeout": 60.0, "idle_timeout": 3600.0}
 
@@ -218,14 +222,18 @@ def route_from_table(table, index, names=None):
     framelog = table.get("framelog", True)
     if not isinstance(framelog, bool):
         raise bad_value(keys(f"{where}.framelog"), framelog, "expected true or false")
+    upstream = parse_address(table["upstream"], keys(f"{where}.upstream"), allow_unix=True)
+    from proxy.tls import parse_tls          # docs/design.md, "Transports"
+    tls = parse_tls(table.get("tls"), f"{where}.tls", isinstance(upstream, UnixAddress))
     return RouteConfig(
         framelog=framelog,
         name=name,
         protocol=protocol,
         listen=parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True,
                              allow_unix=True),
-        upstream=parse_address(table["upstream"], keys(f"{where}.upstream"), allow_unix=True),
+        upstream=upstream,
         options=options,
+        tls=tls,
         **numbers,
     )
 
@@ -246,7 +254,12 @@ def config_from_dict(data, names=None):
                     if "listen" in admin else None)
     admin_max_connections = _number(admin, "max_connections", "admin", 64, keys)
     proxy = _table(data, "proxy", "proxy", " ([proxy] with shutdown_timeout, max_pending_bytes)")
-    _check_keys(proxy, {"shutdown_timeout", "max_pending_bytes"}, "proxy")
+    _check_keys(proxy, {"shutdown_timeout", "max_pending_bytes", "tls_keylog"}, "proxy")
+    tls_keylog = proxy.get("tls_keylog")
+    if tls_keylog is not None:
+        tls_keylog = _string(tls_keylog, keys("proxy.tls_keylog"), "a file name")
+        if "\0" in tls_keylog:
+            raise bad_value(keys("proxy.tls_keylog"), tls_keylog, "a path cannot contain NUL")
     shutdown_timeout = _number(proxy, "shutdown_timeout", "proxy", 10.0, keys)
     max_pending_bytes = _number(proxy, "max_pending_bytes", "proxy", 256 * MiB, keys)
     framelog = None
@@ -281,6 +294,9 @@ def config_from_dict(data, names=None):
     if not isinstance(routes_raw, list):
         raise bad_value("routes", routes_raw, "expected an array of tables ([[routes]])")
     routes = [route_from_table(t, i, names) for i, t in enumerate(routes_raw)]
+    for r in routes:
+        if r.tls is not None:
+            r.tls.set_keylog(tls_keylog)
     seen_names, seen_listen = set(), set()
     for i, r in enumerate(routes):
         if r.name in seen_names:
@@ -293,7 +309,7 @@ def config_from_dict(data, names=None):
     return Config(routes=routes, admin_listen=admin_listen,
                   admin_max_connections=admin_max_connections, framelog=framelog,
                   shutdown_timeout=shutdown_timeout, max_pending_bytes=max_pending_bytes,
-                  key_names=dict(names or {}))
+                  key_names=dict(names or {}), tls_keylog=tls_keylog)
 
 
 def load_config(path):

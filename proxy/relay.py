@@ -21,6 +21,7 @@ from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
 from proxy.addresses import UnixAddress, format_address, remove_unix_socket, unix_listener
 from proxy.framing import RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
+from proxy.tls import connection_attrs, route_tls
 
 _conn_ids = itertools.count(1)            # conn_id of the frame log (docs/design.md, "Frame log")
 
@@ -116,6 +117,10 @@ class Route:
         self.idle_timeout = getattr(cfg, "idle_timeout", 3600.0)   # 0: never
         self.unix_inode = None         # a unix: listener's socket file, removed on close
         self.setting_up = 0            # accepted, upstream not connected yet (SETUP_LIMIT)
+        # [routes.tls] (proxy.tls.RouteTLS) or None; passthrough relays without decoding
+        self.tls = route_tls(cfg, cfg.name, self.log.warning)
+        if self.tls is not None and self.tls.passthrough:
+            self.parser_class = self.tls.parser_class()
 
     @property
     def address(self):
@@ -162,9 +167,14 @@ class Route:
             made.append(ClientSide(self, spare.pop()))
             return made[0]
         try:
-            await self.loop.connect_accepted_socket(client, sock)
+            if self.tls is not None and self.tls.terminates:   # counted by proxy.tls
+                await self.tls.accept(self.loop, client, sock, made)
+            else:
+                await self.loop.connect_accepted_socket(client, sock)
         except Exception as exc:           # the client reset before it was set up
             log.debug("route %s: accepted connection lost: %s", self.cfg.name, exc)
+            if made and not made[0].setup_owned:   # a failed TLS handshake
+                made[0].drop_spare()
             sock.close()
         finally:
             while spare:
@@ -195,13 +205,17 @@ class Route:
         """Write frame logs of (a ``sample`` fraction of) this route's connections."""
         self.framelog = (buffer, index, source, sample)
 
-    def start_logging(self, parser, peer):
-        """Sampling is by connection: a sampled connection is logged whole."""
+    def start_logging(self, parser, peer, transport=None):
+        """Sampling is by connection: a sampled connection is logged whole.  A TLS
+        connection's version and cipher go to its rows' ``attrs``."""
         if self.framelog is None:
             return
         buffer, index, source, sample = self.framelog
         if sample >= 1.0 or (sample > 0 and random.random() < sample):
-            source.connection(parser.conn_id, peer)
+            if self.tls is not None:
+                source.connection(parser.conn_id, peer, connection_attrs(transport))
+            else:
+                source.connection(parser.conn_id, peer)
             parser.attach_log(buffer, index)
 
     def stop_logging(self, parser):
@@ -316,7 +330,7 @@ class ClientSide(asyncio.Protocol):
             route.setup_done()
             return
         self.parser = route.new_parser(transport.get_extra_info("sockname"))
-        route.start_logging(self.parser, self.peer)
+        route.start_logging(self.parser, self.peer, transport)
         route.connections.add(self)
         route.stats.conn_total += 1
         route.stats.conn_active += 1
@@ -348,17 +362,25 @@ class ClientSide(asyncio.Protocol):
         route = self.route
         target = route.cfg.upstream
         started = time.perf_counter()
+        hs = None                          # proxy.tls: the upstream handshake, when TLS
         try:
             if isinstance(target, UnixAddress):
                 self.drop_spare()              # the descriptor held since accept
                 connect = route.loop.create_unix_connection(lambda: UpstreamSide(self), target)
+            elif route.tls is not None and route.tls.originates:
+                hs = route.tls.upstream_handshake(lambda: UpstreamSide(self), target[0])
+                connect = connect_upstream(route.loop, hs.factory, *target, self.take_spare(),
+                                           **hs.kwargs)
             else:
                 connect = connect_upstream(route.loop, lambda: UpstreamSide(self), *target,
                                            self.take_spare())   # held since accept
-            _, upstream = await asyncio.wait_for(connect, route.cfg.connect_timeout)
+            _, upstream = await asyncio.wait_for(
+                connect, route.cfg.connect_timeout + (hs.timeout if hs is not None else 0))
         except asyncio.CancelledError:
             return
         except (OSError, asyncio.TimeoutError) as exc:
+            if hs is not None:
+                hs.failed(exc, self.peer)
             route.stats.connect_failures += 1
             why = "timed out" if isinstance(exc, asyncio.TimeoutError) else (
                 exc.strerror or exc.__class__.__name__)
@@ -367,6 +389,8 @@ class ClientSide(asyncio.Protocol):
             self.parser.abandon()          # never reached a server: not request timeouts
             self._finish(abort=False, by="proxy", reason="connect_failed")
             return
+        if hs is not None:
+            hs.done()
         route.stats.observe_connect(time.perf_counter() - started)
         if self.closed:                    # client gone or broke the protocol meanwhile:
             if self.early:                 # its valid bytes still reach the server
@@ -378,7 +402,7 @@ class ClientSide(asyncio.Protocol):
             upstream.transport.write(b"".join(self.early))
             self.early = None
         if self.client_eof:
-            upstream.transport.write_eof()
+            _pass_eof(upstream.transport)
         elif not self.paused_by_peer:
             self.transport.resume_reading()
 
@@ -462,13 +486,13 @@ class ClientSide(asyncio.Protocol):
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
         if self.upstream is None:
-            return True                    # _connect() passes the EOF on once connected
+            return _can_half_close(self.transport)  # _connect() passes the EOF on
         if not self.upstream.transport.is_closing():
-            self.upstream.transport.write_eof()
+            _pass_eof(self.upstream.transport)
         if self.upstream_eof:
             self._finish(abort=False, by="client", reason="eof")
             return False
-        return True                        # keep our write side open for the responses
+        return _can_half_close(self.transport)  # keep our write side open for the responses
 
     def connection_lost(self, exc):
         if self.closed:
@@ -493,11 +517,11 @@ class ClientSide(asyncio.Protocol):
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
         if not self.transport.is_closing():
-            self.transport.write_eof()
+            _pass_eof(self.transport)
         if self.client_eof:
             self._finish(abort=False, by="upstream", reason="eof")
             return False
-        return True
+        return _can_half_close(self.upstream.transport if self.upstream else None)
 
     def upstream_lost(self, exc):
         if self.closed:
@@ -575,6 +599,21 @@ class ClientSide(asyncio.Protocol):
                                        self.route.cfg.name, type(exc).__name__, exc)
             self.route.stop_logging(self.parser)
         self.route.forget(self)
+
+
+def _pass_eof(transport):
+    """A FIN from the other side: half-close ``transport``; a TLS transport cannot
+    (uvloop), so it is closed once its buffered bytes are written (proxy.tls)."""
+    if transport.can_write_eof():
+        transport.write_eof()
+    else:
+        transport.close()
+
+
+def _can_half_close(transport):
+    """What eof_received returns: keep the transport open for the other direction
+    (plain TCP); a TLS transport closes after close_notify whatever it returns."""
+    return transport is None or transport.can_write_eof()
 
 
 class UpstreamSide(asyncio.Protocol):
