@@ -80,6 +80,11 @@ class NativeSource:
         if attrs:
             self.conn_attrs[conn_id] = dict(attrs)
 
+    def add_attrs(self, conn_id, attrs):
+        """More per-connection attrs (the upstream side's TLS, known once connected)."""
+        if conn_id in self.peers:
+            self.conn_attrs[conn_id] = {**self.conn_attrs.get(conn_id, {}), **attrs}
+
     def forget(self, conn_id):
         self._closing.append(conn_id)
 

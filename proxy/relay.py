@@ -218,6 +218,14 @@ class Route:
                 source.connection(parser.conn_id, peer)
             parser.attach_log(buffer, index)
 
+    def upstream_attrs(self, parser, transport):
+        """The upstream side's TLS version and cipher (``upstream_tls_*``) in the rows'
+        ``attrs``, once that side is connected."""
+        if self.framelog is not None and parser.recording:
+            attrs = connection_attrs(transport, "upstream_")
+            if attrs:
+                self.framelog[2].add_attrs(parser.conn_id, attrs)
+
     def stop_logging(self, parser):
         if self.framelog is not None and parser.recording:
             self.framelog[2].forget(parser.conn_id)
@@ -391,6 +399,7 @@ class ClientSide(asyncio.Protocol):
             return
         if hs is not None:
             hs.done()
+            route.upstream_attrs(self.parser, upstream.transport)
         route.stats.observe_connect(time.perf_counter() - started)
         if self.closed:                    # client gone or broke the protocol meanwhile:
             if self.early:                 # its valid bytes still reach the server

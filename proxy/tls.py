@@ -463,22 +463,32 @@ def metric_rows_client_hellos(sc):
                 yield (s["route"], outcome), v
 
 
-def connection_attrs(transport):
+def connection_attrs(transport, prefix=""):
     """The frame log's per-connection ``attrs`` of a TLS transport: ``tls_version``,
-    ``tls_cipher`` (and ``tls_alpn``, ``tls_sni`` when negotiated), or None for a plain
-    one. Never key material."""
+    ``tls_cipher`` (and ``tls_alpn``, ``tls_sni`` when negotiated), each name after
+    ``prefix`` (``upstream_`` for the upstream side); None for a plain transport. Never
+    key material."""
     obj = transport.get_extra_info("ssl_object") if transport is not None else None
     if obj is None:
         return None
-    attrs = {"tls_version": obj.version() or "", "tls_cipher": (obj.cipher() or ("",))[0]}
+    attrs = {prefix + "tls_version": obj.version() or "",
+             prefix + "tls_cipher": (obj.cipher() or ("",))[0]}
     alpn = obj.selected_alpn_protocol()
     if alpn:
-        attrs["tls_alpn"] = alpn
+        attrs[prefix + "tls_alpn"] = alpn
     sni = getattr(obj, "frametap_sni", None) or (obj.server_hostname if not obj.server_side
                                                    else None)
-    if sni:
-        attrs["tls_sni"] = sni
+    if sni and not _is_ip(sni):           # an address is verified but never sent as SNI
+        attrs[prefix + "tls_sni"] = sni
     return attrs
+
+
+def _is_ip(text):
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
 
 
 # ---- the ClientHello's SNI (passthrough) ---------------------------------------------------
