@@ -52,7 +52,8 @@ sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(REPO_DIR))
 
 import guard  # noqa: E402
-from guard import Callgrind, Client, GuardError, Shape, free_port, stop, wait_listening  # noqa: E402
+from guard import (Callgrind, Client, GuardError, Shape, free_port, stop,  # noqa: E402
+                   wait_listening)
 
 SHAPES = {"64B": Shape("64B", 64, batch=16, warmup=16, n=64),
           "16KiB": Shape("16KiB", 16 * 1024, batch=8, warmup=8, n=24)}

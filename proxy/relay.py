@@ -168,7 +168,7 @@ class Route:
             return made[0]
         try:
             if self.tls is not None and self.tls.terminates:   # counted by proxy.tls
-                await self.tls.accept(self.loop, client, sock, made)
+                await self.tls.accept(self.loop, client, sock)
             else:
                 await self.loop.connect_accepted_socket(client, sock)
         except Exception as exc:           # the client reset before it was set up

@@ -323,9 +323,9 @@ def parse_tls(table, where, upstream_is_unix=False):
         if side in table and not isinstance(table[side], dict):
             raise bad_value(f"{where}.{side}", table[side], "expected a table")
         if side in table and not wanted:
-            raise ConfigError(f"{where}.{side}: not used with mode = {mode!r} "
-                              f"({'nothing is decoded' if mode == 'passthrough' else 'that side is plain TCP'}"
-                              f"; remove the table or change the mode)")
+            why = "nothing is decoded" if mode == "passthrough" else "that side is plain TCP"
+            raise ConfigError(f"{where}.{side}: not used with mode = {mode!r} ({why}; "
+                              "remove the table or change the mode)")
     cfg = TLSConfig(mode=mode)
     if wants_listen:
         w = f"{where}.listen"
@@ -652,7 +652,7 @@ class RouteTLS:
             log.info("route %s: passthrough connection %d: ClientHello %s%s", self.name,
                      parser.conn_id, state, f" (SNI {sni!r})" if sni else "")
 
-    async def accept(self, loop, factory, sock, made):
+    async def accept(self, loop, factory, sock):
         """``loop.connect_accepted_socket`` with the route's TLS: the handshake is timed
         and counted; a failure is raised after it was counted (the relay closes that
         connection only). Permissive: the first byte decides."""

@@ -291,7 +291,8 @@ class StreamClient(common.SocketClient):
         self._sequences: dict[int, int] = {}                # publisher -> last publishing id
         self._stage = "PeerProperties"
         try:
-            self._sock: socket.socket | None = common.connect_tcp(host, self.port, timeout)  # TLS: tlsopts
+            # TCP_NODELAY; TLS too when --tls (loadgen.tlsopts)
+            self._sock: socket.socket | None = common.connect_tcp(host, self.port, timeout)
         except OSError as exc:
             exc.command = "PeerProperties"
             raise
