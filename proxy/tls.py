@@ -661,6 +661,10 @@ class RouteTLS:
             first = await peek_first_byte(loop, sock, cfg.handshake_timeout)
             if first != HANDSHAKE_RECORD:
                 return await loop.connect_accepted_socket(factory, sock)
+        try:                          # (the socket is the transport's once it fails)
+            peer = "%s:%s" % sock.getpeername()[:2]
+        except (OSError, TypeError):
+            peer = "?"
         started = time.perf_counter()
         try:
             result = await loop.connect_accepted_socket(
@@ -669,10 +673,6 @@ class RouteTLS:
         except Exception as exc:
             outcome = classify(exc)
             self.stats.record("listen", outcome, time.perf_counter() - started)
-            try:
-                peer = "%s:%s" % sock.getpeername()[:2]
-            except (OSError, TypeError):
-                peer = "?"
             self.warn("route %s: TLS handshake with client %s failed (%s): %s", self.name,
                       peer, outcome, describe(exc))
             raise
