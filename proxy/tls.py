@@ -38,6 +38,7 @@ connection closes the connection once the bytes already received are written.
 """
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import os
@@ -588,6 +589,9 @@ class PassthroughParser:
 
 # ---- a route's TLS: accepting and connecting -----------------------------------------------
 
+_UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ECONNREFUSED, errno.ETIMEDOUT)
+
+
 class _UpstreamHandshake:
     """Times and counts one upstream handshake; ``factory`` wraps the relay's protocol
     factory (uvloop calls it when the TCP connection is up, i.e. when the handshake
@@ -614,8 +618,9 @@ class _UpstreamHandshake:
     def failed(self, exc, peer):
         """The connect failed: a handshake failure when TCP had connected (counted),
         else nothing here (the relay counts the connect failure)."""
-        if self.started is None:
-            return
+        if self.started is None or isinstance(exc, (ConnectionRefusedError, socket.gaierror)) \
+                or (type(exc) is OSError and exc.errno in _UNREACHABLE):
+            return                    # (uvloop may call the factory before connecting)
         outcome = classify(exc)
         self.rt.stats.record("upstream", outcome, time.perf_counter() - self.started)
         self.rt.warn("route %s: TLS handshake with upstream failed (%s) for client %s: %s",
