@@ -660,21 +660,32 @@ class RouteTLS:
     async def accept(self, loop, factory, sock):
         """``loop.connect_accepted_socket`` with the route's TLS: the handshake is timed
         and counted; a failure is raised after it was counted (the relay closes that
-        connection only). Permissive: the first byte decides."""
+        connection only). The first byte is peeked first: permissive takes anything but
+        a TLS handshake record to the plain path; the other modes refuse it at once
+        (``protocol_error``: a plain client on a TLS port) instead of letting OpenSSL wait
+        for a record that never comes."""
         cfg = self.cfg.listen
-        if self.permissive:
-            first = await peek_first_byte(loop, sock, cfg.handshake_timeout)
-            if first != HANDSHAKE_RECORD:
-                return await loop.connect_accepted_socket(factory, sock)
         try:                          # (the socket is the transport's once it fails)
             peer = "%s:%s" % sock.getpeername()[:2]
         except (OSError, TypeError):
             peer = "?"
         started = time.perf_counter()
+        first = await peek_first_byte(loop, sock, cfg.handshake_timeout)
+        if first != HANDSHAKE_RECORD:
+            if self.permissive:
+                return await loop.connect_accepted_socket(factory, sock)
+            outcome = "timeout" if first is None else "protocol_error"
+            self.stats.record("listen", outcome, time.perf_counter() - started)
+            why = ("no ClientHello within %gs" % cfg.handshake_timeout if first is None else
+                   "closed before its ClientHello" if first < 0 else
+                   "not TLS (first byte 0x%02x; a plain client on a TLS port?)" % first)
+            self.warn("route %s: TLS handshake with client %s failed (%s): %s", self.name,
+                      peer, outcome, why)
+            raise ConnectionError(why)
+        left = max(0.001, cfg.handshake_timeout - (time.perf_counter() - started))
         try:
             result = await loop.connect_accepted_socket(
-                factory, sock, ssl=self.server_ctx,
-                ssl_handshake_timeout=cfg.handshake_timeout)
+                factory, sock, ssl=self.server_ctx, ssl_handshake_timeout=left)
         except Exception as exc:
             outcome = classify(exc)
             self.stats.record("listen", outcome, time.perf_counter() - started)
