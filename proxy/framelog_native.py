@@ -156,11 +156,16 @@ class NativeSource:
         extra = conn_map.take(conn_idx)
         if attrs.null_count == n:
             return extra
-        lens = [pc.fill_null(pc.list_value_length(a), 0) for a in (attrs, extra)]
+        # (the list kernels take no map arrays: lengths and parents from the offsets)
+        lens, parents = [], []
+        for m in (attrs, extra):
+            off = m.offsets
+            lens.append(pc.subtract(off[1:], off[:-1]))
+            parents.append(pc.list_parent_indices(pa.ListArray.from_arrays(
+                off, pa.nulls(len(m.keys), pa.int8()))))
         offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cast(
             pc.cumulative_sum(pc.add(lens[0], lens[1])), pa.int32())])
-        parents = pa.concat_arrays([pc.list_parent_indices(attrs),
-                                    pc.list_parent_indices(extra)])
+        parents = pa.concat_arrays(parents)
         order = pc.sort_indices(parents)            # stable: a row's own entries first
         keys = pa.concat_arrays([attrs.keys, extra.keys]).take(order)
         items = pa.concat_arrays([attrs.items, extra.items]).take(order)

@@ -374,3 +374,22 @@ def test_rocketmq_permissive_tls_and_plain_on_one_listener(certs):
                                protocol="rocketmq", direction="c2s", reason="bad_header") == 0
         finally:
             proxy.close()
+
+
+def test_connection_attrs_merge_with_frame_attrs():
+    """The compiled frame log's merge (Arrow compute): a row keeps its frame's own attrs
+    first, then gets its connection's; rows of connections without any are untouched."""
+    from proxy.framelog_native import NativeSource
+    src = NativeSource.__new__(NativeSource)
+    src.conn_attrs = {7: {"tls_version": "TLSv1.3"},
+                      9: {"tls_version": "TLSv1.2", "tls_cipher": "X"}}
+    mtype = pa.map_(pa.string(), pa.string())
+    frames = pa.array([None, [("client", "a")], None, [("k", "v"), ("k2", "v2")], None], mtype)
+    rows = pa.array([0, 0, 1, 2, 1], pa.int32())          # each row's index in conn_keys
+    out = src._with_conn_attrs(frames, [7, 8, 9], rows, 5).to_pylist()
+    assert out == [[("tls_version", "TLSv1.3")],
+                   [("client", "a"), ("tls_version", "TLSv1.3")],
+                   None,
+                   [("k", "v"), ("k2", "v2"), ("tls_version", "TLSv1.2"), ("tls_cipher", "X")],
+                   None]
+    assert src._with_conn_attrs(frames, [8], pa.array([0] * 5, pa.int32()), 5) is frames
