@@ -46,13 +46,15 @@ def tls_node(certs):
 
 
 class TLSStreamProxy:
-    def __init__(self, node, certs):
+    def __init__(self, node, certs, options=None):
         self.lt = LoopThread()
-        self.app = ProxyApp(config_from_dict({"routes": [{
-            "name": "stream", "protocol": "rabbitmq-stream", "listen": "127.0.0.1:0",
-            "upstream": f"127.0.0.1:{node.tls_port}",
-            "tls": {"mode": "both", "listen": {"cert": certs.cert, "key": certs.key},
-                    "upstream": {"ca": certs.ca}}}]}))
+        route = {"name": "stream", "protocol": "rabbitmq-stream", "listen": "127.0.0.1:0",
+                 "upstream": f"127.0.0.1:{node.tls_port}",
+                 "tls": {"mode": "both", "listen": {"cert": certs.cert, "key": certs.key},
+                         "upstream": {"ca": certs.ca}}}
+        if options:
+            route["options"] = options
+        self.app = ProxyApp(config_from_dict({"routes": [route]}))
         self.lt.run(self.app.start())
         self.port = self.app.routes[0].address[1]
 
@@ -203,5 +205,31 @@ def test_rbfly_through_both_route_to_real_rabbitmq_tls(tls_node, certs, monkeypa
         assert proxy.value("frametap_messages_total", direction="s2c", opcode="Deliver",
                            **p) >= n
         assert proxy.value("frametap_unmatched_responses_total", **p) == 0
+    finally:
+        proxy.close()
+
+
+def test_without_rewriting_rstream_follows_the_advertised_tls_port(tls_node, certs,
+                                                                   monkeypatch):
+    """The control: with Metadata left alone the producer's leader connection goes to the
+    TLS port the node advertises (nothing listens there), past the proxy, and fails: the
+    passing runs above owe their connection counts to the rewriting."""
+    pytest.importorskip("rstream")
+    from rstream import connection
+    opened = []
+    original = connection.Connection.open
+
+    async def counting_open(self):
+        opened.append((self.host, self.port))
+        return await original(self)
+
+    monkeypatch.setattr(connection.Connection, "open", counting_open)
+    proxy = TLSStreamProxy(tls_node, certs, options={"rewrite_metadata": False})
+    try:
+        stream = "frametap-norewrite-" + uuid.uuid4().hex[:8]
+        with pytest.raises((OSError, ConnectionError, asyncio.TimeoutError)):
+            asyncio.run(asyncio.wait_for(
+                rstream_roundtrip(proxy.port, _ctx(certs), stream, 10), 60))
+        assert ("127.0.0.1", tls_node.advertised_tls_port) in opened, opened
     finally:
         proxy.close()
