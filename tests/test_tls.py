@@ -241,7 +241,10 @@ def test_handshake_failures_counted(certs, client_tls):
         proxy = Proxy([fly_route("good", good.address, {"mode": "both", "listen": listen,
                                                         "upstream": {"ca": certs.ca}}),
                        fly_route("expired", expired.address, {
-                           "mode": "both", "listen": listen, "upstream": {"ca": certs.ca}})])
+                           "mode": "both", "listen": listen, "upstream": {"ca": certs.ca}}),
+                       fly_route("mismatch", good.address, {
+                           "mode": "both", "listen": listen,
+                           "upstream": {"ca": certs.ca, "server_name": "other.example"}})])
         try:
             keep = FlyMQClient("127.0.0.1", proxy.port(0), timeout=10)
             keep.create_topic("t", 1)
@@ -288,6 +291,12 @@ def test_handshake_failures_counted(certs, client_tls):
                        outcome="verify_failed")
             assert count("ok", "expired", "listen") == 1
             assert proxy.value("frametap_upstream_connect_failures_total", route="expired") == 1
+            # an upstream certificate for other names than server_name
+            with pytest.raises((ConnectionError, OSError)):
+                with FlyMQClient("127.0.0.1", proxy.port(2), timeout=5) as c:
+                    c.create_topic("t", 1)
+            proxy.wait("frametap_tls_handshakes_total", 1, route="mismatch", side="upstream",
+                       outcome="verify_failed")
             # the first connection carried on through all of it
             keep.produce("t", b"after")
             keep.close()
