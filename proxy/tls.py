@@ -65,6 +65,7 @@ UPSTREAM_KEYS = {"ca", "verify", "server_name", "cert", "key", "min_version", "a
 #: passthrough connection buffers to read its ClientHello
 MAX_RECORD = 5 + 16384 + 2048
 HANDSHAKE_RECORD = 0x16
+SNI_LINES = 10                         # passthrough ClientHello log lines per second
 
 
 # ---- configuration ----------------------------------------------------------------------
@@ -642,7 +643,8 @@ class RouteTLS:
         self.originates = cfg.originates
         self.passthrough = cfg.mode == "passthrough"
         self.permissive = cfg.mode == "permissive"
-        self._sni_logged = 0.0
+        self._sni_window = 0          # second of the last ClientHello lines ...
+        self._sni_lines = 0           # ... and how many it had (at most SNI_LINES)
 
     def snapshot(self):
         return self.stats.snapshot()
@@ -652,8 +654,14 @@ class RouteTLS:
         return type("PassthroughParser", (PassthroughParser,), {"route_tls": self})
 
     def client_hello(self, parser, state, sni):
+        """A passthrough connection's first record was read: counted; one info line
+        (at most SNI_LINES a second: the counter has them all)."""
         self.stats.client_hellos[state] = self.stats.client_hellos.get(state, 0) + 1
-        if log.isEnabledFor(logging.INFO):
+        now = int(time.monotonic())
+        if now != self._sni_window:
+            self._sni_window, self._sni_lines = now, 0
+        if self._sni_lines < SNI_LINES and log.isEnabledFor(logging.INFO):
+            self._sni_lines += 1
             log.info("route %s: passthrough connection %d: ClientHello %s%s", self.name,
                      parser.conn_id, state, f" (SNI {sni!r})" if sni else "")
 
