@@ -77,7 +77,7 @@ def test_error_status_refuses_with_one_line_naming_the_names(protocol):
         assert "\n" not in text and text.startswith(protocol + ":"), text
         if isinstance(value, str) and not value.lstrip("-").isdigit() and \
                 value.upper() not in ("OK", "SUCCESS"):
-            assert f.DEFAULT_ERROR in text, text       # names what it accepts
+            assert all(name in text for name in f.ERROR_NAMES), text   # names them all
 
 
 def test_defaults_are_the_documented_ones():
@@ -351,10 +351,14 @@ def _kind(protocol, request):
     return None
 
 
-def check_reply(protocol, impl, request, status, options=None):
+def check_reply(protocol, impl, request, status, options=None, strict=True):
     """Feed ``request`` then its error reply to a fresh parser: the reply answers every
     pending request with the injected status, adds no error, matches nothing else.
-    Returns the number of requests answered (0: no reply, or not a request)."""
+    Returns the number of requests answered (0: no reply, or not a request).
+
+    ``strict``: the request is a whole, well-formed frame, so error_reply must answer
+    whatever the parser tracks; otherwise (mutations) a ValueError is fine, but a reply
+    it does make must still be read as the answer."""
     f = faults(protocol)
     code, label = f.error_status(status)
     stats, p = make(IMPLS[protocol][impl], protocol, **({"options": options} if options else {}))
@@ -367,7 +371,7 @@ def check_reply(protocol, impl, request, status, options=None):
     try:
         reply = f.error_reply(request, code, label, "injected by the test")
     except ValueError:
-        assert pending == 0 or before["errors"], (
+        assert not strict or pending == 0 or before["errors"], (
             f"{protocol}: error_reply refused a request the parser tracks: {request!r}")
         return 0
     assert f.is_request(request) == (reply is not None)
@@ -378,7 +382,9 @@ def check_reply(protocol, impl, request, status, options=None):
     assert pending > 0, f"{protocol}: a reply to a frame the parser sees as no request"
     assert p.feed(S2C, reply) == len(reply) and p.error is None, (request, reply, p.error)
     after = stats.snapshot()
-    assert after["errors"] == before["errors"], (request, reply)
+    assert after["errors"] == before["errors"], (request, reply, after["errors"])
+    if before["errors"]:
+        return pending     # the parser found the request itself malformed: no more promise
     assert after["in_flight"] == 0, (request, reply)
     new = {k: v - before["responses"].get(k, 0) for k, v in after["responses"].items()
            if v != before["responses"].get(k, 0)}
@@ -386,8 +392,8 @@ def check_reply(protocol, impl, request, status, options=None):
     if protocol == "rabbitmq-stream" and _kind(protocol, request) == 15:
         want = "OK"                                   # Metadata has no response code
     assert new and all(status == want for (_op, status) in new), (new, label)
-    assert sum(new.values()) == pending
     if protocol != "rabbitmq-stream":                 # a Publish may repeat an id
+        assert sum(new.values()) == pending
         assert after["unmatched"] == before["unmatched"]
     return pending
 
@@ -501,4 +507,4 @@ def test_random_conversation_frames_and_mutations(protocol, impl, data):
             faults(protocol).error_reply(mutated, *faults(protocol).error_status(value), "m")
         except ValueError:
             continue
-        check_reply(protocol, impl, mutated, value)
+        check_reply(protocol, impl, mutated, value, strict=False)

@@ -3,11 +3,11 @@ proxy/protocols/fault_replies.py).
 
 A request with a correlation id gets its command's response, as the real server
 (``rabbit_stream_core.erl``) writes a failed one: ``key | 0x8000``, version 1 (the server
-writes ``?VERSION_1`` on every response), the same correlation id, the response code, then the command's remaining response fields
-empty or zero (QueryOffset / QueryPublisherSequence: 0; PeerProperties, SaslHandshake,
-Route, Partitions, ExchangeCommandVersions, StreamStats: an empty array or map;
-ConsumerUpdate: offset type ``next``; SaslAuthenticate and Open: nothing, as the server
-omits them).  Metadata has no response code of its own: the reply lists no broker and
+writes ``?VERSION_1`` on every response), the same correlation id, the response code,
+then the command's remaining response fields empty or zero (QueryOffset /
+QueryPublisherSequence: 0; PeerProperties, SaslHandshake, Route, Partitions,
+ExchangeCommandVersions, StreamStats: an empty array or map; ConsumerUpdate: offset type
+``next``; SaslAuthenticate and Open: nothing, as the server omits them).  Metadata has no response code of its own: the reply lists no broker and
 every requested stream with the code and no leader (``0xFFFF``), as the server answers
 for a stream it cannot serve.
 
@@ -81,12 +81,9 @@ def is_request(request):
     """True for Publish (with at least one message) and every request with a correlation
     id: the frames :func:`error_reply` answers."""
     try:
-        b, key, _version = _frame(request)
+        return error_reply(request, OK) is not None
     except ValueError:
         return False
-    if key == PUBLISH:
-        return len(b) >= 13 and _U32.unpack_from(b, 9)[0] > 0
-    return key in RESPONSE_TAIL and len(b) >= 12
 
 
 def error_reply(request, code, label="", message=""):
@@ -111,7 +108,7 @@ def error_reply(request, code, label="", message=""):
 
 def _metadata_streams(b, code):
     """The StreamMetadata array for the streams a Metadata request names, each with
-    ``code`` and no leader; names are copied as sent.  A body that does not hold a whole
+    ``code`` and no leader; names are copied as sent (one that is not UTF-8 is left out).  A body that does not hold a whole
     stream list gets an empty array (the parsers count the request whatever its body)."""
     n = len(b)
     out = []
@@ -128,7 +125,12 @@ def _metadata_streams(b, code):
                 if slen < -1 or end > n:
                     out = None
                     break
-                out.append(b[pos:end])
+                try:
+                    b[pos + 2:end].decode("utf-8")
+                except UnicodeDecodeError:
+                    pass                     # no client can name such a stream: left out
+                else:
+                    out.append(b[pos:end])
                 pos = end
         else:
             out = None

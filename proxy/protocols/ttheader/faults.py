@@ -11,10 +11,11 @@ framing:
   (``82``), read from the payload's first bytes as Kitex does; Kitex protobuf
   (``90 01`` meta) gets Kitex's ``pbError{1: TypeID varint, 2: Message string}``;
 - framing: unframed, framed (u32 length), Kitex TTHeader (0x1000) or Apache THeader
-  (0x0FFF).  A header echoes the call's flags, header seq id and protocol id, carries no
+  (0x0FFF).  A header echoes the call's flags, header seq id and protocol id (one the
+  framing does not define is replaced by the payload's: 0 binary, 2 compact), carries no
   info key/values, and keeps Kitex's inner u32 length (TTHeaderFramed) when the call had
-  one.  A zlib-compressed call gets a zlib-compressed reply (transform ZLIB echoed, as
-  Apache's server does); calls whose payload cannot be read (snappy, an unknown
+  one.  A zlib-compressed call gets a zlib-compressed reply (transform ZLIB echoed: the
+  client chose zlib, and every THeader/TTHeader reader undoes it); calls whose payload cannot be read (snappy, an unknown
   transform, protobuf without its meta) get an uncompressed reply, with the method from
   the TO_METHOD info (else empty) and the header's seq id as the message seq id (the id
   the parsers then match the call by).
@@ -30,7 +31,8 @@ from proxy.protocols.fault_replies import FaultReplyError, default_message, reso
 from proxy.protocols.ttheader.codec import varint
 from proxy.protocols.ttheader.names import (CALL, EXCEPTION, HEADER_LIMIT, INFO_ACL_TOKEN,
                                             INFO_INTKEYVALUE, INFO_KEYVALUE, MAGIC_THEADER,
-                                            MAGIC_TTHEADER, PROTO_COMPACT, PROTO_PROTOBUF,
+                                            MAGIC_TTHEADER, PROTO_BINARY, PROTO_COMPACT,
+                                            PROTO_PROTOBUF,
                                             TAPP_TYPES, TO_METHOD, ZLIB, ZOUT_MAX,
                                             status_name)
 from proxy.protocols.ttheader.parser_py import (M_OK, P_BINARY, P_COMPACT, P_PROTOBUF, Msg,
@@ -253,10 +255,14 @@ def error_reply(request, code, label="", message=""):
     transforms = [ZLIB] if c.zlib else []
     if c.zlib:
         payload = zlib.compress(payload)
+    proto = c.proto_id
+    if proto not in ((PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF) if c.magic == MAGIC_TTHEADER
+                     else (PROTO_BINARY, PROTO_COMPACT)):
+        proto = PROTO_COMPACT if c.ptype == P_COMPACT else PROTO_BINARY   # not echoed: invalid
     if c.magic == MAGIC_TTHEADER:
-        h = bytes([c.proto_id & 0xFF, len(transforms)]) + bytes(transforms)
+        h = bytes([proto, len(transforms)]) + bytes(transforms)
     else:
-        h = varint(c.proto_id) + varint(len(transforms)) + b"".join(map(varint, transforms))
+        h = varint(proto) + varint(len(transforms)) + b"".join(map(varint, transforms))
     h += b"\0" * (-len(h) % 4)
     return (struct.pack(">IHH", 10 + len(h) + len(payload), c.magic, c.flags) + c.hseq
             + struct.pack(">H", len(h) // 4) + h + payload)
