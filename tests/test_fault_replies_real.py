@@ -1,8 +1,8 @@
 """Real clients reading the injected error replies (proxy/protocols/<pkg>/faults.py, issue
 22) as they would read a real server's: Apache Thrift's Python client (THeader binary,
 compact, zlib; framed binary/compact; unframed binary), rstream (and rbfly's decoder)
-against the reference Stream broker, and the loadgen/ clients for RocketMQ, FlyMQ and
-fleximq against their reference servers.
+against the reference Stream broker, and the loadgen/ clients for Thrift (Kitex TTHeader,
+THeader with zlib, framed), RocketMQ, FlyMQ and fleximq against their reference servers.
 
 Between client and server sits a small injecting relay (real sockets on 127.0.0.1, port
 0): it splits the client's bytes into frames and answers the frames a test picks with
@@ -171,6 +171,38 @@ def test_apache_thrift_client_raises_the_injected_application_exception(gen, lt,
     finally:
         relay.close()
         server.stop()
+
+
+@pytest.mark.parametrize("transport,protocol", [("ttheader", "binary"), ("ttheader", "compact"),
+                                                ("theader", "binary"), ("framed", "compact")])
+def test_loadgen_thrift_client_over_kitex_ttheader_sees_the_injected_exception(
+        lt, transport, protocol):
+    from loadgen.ttheader.client import TApplicationException, ThriftClient
+    from loadgen.ttheader.server import ThriftServerThread
+    code, label = tt_faults.error_status("UNKNOWN_METHOD")
+
+    def inject(frame):
+        if tt_faults._call(frame).name == b"getUser":
+            return tt_faults.error_reply(frame, code, label, "getUser is switched off")
+        return None
+
+    with ThriftServerThread() as srv:
+        relay = InjectingRelay(lt, srv.port, _u32_len(0), inject)
+        try:
+            c = ThriftClient("127.0.0.1", relay.port, transport, protocol,
+                             zlib=transport == "theader")
+            try:
+                assert c.call("echo", "x") == "x"
+                with pytest.raises(TApplicationException) as e:
+                    c.call("getUser", 42)            # the client checks name and seq id
+                assert (e.value.type, e.value.message) == (1, "getUser is switched off")
+                assert c.last_status == "UNKNOWN_METHOD"
+                assert c.call("echo", "y") == "y"
+            finally:
+                c.close()
+        finally:
+            relay.close()
+    assert len(relay.injected) == 1
 
 
 # --------------------------------------------------------------------------- Stream
