@@ -11,9 +11,7 @@ are in tests/test_fault_replies_real.py.
 
 import importlib
 import struct
-import zlib
 
-import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 

@@ -375,3 +375,43 @@ def test_fleximq_reference_client_sees_the_injected_status(lt):
         finally:
             relay.close()
     assert len(relay.injected) == 1
+
+
+@pytest.mark.slow
+def test_apache_cpp_rocketmq_producer_reports_the_injected_code(lt):
+    """Apache's C++ client (PyPI ``rocketmq`` 0.4.4, tests/rocketmq_real_client.py): the
+    name server's route data names the relay in front of the broker; every SEND_MESSAGE
+    of message 1 is answered SYSTEM_BUSY (retries included), the others are stored.
+    JSON headers, the CPP language and version 63 on the request: the reply is JSON."""
+    import os
+    from tests.rocketmq_real_client import real_client_skip_reason, run_producer
+    from loadgen.rocketmq.server import RocketMQServerThread
+    from proxy.protocols.rocketmq.codes import SEND_MESSAGE
+    reason = real_client_skip_reason()
+    if reason:
+        if os.environ.get("FRAMETAP_CI"):
+            pytest.fail(f"Apache's RocketMQ client must be available in CI: {reason}")
+        pytest.skip(f"Apache's RocketMQ client not available: {reason}")
+    code, label = rocketmq_faults.error_status("SYSTEM_BUSY")
+
+    def inject(frame):
+        if rocketmq_faults._request(frame)[1] == SEND_MESSAGE and frame.endswith(b"message 1"):
+            return rocketmq_faults.error_reply(frame, code, label,
+                                               "[REJECTREQUEST]system busy, injected")
+        return None
+
+    with RocketMQServerThread(queues=1) as srv:
+        relay = InjectingRelay(lt, srv.broker_port, _u32_len(0), inject)
+        srv.server.advertised_broker = ("127.0.0.1", relay.port)
+        try:
+            produced = run_producer(srv.namesrv_address, "BusyTopic", n=3, timeout=60,
+                                    body="frametap real-client message {i}")
+        finally:
+            relay.close()
+    assert produced["sent"] == 2, produced
+    assert len(produced["errors"]) == 1 and produced["errors"][0].startswith("send 1:"), produced
+    # The client decodes the response (its log: code and remark) and retries; after its
+    # retries it reports its own "No route info" error, not the code.
+    assert "processSendResponse error remark:[REJECTREQUEST]system busy, injected, " \
+        "error code:2" in produced["client_log"], produced
+    assert len(relay.injected) >= 2                  # the first send and its retries
