@@ -66,11 +66,11 @@ def resolve_status(protocol, value, names, label_of, lo, hi, success=(), hint=""
                 f"{', '.join(names)}{numbers}{hint})")
     elif hi < lo:
         raise FaultReplyError(
-            f"{protocol}: error status {code} is a number, but this protocol's errors "
+            f"{protocol}: error status {show_value(code)} is a number, but this protocol's errors "
             f"carry no code (expected {', '.join(names)}{hint})")
     elif not lo <= code <= hi:
         raise FaultReplyError(
-            f"{protocol}: error status {code} is out of range (expected {lo}..{hi}, or one "
+            f"{protocol}: error status {show_value(code)} is out of range (expected {lo}..{hi}, or one "
             f"of {', '.join(names)}{hint})")
     if code in success:
         raise FaultReplyError(

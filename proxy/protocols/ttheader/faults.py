@@ -50,8 +50,8 @@ TT_META = 14                                # LENGTH, magic, flags, seq id, head
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 
-# what the call's payload is, as far as a reply goes
-_READABLE, _OPAQUE = 0, 1
+# payload transforms, as far as reading goes (the parsers' X_NONE, X_ZLIB, X_OPAQUE)
+_X_NONE, _X_ZLIB, _X_OPAQUE = 0, 1, 2
 
 
 def error_status(value):
@@ -86,7 +86,7 @@ def _message(c, payload, allow_pb):
     c.ptype, c.mtype, c.seq = m.ptype, m.mtype, m.seq
     c.name = bytes(payload[m.name_off:m.name_off + m.name_len])
     if m.ptype == P_COMPACT:
-        end, _ = _uvarint(payload, 2)       # the seq id varint, copied as sent
+        end, _ = _uvarint(payload, 2, len(payload))   # the seq id varint, copied as sent
         c.seq_raw = bytes(payload[2:end])
     else:
         c.strict = payload[0] & 0x80 != 0
@@ -95,66 +95,89 @@ def _message(c, payload, allow_pb):
 
 
 def _header_info(c, b, p0):
-    """Protocol id, transforms and the TO_METHOD info of a (T)THeader header b[14:p0];
-    returns (readable?, TO_METHOD value or None)."""
+    """Protocol id, transforms and the TO_METHOD info of a (T)THeader header b[14:p0],
+    read as the parsers read them (a field cut short ends the reading, keeping what was
+    read); returns (readable?, TO_METHOD value or None)."""
     h = b[:p0]
+    xform = [_X_NONE]
+
+    def apply(t):                           # the parsers' _xform()
+        xform[0] = _X_ZLIB if t == ZLIB and xform[0] == _X_NONE else _X_OPAQUE
+
     tom = None
-    readable = True
-    try:
-        if c.magic == MAGIC_TTHEADER:
-            c.proto_id = h[TT_META]
-            nt = h[TT_META + 1]
-            transforms = list(h[TT_META + 2:TT_META + 2 + nt])
-            i = TT_META + 2 + nt
-            while i < p0:                   # info blocks: only TO_METHOD matters here
-                iid = h[i]
-                i += 1
-                if iid == 0:
-                    continue
-                if iid in (INFO_KEYVALUE, INFO_INTKEYVALUE):
-                    cnt = struct.unpack_from(">H", h, i)[0]
-                    i += 2
-                    for _ in range(cnt):
-                        key = struct.unpack_from(">H", h, i)[0]
-                        i += 2
-                        if iid == INFO_KEYVALUE:
-                            i += key
-                        vl = struct.unpack_from(">H", h, i)[0]
-                        if iid == INFO_INTKEYVALUE and key == TO_METHOD and i + 2 + vl <= p0:
-                            tom = bytes(h[i + 2:i + 2 + vl])
-                        i += 2 + vl
-                elif iid == INFO_ACL_TOKEN:
-                    i += 2 + struct.unpack_from(">H", h, i)[0]
-                else:
-                    break
-        else:
-            i, c.proto_id = _uvarint(h, TT_META)
-            i, nt = _uvarint(h, i)
-            transforms = []
-            for _ in range(min(nt, 64)):
-                i, t = _uvarint(h, i)
-                transforms.append(t)
-    except (IndexError, struct.error):
-        raise FaultReplyError("ttheader: the header's protocol id or transforms are cut "
-                              "short") from None
-    if transforms == [ZLIB]:
-        c.zlib = True
-    elif transforms:
-        readable = False                    # snappy, zlib twice, unknown: not read
-    return readable, tom
+    if c.magic == MAGIC_TTHEADER:
+        c.proto_id = h[TT_META]
+        nt = h[TT_META + 1]
+        i = TT_META + 2
+        if i + nt <= p0:
+            for t in h[i:i + nt]:
+                apply(t)
+            i += nt
+            tom = _to_method(h, i, p0)
+    else:
+        i, v = _uvarint(h, TT_META, p0)
+        if i >= 0:
+            c.proto_id = v
+            i, nt = _uvarint(h, i, p0)
+            while i >= 0 and nt > 0:
+                i, t = _uvarint(h, i, p0)
+                if i >= 0:
+                    apply(t)
+                nt -= 1
+    c.zlib = xform[0] == _X_ZLIB
+    return xform[0] != _X_OPAQUE, tom
 
 
-def _uvarint(h, i):
-    v = shift = 0
-    while True:
-        c = h[i]
+def _to_method(h, i, end):
+    """The TO_METHOD (INFO_INTKEYVALUE key 9) value of Kitex info blocks at h[i:end]."""
+    tom = None
+    while i < end:
+        iid = h[i]
         i += 1
+        if iid == 0:
+            continue
+        if iid in (INFO_KEYVALUE, INFO_INTKEYVALUE):
+            if i + 2 > end:
+                break
+            cnt = (h[i] << 8) | h[i + 1]
+            i += 2
+            for _ in range(cnt):
+                if i + 2 > end:
+                    return tom
+                key = (h[i] << 8) | h[i + 1]
+                i += 2
+                if iid == INFO_KEYVALUE:
+                    i += key
+                if i + 2 > end:
+                    return tom
+                vl = (h[i] << 8) | h[i + 1]
+                i += 2 + vl
+                if i > end:
+                    return tom
+                if iid == INFO_INTKEYVALUE and key == TO_METHOD:
+                    tom = bytes(h[i - vl:i])
+        elif iid == INFO_ACL_TOKEN:
+            if i + 2 > end:
+                break
+            i += 2 + ((h[i] << 8) | h[i + 1])
+        else:
+            break
+    return tom
+
+
+def _uvarint(h, i, end):
+    """(index after, value) of the unsigned varint at h[i:end] (at most 5 bytes, as the
+    parsers read header varints); (-1, 0) when it is cut short or longer."""
+    v = shift = 0
+    j = i
+    while j < end and j - i < 5:
+        c = h[j]
+        j += 1
         v |= (c & 0x7F) << shift
         if not c & 0x80:
-            return i, v
+            return j, v & 0xFFFFFFFFFFFFFFFF
         shift += 7
-        if shift > 35:
-            raise IndexError("varint too long")
+    return -1, 0
 
 
 def _call(request):
