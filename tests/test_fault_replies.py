@@ -273,6 +273,17 @@ def test_ttheader_framed_unframed_strict_and_non_strict():
                  6, "c", compact=True)
 
 
+def test_ttheader_theader_with_protobuf_is_refused():
+    codec = _tt()
+    frame = codec.theader(codec.binary_message("echo", 1, 1), proto=3)
+    with pytest.raises(ValueError, match="protocol id 3"):
+        faults("ttheader").error_reply(frame, 6, "INTERNAL_ERROR", "m")
+    for impl in IMPLS["ttheader"]:                    # the parsers count it as an error
+        stats, p = make(IMPLS["ttheader"][impl], "ttheader")
+        p.feed(C2S, frame)
+        assert stats.snapshot()["errors"] == {("c2s", "bad_header"): 1}
+
+
 def test_ttheader_oneway_reply_and_exception_frames_get_none():
     codec = _tt()
     f = faults("ttheader")
@@ -506,3 +517,38 @@ def test_random_conversation_frames_and_mutations(protocol, impl, data):
         except ValueError:
             continue
         check_reply(protocol, impl, mutated, value, strict=False)
+
+
+@st.composite
+def _thrift_call(draw):
+    """A Thrift message in any framing, protocol, header protocol id and transform."""
+    codec = _tt()
+    name = draw(st.sampled_from(["getUser", "e", "", "x" * 300, "日本"]))
+    mtype = draw(st.integers(1, 4))
+    seq = draw(st.integers(-2 ** 31, 2 ** 31 - 1))
+    compact = draw(st.booleans())
+    body = draw(st.sampled_from([b"\x00", b"\x0b\x00\x01\x00\x00\x00\x01a\x00"]))
+    if compact:
+        msg = codec.compact_message(name, mtype, seq, b"\x00")
+    else:
+        msg = codec.binary_message(name, mtype, seq, body, strict=draw(st.booleans()))
+    framing = draw(st.sampled_from(["unframed", "framed", "ttheader", "theader"]))
+    if framing == "unframed":
+        return codec.binary_message(name, mtype, seq, body)
+    if framing == "framed":
+        return codec.framed(msg)
+    kw = dict(seq=draw(st.integers(-2 ** 31, 2 ** 31 - 1)), flags=draw(st.integers(0, 0xFFFF)),
+              proto=draw(st.sampled_from([0, 2, 7] + ([3] if framing == "ttheader" else []))),
+              transforms=draw(st.sampled_from([(), (1,), (3,), (1, 1)])))
+    if framing == "ttheader":
+        return codec.ttheader(msg, intinfo=draw(st.sampled_from([None, {9: "Named"}])),
+                              inner_framed=draw(st.booleans()) and not kw["transforms"],
+                              **kw)
+    return codec.theader(msg, info=draw(st.sampled_from([None, {"k": "v"}])), **kw)
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS["ttheader"]))
+@SETTINGS
+@given(frame=_thrift_call())
+def test_thrift_calls_in_every_framing_get_replies_the_parsers_read(impl, frame):
+    check_reply("ttheader", impl, frame, "INTERNAL_ERROR")

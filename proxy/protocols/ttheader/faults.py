@@ -209,6 +209,9 @@ def _call(request):
     if p0 == TT_META or p0 > n:
         raise FaultReplyError("ttheader: the header size does not fit the frame")
     readable, tom = _header_info(c, b, p0)
+    if magic == MAGIC_THEADER and c.proto_id == PROTO_PROTOBUF:
+        raise FaultReplyError("ttheader: an Apache THeader frame with protocol id 3 "
+                              "(protobuf exists in Kitex TTHeader only)")
     payload = b[p0:]
     if c.proto_id == PROTO_PROTOBUF and (c.zlib or payload[:2] != b"\x90\x01"):
         readable = False
