@@ -9,7 +9,6 @@ The real clients reading these replies (Apache Thrift, rstream, the loadgen/ cli
 are in tests/test_fault_replies_real.py.
 """
 
-import importlib
 import struct
 
 import pytest
@@ -17,6 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from proxy import protocols
 from proxy.conformance import C2S, S2C
+from proxy.protocols.fault_replies import for_protocol
 from tests.parsers import make, parser_impls
 
 PROTOCOLS = ("rocketmq", "rabbitmq-stream", "ttheader", "flymq", "fleximq")
@@ -45,7 +45,7 @@ BAD_STATUSES = {
 
 
 def faults(protocol):
-    return importlib.import_module(protocols.load(protocol).package + ".faults")
+    return for_protocol(protocol)
 
 
 def conformance(protocol):
@@ -76,6 +76,15 @@ def test_error_status_refuses_with_one_line_naming_the_names(protocol):
         if isinstance(value, str) and not value.lstrip("-").isdigit() and \
                 value.upper() not in ("OK", "SUCCESS"):
             assert all(name in text for name in f.ERROR_NAMES), text   # names them all
+
+
+def test_for_protocol_finds_every_protocols_module():
+    assert sorted(protocols.names()) == sorted(PROTOCOLS)      # a new protocol needs one
+    for name in protocols.names():
+        f = for_protocol(name)
+        assert f.__name__ == protocols.load(name).package + ".faults"
+        assert {"DEFAULT_ERROR", "ERROR_NAMES", "error_status", "error_reply",
+                "is_request"} <= set(vars(f))
 
 
 def test_defaults_are_the_documented_ones():

@@ -21,11 +21,15 @@ docs/adding-a-protocol.md, "Error replies", describes it:
     state; ValueError for bytes that are not a well-formed frame of the protocol.
 ``is_request(request) -> bool``
     True when ``error_reply`` would answer the frame (never raises).
+
+:func:`for_protocol` returns that module for a protocol name (``"rocketmq"``...).
 """
+
+import importlib
 
 from proxy.errors import show_value
 
-__all__ = ["FaultReplyError", "resolve_status", "default_message"]
+__all__ = ["FaultReplyError", "resolve_status", "default_message", "for_protocol"]
 
 
 class FaultReplyError(ValueError):
@@ -85,3 +89,10 @@ def default_message(protocol, label, message):
         # a lone surrogate cannot go on the wire: replaced, never an error
         return str(message).encode("utf-8", "replace").decode("utf-8")
     return f"frametap: injected {label}"
+
+
+def for_protocol(name):
+    """The ``faults`` module of protocol ``name`` (as in configs: ``rabbitmq-stream``...);
+    imported on first use, like the rest of a protocol's folder."""
+    from proxy import protocols
+    return importlib.import_module(protocols.load(name).package + ".faults")
