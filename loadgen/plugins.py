@@ -114,6 +114,8 @@ def install(events=None) -> None:
     from loadgen import clientlog, locustmetrics
     clientlog.install(events)
     locustmetrics.install(events)
+    from loadgen import faultplugin
+    faultplugin.install(events)
     install_once(RunPlumbing, _add_run_arguments, events)
 
 
