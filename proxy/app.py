@@ -254,6 +254,8 @@ class ProxyApp:
 
     async def close_listeners(self):
         self.ready = False
+        if self.api is not None:           # no routes added or faults changed from here
+            await self.api.close()
         for route in self.routes:
             route.stop_accepting()
 
@@ -273,8 +275,6 @@ class ProxyApp:
         """Stop accepting, let open connections drain up to ``timeout``, then close."""
         timeout = self.config.shutdown_timeout if timeout is None else timeout
         await self.close_listeners()
-        if self.api is not None:           # no routes added or faults changed from here
-            await self.api.close()
         if self.ready_file is not None:    # no longer listening
             from proxy.readyfile import remove_ready_file
             remove_ready_file(self.ready_file)

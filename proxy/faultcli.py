@@ -144,7 +144,11 @@ def cmd_list(args):
 
 
 def cmd_add(args):
-    kind, data = parse_short_spec(" ".join(args.spec))
+    # one argument is the whole spec ('error status=X probability=0.1'); several are
+    # its words as the shell split them (error "message=server busy")
+    import shlex
+    kind, data = parse_short_spec(args.spec[0] if len(args.spec) == 1 else
+                                  shlex.join(args.spec))
     api = FaultApi(args.api)
     route = _one_route(api, args.route)
     try:

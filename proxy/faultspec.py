@@ -56,6 +56,7 @@ MAX_DELAY_MS = 600_000          # a rule's delay (and jitter): at most ten minut
 MAX_NAME_CHARS = 200
 MAX_COUNT = 1 << 62             # nth / times
 MAX_RULES = 1024                # per route: the engine walks them in order per frame
+MAX_OPCODES = 1024              # names in one rule's match.opcode
 MAX_TOXICS = 256                # per route
 
 #: Toxiproxy's toxics: type -> {attribute: (default, low, high, what)}. Every attribute is
@@ -180,7 +181,9 @@ def _status_module(protocol):
 # ---- rules ----------------------------------------------------------------------------
 
 class Rule:
-    """One opcode-aware fault rule of a route (immutable; the API replaces a rule whole).
+    """One opcode-aware fault rule of a route (immutable: an update makes a new Rule, so
+    per-rule state keyed by the object, such as an nth counter, starts afresh; compared
+    and hashed by identity).
 
     ``directions``: set of 0 (c2s) / 1 (s2c); ``opcodes``: frozenset of opcode names or
     None (any); ``resource``: a glob or None; ``peer``: an ``ipaddress`` network or None;
@@ -189,10 +192,6 @@ class Rule:
     error), ``message``; ``trigger``: probability | once | nth | times with
     ``probability`` (float) and ``n`` (int: the N of nth / times, 1 for once).
     """
-
-    __slots__ = ("name", "directions", "opcodes", "opcode_list", "resource", "peer",
-                 "action", "delay_ms", "jitter_ms", "rst", "status", "message", "trigger",
-                 "probability", "n", "_resource_re")
 
     def __init__(self, name, directions=frozenset((0,)), opcodes=None, resource=None,
                  peer=None, action="drop", delay_ms=0, jitter_ms=0, rst=False, status=None,
@@ -262,9 +261,6 @@ class Rule:
             trigger = {self.trigger: self.n}
         return {"name": self.name, "match": match, "action": action, "trigger": trigger}
 
-    def __eq__(self, other):
-        return isinstance(other, Rule) and self.to_json() == other.to_json()
-
     def __repr__(self):
         return f"Rule({self.to_json()!r})"
 
@@ -288,10 +284,12 @@ def _directions(value, where):
 
 def _opcodes(value, where, protocol):
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items or not all(
-            isinstance(o, str) and o and o.isprintable() for o in items):
+    if not isinstance(items, list) or not items or len(items) > MAX_OPCODES or not all(
+            isinstance(o, str) and o and len(o) <= MAX_NAME_CHARS and o.isprintable()
+            for o in items):
         raise _bad(where, "match.opcode", value,
-                   "expected an opcode name or a non-empty list of them (as in the metrics)")
+                   f"expected an opcode name or a list of 1..{MAX_OPCODES} of them (as in "
+                   "the metrics)")
     known = opcode_names(protocol)
     if known is not None:
         for op in items:
@@ -301,11 +299,7 @@ def _opcodes(value, where, protocol):
                         f"e.g. {', '.join(sorted(known)[:4])}, ...")
                 raise _bad(where, "match.opcode", op,
                            f"not a {protocol} opcode name as the metrics name them ({hint})")
-    out = []
-    for op in items:                 # keep the order given, once each
-        if op not in out:
-            out.append(op)
-    return out
+    return list(dict.fromkeys(items))     # the order given, each once
 
 
 def _peer(value, where):
@@ -357,9 +351,11 @@ def parse_rule(data, protocol, where="", default_name=None):
     directions = _directions(match.get("direction", "c2s"), where)
     opcodes = _opcodes(match["opcode"], where, protocol) if "opcode" in match else None
     resource = match.get("resource")
-    if resource is not None and (not isinstance(resource, str) or not resource):
+    if resource is not None and (not isinstance(resource, str) or not resource
+                                 or len(resource) > MAX_NAME_CHARS):
         raise _bad(where, "match.resource", resource,
-                   "expected a glob of topic / stream / method names, e.g. 'orders-*'")
+                   f"expected a glob of topic / stream / method names of at most "
+                   f"{MAX_NAME_CHARS} characters, e.g. 'orders-*'")
     peer = _peer(match["peer"], where) if "peer" in match else None
 
     if "action" not in data:
@@ -428,8 +424,6 @@ class Toxic:
     (0..1, the chance that a connection gets it, drawn once per connection and toxic)
     and ``attributes`` (Toxiproxy's names and units, every one present)."""
 
-    __slots__ = ("name", "type", "stream", "toxicity", "attributes")
-
     def __init__(self, name, type, stream="downstream", toxicity=1.0, attributes=None):
         self.name = name
         self.type = type
@@ -446,9 +440,6 @@ class Toxic:
         """Toxiproxy's JSON of a toxic (its field order)."""
         return {"attributes": dict(self.attributes), "name": self.name, "type": self.type,
                 "stream": self.stream, "toxicity": self.toxicity}
-
-    def __eq__(self, other):
-        return isinstance(other, Toxic) and self.to_json() == other.to_json()
 
     def __repr__(self):
         return f"Toxic({self.to_json()!r})"

@@ -73,6 +73,12 @@ def test_help(args):
     assert r.returncode == 0 and "usage: frametap faults" in r.stdout, r.stderr
 
 
+def test_load_help_lists_the_fault_options():
+    r = frametap("load", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "--frametap-fault ROUTE:SPEC" in r.stdout and "--frametap-fault-api" in r.stdout
+
+
 def test_add_list_remove(proxy):
     api = proxy.ready["api"]
     r = frametap("faults", "add", "--api", api, "--route", "mq",
@@ -126,8 +132,7 @@ def test_errors_are_one_line(proxy):
          "frametap: error: route 'mq': action.ms = -1: expected a number of milliseconds "
          "0..600000"),
         (["remove", "--api", api, "--route", "mq", "ghost"],
-         "frametap: error: 'ghost': route 'mq' has no rule or toxic of that name (rules: "
-         "none; toxics: none)"),
+         "frametap: error: 'ghost': route 'mq' has no rule or toxic of that name"),
         (["list", "--api", "127.0.0.1:x"],
          "frametap: error: --api: port 'x' is not a number (got '127.0.0.1:x')"),
     ]
