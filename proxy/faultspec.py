@@ -294,7 +294,10 @@ def _opcodes(value, where, protocol):
     if known is not None:
         for op in items:
             if op not in known:
-                close = difflib.get_close_matches(op, sorted(known), n=3, cutoff=0.6)
+                # names holding what was typed (PULL -> PULL_MESSAGE), else look-alikes
+                close = sorted((k for k in known if op.lower() in k.lower()),
+                               key=lambda k: (len(k), k))[:3] or \
+                    difflib.get_close_matches(op, sorted(known), n=3, cutoff=0.6)
                 hint = (f"did you mean {', '.join(close)}?" if close else
                         f"e.g. {', '.join(sorted(known)[:4])}, ...")
                 raise _bad(where, "match.opcode", op,

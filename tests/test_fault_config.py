@@ -434,10 +434,10 @@ def test_api_flag_errors_name_the_flag():
 ])
 def test_short_spec(text, kind, data):
     assert parse_short_spec(text) == (kind, data)
-    if kind == "rule" and "status" not in data["action"]:
-        parse_rule(dict(data, name="n") if "name" not in data else data, "ttheader")
-    else:
+    if kind == "toxic":
         parse_toxic(data)
+    elif "status" not in data["action"]:            # statuses are the protocol's
+        parse_rule(dict(data, name="n") if "name" not in data else data, "ttheader")
 
 
 @pytest.mark.parametrize("text, needle", [
