@@ -200,3 +200,22 @@ def test_locust_bad_fault_is_one_line_exit_2(proxy, fault, expected):
     assert r.returncode == 2, r.stderr[-3000:]
     assert expected in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert rules(proxy, "fly") == []
+
+
+def test_api_address_in_use_exits_2_with_one_line():
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        line = one_line(frametap("proxy", "--protocol", "flymq", "--listen", "127.0.0.1:0",
+                                 "--upstream", "127.0.0.1:9", "--api", f"127.0.0.1:{port}",
+                                 "--log-level", "warning"))     # no start-up info lines
+    assert line == f"frametap: error: --api '127.0.0.1:{port}': address already in use"
+
+
+def test_single_route_proxy_serves_the_api(tmp_path):
+    with proxy_process(tmp_path, ["--protocol", "flymq", "--listen", "127.0.0.1:0",
+                                  "--upstream", "127.0.0.1:9", "--api", "127.0.0.1:0"]) as p:
+        with urllib.request.urlopen(f"http://{p.ready['api']}/proxies", timeout=10) as r:
+            proxies = json.loads(r.read())
+    assert proxies["flymq"]["listen"] == p.address("flymq")
+    assert proxies["flymq"]["frametap_protocol"] == "flymq"

@@ -478,7 +478,8 @@ def test_http_errors(api):
 
 # ---- Toxiproxy's own Python client -------------------------------------------------
 
-def test_toxiproxy_python_client(api, echo):
+def _toxiproxy_client(api):
+    """Toxiproxy's own Python client (PyPI toxiproxy-python), pointed at ``api``."""
     try:
         import toxiproxy
     except ImportError:
@@ -486,46 +487,69 @@ def test_toxiproxy_python_client(api, echo):
         if os.environ.get("FRAMETAP_CI"):
             pytest.fail(reason + " (FRAMETAP_CI is set: CI must have it)")
         pytest.skip(reason)
-    from toxiproxy.api import APIConsumer
     server = toxiproxy.Toxiproxy()
     host, port = host_port(api[len("http://"):])
     server.update_api_consumer(host, port)
-    try:
-        assert server.running()
-        assert json.loads(server.version())["version"] == "2.12.0"
-        assert {"fly", "mq"} <= set(server.proxies())
-        made = server.create(upstream=echo.address, name="redis_master")
-        assert (made.name, made.upstream, made.enabled) == ("redis_master", echo.address,
-                                                           True)
-        plain = _round_trip(made.listen)
+    return server
+
+
+@pytest.fixture
+def client(api):
+    from_client = _toxiproxy_client(api)
+    yield from_client
+    from toxiproxy.api import APIConsumer            # class attributes: put them back
+    APIConsumer.host, APIConsumer.port = "127.0.0.1", 8474
+
+
+def test_toxiproxy_python_client(client, echo):
+    from toxiproxy.exceptions import InvalidToxic, ProxyExists
+    assert client.running()
+    assert json.loads(client.version())["version"] == "2.12.0"
+    assert {"fly", "mq"} <= set(client.proxies())
+    made = client.create(upstream=echo.address, name="redis_master")
+    assert (made.name, made.upstream, made.enabled) == ("redis_master", echo.address, True)
+    assert echo_once(made.listen) == b"hello"
+    made.add_toxic(type="latency", attributes={"latency": 100})
+    toxics = made.toxics()
+    assert list(toxics) == ["latency_downstream"]
+    assert (toxics["latency_downstream"].type, toxics["latency_downstream"].attributes) == \
+        ("latency", {"latency": 100, "jitter": 0})
+    with pytest.raises(ProxyExists):                  # its name for any 409
         made.add_toxic(type="latency", attributes={"latency": 100})
-        toxics = made.toxics()
-        assert list(toxics) == ["latency_downstream"]
-        assert (toxics["latency_downstream"].type,
-                toxics["latency_downstream"].attributes) == ("latency", {"latency": 100,
-                                                                         "jitter": 0})
-        if ENGINE:                 # the runtime engine applies what the API stored
-            slowed = _round_trip(made.listen)
-            assert slowed >= 0.095 and slowed - plain >= 0.09, (plain, slowed)
-        from toxiproxy.exceptions import InvalidToxic, ProxyExists
-        with pytest.raises(ProxyExists):                  # its name for any 409
-            made.add_toxic(type="latency", attributes={"latency": 100})
-        with pytest.raises(InvalidToxic):                 # its name for any 400
-            made.add_toxic(type="latency", name="bad", attributes={"latency": -1})
-        assert made.destroy_toxic("latency_downstream") is True
-        assert made.toxics() == {}
-        with made.down():
-            assert refused(made.listen)
-        assert echo_once(made.listen) == b"hello"
-        assert server.get_proxy("redis_master").enabled is True
-        assert server.reset() is True
-        assert made.destroy() is True
-        assert server.get_proxy("redis_master") is None
+    with pytest.raises(InvalidToxic):                 # its name for any 400
+        made.add_toxic(type="latency", name="bad", attributes={"latency": -1})
+    with pytest.raises(ProxyExists):
+        client.create(upstream=echo.address, name="redis_master")
+    assert made.destroy_toxic("latency_downstream") is True
+    assert made.toxics() == {}
+    with made.down():
+        assert refused(made.listen)
+        assert client.get_proxy("redis_master").enabled is False
+    assert echo_once(made.listen) == b"hello"
+    assert client.get_proxy("redis_master").enabled is True
+    populated = client.populate([{"name": "pop", "upstream": echo.address,
+                                  "listen": "127.0.0.1:0"}])
+    assert [p.name for p in populated] == ["pop"]
+    assert echo_once(populated[0].listen) == b"hello"
+    assert client.reset() is True
+    assert made.destroy() is True and populated[0].destroy() is True
+    assert client.get_proxy("redis_master") is None
+
+
+@pytest.mark.skipif(not ENGINE, reason="the fault engine (proxy/faults.py) that applies "
+                                       "toxics is not in this tree yet")
+def test_toxiproxy_client_latency_shows_up(client, echo):
+    made = client.create(upstream=echo.address, name="slow_master")
+    try:
+        plain = min(_round_trip(made.listen) for _ in range(3))
+        made.add_toxic(type="latency", attributes={"latency": 100})
+        slowed = [_round_trip(made.listen) for _ in range(3)]
+        assert all(0.095 <= t <= 0.5 for t in slowed) and min(slowed) - plain >= 0.09, \
+            (plain, slowed)
+        made.destroy_toxic("latency_downstream")
+        assert _round_trip(made.listen) < 0.05
     finally:
-        APIConsumer.host, APIConsumer.port = "127.0.0.1", 8474
-    if not ENGINE:
-        pytest.skip("the latency toxic was created and listed, but the fault engine "
-                    "(proxy/faults.py) is not in this tree to apply it")
+        made.destroy()
 
 
 def _round_trip(address):
