@@ -203,6 +203,9 @@ class ProxyApp:
         if any(r.cfg.name == cfg.name for r in self.routes):
             raise ValueError(f"route {cfg.name!r} exists already")
         route = Route(cfg, asyncio.get_running_loop(), self.reserve)
+        start_faults = getattr(route, "start_faults", None)    # the fault engine, when in
+        if start_faults is not None:
+            start_faults(getattr(self.config, "seed", None))
         try:
             await route.start()
         except BaseException:

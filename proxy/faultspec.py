@@ -510,7 +510,7 @@ def parse_toxic(data, where=""):
 class FaultSet:
     """The rules and toxics of one route (``route.cfg.faults``), changed through the
     add/update/remove methods only. ``version`` goes up by one on every change and every
-    subscriber is called after it as ``callback(faultset)``; rules keep their order (first
+    subscriber is called after it as ``callback()``; rules keep their order (first
     match wins), toxics are listed as Toxiproxy lists them (upstream ones first, each
     stream in the order added)."""
 
@@ -551,7 +551,7 @@ class FaultSet:
 
     # -- changes
     def subscribe(self, callback):
-        """Call ``callback(faultset)`` after every change."""
+        """Call ``callback()`` (no arguments) after every change."""
         self._subscribers.append(callback)
 
     def unsubscribe(self, callback):
@@ -561,7 +561,7 @@ class FaultSet:
     def _changed(self):
         self.version += 1
         for callback in list(self._subscribers):
-            callback(self)
+            callback()
 
     def _default_rule_name(self, data):
         action = data.get("action")

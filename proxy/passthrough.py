@@ -50,6 +50,13 @@ class PassThroughParser:
     def set_hold(self, direction, on):
         pass
 
+    # the fault engine (proxy/faults.py): an undecoded route has toxics only, which act
+    # on bytes in the relay; there is no frame to arm a rule on
+    fault_hook = None
+
+    def set_faults(self, direction, mode, slots):
+        return True                        # armed at once: nothing to wait for
+
 
 class _PassThroughSpec(ProtocolSpec):
     """The descriptor the relay reads (``load_parser``, ``max_frame_bytes``)."""

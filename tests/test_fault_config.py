@@ -255,7 +255,7 @@ def test_bad_toxics_one_line(data, message):
 def test_faultset_changes_versions_and_subscribers():
     fs = FaultSet("rocketmq")
     seen = []
-    fs.subscribe(lambda s: seen.append((s.version, len(s.rules()), len(s.toxics()))))
+    fs.subscribe(lambda: seen.append((fs.version, len(fs.rules()), len(fs.toxics()))))
     assert (fs.version, fs.rules(), fs.toxics(), bool(fs)) == (0, [], [], False)
     fs.add_rule(BUSY)
     fs.add_rule({"action": {"type": "drop"}})                  # named for it: drop_2
