@@ -195,10 +195,8 @@ def test_status_checked_by_the_protocols_faults_module(monkeypatch):
 
 
 def test_without_a_faults_module_any_status_is_taken(monkeypatch):
-    monkeypatch.delitem(sys.modules, "proxy.protocols.flymq.faults", raising=False)
-    import importlib.util
-    if importlib.util.find_spec("proxy.protocols.flymq.faults") is not None:
-        pytest.skip("proxy/protocols/flymq/faults.py exists: statuses are checked")
+    # None in sys.modules: importing the module fails as if the protocol had none
+    monkeypatch.setitem(sys.modules, "proxy.protocols.flymq.faults", None)
     rule = parse_rule({"name": "e", "action": {"type": "error", "status": "WHATEVER"}},
                       "flymq")
     assert rule.status == "WHATEVER"
@@ -479,3 +477,22 @@ def test_the_readme_example_loads():
     assert [r.name for r in faults.rules()] == ["busy", "slow-pull"]
     assert [t.name for t in faults.toxics()] == ["latency_downstream"]
     assert (cfg.seed, cfg.toxiproxy_listen) == (42, ("127.0.0.1", 8474))
+
+
+def test_real_status_modules_check_statuses():
+    """Once proxy/protocols/<p>/faults.py exist: their DEFAULT_ERROR is a valid status and
+    a made-up one is refused in the rule's words."""
+    import importlib.util
+    found = [p for p in protocols.names()
+             if importlib.util.find_spec(protocols.load(p).package + ".faults") is not None]
+    if not found:
+        pytest.skip("no protocol has its faults.py (error replies) in this tree yet")
+    for protocol in found:
+        module = __import__(protocols.load(protocol).package + ".faults", fromlist=["x"])
+        ok = parse_rule({"name": "e", "action": {"type": "error",
+                                                 "status": module.DEFAULT_ERROR}}, protocol)
+        assert ok.status == str(module.DEFAULT_ERROR)
+        with pytest.raises(FaultSpecError) as info:
+            parse_rule({"name": "e", "action": {"type": "error", "status": "NO_SUCH_XYZ"}},
+                       protocol)
+        assert str(info.value).startswith("action.status = 'NO_SUCH_XYZ': "), str(info.value)
