@@ -50,6 +50,7 @@ import asyncio
 import errno
 import json
 import logging
+import time
 
 from aiohttp import web
 
@@ -65,6 +66,31 @@ TOXIPROXY_VERSION = "2.12.0"     # the Toxiproxy API this one follows
 MAX_BODY = 1 << 20               # bytes of a request body
 MAX_ROUTES = 1024                # routes in all (each holds a listener)
 PROXY_KEYS = ("name", "listen", "upstream", "enabled", "toxics", "frametap_protocol")
+_SERVER = web.AppKey("frametap_api", object)       # the ApiServer, for the middleware
+
+
+class _LimitedLog:
+    """At most ``per_second`` lines a second; the rest are counted and summed up in one
+    line when the next second's first line comes (a client looping on a bad request
+    cannot flood the log; ``ApiServer.refused`` counts every one)."""
+
+    def __init__(self, per_second=10):
+        self.per_second = per_second
+        self.window = 0
+        self.used = 0
+        self.suppressed = 0
+
+    def info(self, msg, *args):
+        now = int(time.monotonic())
+        if now != self.window:
+            if self.suppressed:
+                log.info("api: %d similar lines suppressed", self.suppressed)
+            self.window, self.used, self.suppressed = now, 0, 0
+        if self.used < self.per_second:
+            self.used += 1
+            log.info(msg, *args)
+        else:
+            self.suppressed += 1
 
 
 class ApiError(Exception):
@@ -95,7 +121,18 @@ def _error(status, message):
 
 @web.middleware
 async def _errors(request, handler):
-    """Every failure as Toxiproxy's error JSON, never a traceback to the client."""
+    """Every failure as Toxiproxy's error JSON, never a traceback to the client; each one
+    counted (``ApiServer.refused``) and logged in one rate-limited line."""
+    response = await _answer(request, handler)
+    if response.status >= 400:
+        server = request.app[_SERVER]
+        server.refused[response.status] = server.refused.get(response.status, 0) + 1
+        server.log.info("api: %s %s -> %d %s", request.method, request.path[:200],
+                        response.status, (getattr(response, "text", "") or "").strip()[:300])
+    return response
+
+
+async def _answer(request, handler):
     if request.headers.get("User-Agent", "").startswith("Mozilla/"):
         return web.Response(status=403, text="User agent not allowed\n")
     try:
@@ -157,11 +194,14 @@ class ApiServer:
         self.host, self.port = host, port
         self.runner = None
         self.lock = asyncio.Lock()      # one change at a time (a change may await a bind)
+        self.refused = {}               # HTTP status -> requests answered with it (>= 400)
+        self.log = _LimitedLog()        # at most 10 lines a second, the rest summed up
 
     # -- life cycle -----------------------------------------------------------------
 
     def make_app(self):
         a = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+        a[_SERVER] = self
         r = a.router
         r.add_post("/reset", self.reset)
         r.add_get("/proxies", self.proxy_index)
