@@ -231,9 +231,10 @@ class ApiServer:
 
     async def start(self):
         """Listen (OSError when it cannot: the app turns that into one line, exit 2)."""
-        self.runner = web.AppRunner(self.make_app(), handle_signals=False, access_log=None)
+        self.runner = web.AppRunner(self.make_app(), handle_signals=False, access_log=None,
+                                    shutdown_timeout=1.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port, shutdown_timeout=1.0)
+        site = web.TCPSite(self.runner, self.host, self.port)
         try:
             await site.start()
         except BaseException:

@@ -556,3 +556,62 @@ def _round_trip(address):
     started = time.perf_counter()
     assert echo_once(address, b"ping") == b"ping"
     return time.perf_counter() - started
+
+
+# ---- in process: the app's hooks and the API on the proxy's own loop -----------------
+
+def test_app_hooks_in_process_with_the_api_on_the_proxys_loop():
+    """ProxyApp.add_route / set_route_enabled / remove_route and the API in the proxy's
+    own event loop (uvloop): an error the loop reports fails the test (loopcheck); the
+    refused requests are counted."""
+    import asyncio
+
+    import aiohttp
+
+    from proxy.app import ProxyApp
+    from proxy.config import RouteConfig, config_from_dict
+    from proxy.faultspec import FaultSet
+    from tests.support import run
+
+    async def scenario():
+        echo = EchoServer()
+        app = ProxyApp(config_from_dict({
+            "routes": [{"name": "fly", "protocol": "flymq", "listen": "127.0.0.1:0",
+                        "upstream": "127.0.0.1:9"}],
+            "toxiproxy": {"listen": "127.0.0.1:0"}, "proxy": {"shutdown_timeout": 1.0}}))
+        await app.start()
+        loop = asyncio.get_running_loop()
+        base = "http://%s:%d" % app.api.address
+        try:
+            cfg = RouteConfig(name="raw", protocol="tcp", listen=("127.0.0.1", 0),
+                              upstream=host_port(echo.address), framelog=False)
+            assert isinstance(cfg.faults, FaultSet) and cfg.faults.protocol == "tcp"
+            route = await app.add_route(cfg)
+            listen = "%s:%d" % route.address
+            assert await loop.run_in_executor(None, echo_once, listen) == b"hello"
+            with pytest.raises(ValueError, match="exists already"):
+                await app.add_route(cfg)
+            await app.set_route_enabled("raw", False)
+            assert not app.route_enabled(route)
+            assert await loop.run_in_executor(None, refused, listen)
+            await app.set_route_enabled("raw", True)
+            assert await loop.run_in_executor(None, echo_once, listen) == b"hello"
+            async with aiohttp.ClientSession() as http_client:
+                async with http_client.get(base + "/proxies") as resp:
+                    assert set(await resp.json()) == {"fly", "raw"}
+                async with http_client.post(base + "/proxies/raw/toxics",
+                                            json={"type": "jam"}) as resp:
+                    assert resp.status == 400
+                async with http_client.delete(base + "/proxies/nope") as resp:
+                    assert resp.status == 404
+            assert app.api.refused == {400: 1, 404: 1}
+            await app.remove_route("raw")
+            assert [r.cfg.name for r in app.routes] == ["fly"]
+            assert await loop.run_in_executor(None, refused, listen)
+            with pytest.raises(KeyError):
+                await app.remove_route("raw")
+        finally:
+            await app.shutdown(0.5)
+            echo.close()
+        assert app.api.runner is None            # the API closed with the listeners
+    run(scenario())
