@@ -12,7 +12,6 @@ A mistake (a bad spec, an unknown route, a rule the proxy refuses) is one line a
 status 2; a proxy that cannot be reached is one line and exit status 1.
 """
 
-import argparse
 import json
 import urllib.error
 import urllib.parse
@@ -219,8 +218,11 @@ def add_parser(sub):
     ls.set_defaults(func=_run(cmd_list))
     add = verbs.add_parser("add", help="add a rule or a toxic",
                            description="Add a rule or a toxic to a route.",
-                           epilog="SPEC: " + SHORT_HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog="SPEC: " + SHORT_HELP + ". Examples: 'error "
+                                  "status=SYSTEM_BUSY opcode=SEND_MESSAGE_V2 probability=0.05 "
+                                  "name=busy', 'drop opcode=PULL_MESSAGE nth=10', 'latency "
+                                  "latency=100 jitter=10 stream=upstream', '{\"type\": "
+                                  "\"timeout\", \"attributes\": {\"timeout\": 0}}'.")
     common(add)
     add.add_argument("spec", nargs="+", metavar="SPEC",
                      help="the rule or toxic: short form or a JSON object")
