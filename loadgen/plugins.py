@@ -114,9 +114,9 @@ def install(events=None) -> None:
     from loadgen import clientlog, locustmetrics
     clientlog.install(events)
     locustmetrics.install(events)
-    from loadgen import faultplugin
-    faultplugin.install(events)
     install_once(RunPlumbing, _add_run_arguments, events)
+    from loadgen import faultplugin        # --frametap-fault: faults armed for a run
+    faultplugin.install(events)
 
 
 def main(argv=None):

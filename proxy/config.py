@@ -101,15 +101,16 @@ class RouteConfig:
     #: close a connection with no bytes either way for this long; 0: never
     idle_timeout: float = 3600.0
     options: dict = field(default_factory=dict)
-    #: false: this route writes no frame log
-    framelog: bool = True
     #: fault rules and toxics (proxy.faultspec.FaultSet; [[routes.faults]], [[routes.toxics]])
     faults: object = None
 
     def __post_init__(self):
-        if self.faults is None:
+        if self.faults is None:                # a route made in code: no faults yet
             from proxy.faultspec import FaultSet
             self.faults = FaultSet(self.protocol)
+
+    #: false: this route writes no frame log
+    framelog: bool = True
 
 
 @dataclass
@@ -188,9 +189,10 @@ def _string(value, name, what="a non-empty string"):
 
 ROUTE_KEYS = {"name", "protocol", "listen", "upstream", "max_frame_bytes", "request_timeout",
               "connect_timeout", "max_connections", "half_close_timeout", "idle_timeout",
-              "options", "framelog", "faults", "toxics"}
+              "options", "framelog"}
 _ROUTE_NUMBERS = {"max_frame_bytes": None, "request_timeout": 30.0, "connect_timeout": 5.0,
                   "max_connections": 10000, "half_close_timeout": 60.0, "idle_timeout": 3600.0}
+ROUTE_KEYS |= {"faults", "toxics"}     # [[routes.faults]], [[routes.toxics]]: proxy/faultspec.py
 
 
 def route_from_table(table, index, names=None):
@@ -225,16 +227,16 @@ def route_from_table(table, index, names=None):
     elif options:
         raise ConfigError(f"{where}.options: unknown key {next(iter(options))!r} "
                           f"({protocol} has no route options)")
+    from proxy.faultspec import load_route_faults
+    faults = load_route_faults(table, protocol, where)
     numbers = {key: _number(table, key, where, default, keys, f"routes.{key}")
                for key, default in _ROUTE_NUMBERS.items()}
     framelog = table.get("framelog", True)
     if not isinstance(framelog, bool):
         raise bad_value(keys(f"{where}.framelog"), framelog, "expected true or false")
-    from proxy.faultspec import load_route_faults
-    faults = load_route_faults(table, protocol, where)
     return RouteConfig(
-        faults=faults,
         framelog=framelog,
+        faults=faults,
         name=name,
         protocol=protocol,
         listen=parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True,
@@ -313,9 +315,9 @@ def config_from_dict(data, names=None):
                             "another route listens there")
         seen_listen.add(r.listen)
     return Config(routes=routes, admin_listen=admin_listen,
+                  seed=seed, toxiproxy_listen=toxiproxy_listen,
                   admin_max_connections=admin_max_connections, framelog=framelog,
                   shutdown_timeout=shutdown_timeout, max_pending_bytes=max_pending_bytes,
-                  seed=seed, toxiproxy_listen=toxiproxy_listen,
                   key_names=dict(names or {}))
 
 
