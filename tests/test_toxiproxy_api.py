@@ -164,7 +164,17 @@ def test_version_and_configured_routes_are_proxies(api, proxy, echo):
     assert http("GET", api + "/proxies/fly")[:2] == (200, proxies["fly"])
 
 
-def test_create_relay_and_delete_an_undecoded_proxy(api, echo):
+def scrape(proxy, family, route):
+    """{(direction, [opcode]): value} of one metric family of ``route`` from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as resp:
+        families = text_string_to_metric_families(resp.read().decode())
+    return {tuple(v for k, v in sorted(s.labels.items()) if k not in ("route", "protocol")):
+            s.value for f in families if f.name == family for s in f.samples
+            if s.labels.get("route") == route}
+
+
+def test_create_relay_and_delete_an_undecoded_proxy(api, proxy, echo):
     status, made, _ = http("POST", api + "/proxies",
                            {"name": "echo1", "listen": "127.0.0.1:0", "upstream": echo.address})
     assert status == 201, made
@@ -174,6 +184,10 @@ def test_create_relay_and_delete_an_undecoded_proxy(api, echo):
                     "enabled": True, "toxics": [], "frametap_protocol": "tcp"}
     assert echo_once(made["listen"], b"x" * 100_000) == b"x" * 100_000
     assert http("GET", api + "/proxies/echo1")[:2] == (200, made)
+    # undecoded: every byte counted, no frame
+    relayed = scrape(proxy, "frametap_bytes", route="echo1")
+    assert relayed == {("c2s",): 100_000, ("s2c",): 100_000}, relayed
+    assert scrape(proxy, "frametap_frames", route="echo1") == {}
     assert http("POST", api + "/proxies", {"name": "echo1", "upstream": echo.address})[:2] \
         == error(409, "proxy already exists")
     held = socket.create_connection(host_port(made["listen"]), timeout=5)
@@ -239,12 +253,7 @@ def test_decoded_proxy_through_the_api(api, proxy):
     with FlyMQClient(host, port) as client:
         client.create_topic("t")
         client.produce("t", b"v")
-    from prometheus_client.parser import text_string_to_metric_families
-    with urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10) as resp:
-        families = text_string_to_metric_families(resp.read().decode())
-    frames = {(s.labels["direction"], s.labels["opcode"]): s.value
-              for f in families if f.name == "frametap_frames"
-              for s in f.samples if s.labels.get("route") == "fly2"}
+    frames = scrape(proxy, "frametap_frames", route="fly2")
     assert frames[("c2s", "PRODUCE")] == 1 and frames[("s2c", "PRODUCE")] == 1, frames
     # its rules are checked against the FlyMQ opcode table
     status, rule, _ = http("POST", api + "/api/v1/routes/fly2/faults", {
