@@ -116,6 +116,8 @@ def install(events=None) -> None:
     locustmetrics.install(events)
     tlsopts.install(events)
     install_once(RunPlumbing, _add_run_arguments, events)
+    from loadgen import faultplugin        # --frametap-fault: faults armed for a run
+    faultplugin.install(events)
 
 
 def main(argv=None):

@@ -104,7 +104,11 @@ class Route:
         self.accept_errors = {}        # reason -> accepts that ran out of descriptors
         self._accept_logged = -1e9     # monotonic time of the last such log line
         self.loop = loop or asyncio.get_event_loop()
-        self.protocol = protocols.load(cfg.protocol)
+        if cfg.protocol == "tcp":   # undecoded: a Toxiproxy proxy made through the API
+            from proxy.passthrough import SPEC as undecoded
+            self.protocol = undecoded
+        else:
+            self.protocol = protocols.load(cfg.protocol)
         self.parser_class = self.protocol.load_parser()
         self.stats = RouteStats(cfg.name, cfg.protocol)
         self.max_frame_bytes = cfg.max_frame_bytes or self.protocol.max_frame_bytes
