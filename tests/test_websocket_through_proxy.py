@@ -1,0 +1,167 @@
+"""fleximq over WebSocket through the proxy, with real peers on real sockets: the
+reference broker listening on ws://, frametap's own client (the ``websockets`` library's
+protocol), a client from another library (websocket-client) that packs and splits
+frames, a Locust run, all counted exactly by the proxy; and the config's one-line
+errors for routes that mix WebSocket and TCP."""
+
+import subprocess
+import sys
+
+import pytest
+import websocket as wsclient          # websocket-client (not proxy.websocket)
+
+from loadgen.fleximq.client import FlexiMQClient
+from loadgen.fleximq.server import FlexiMQBrokerThread
+from proxy.app import ProxyApp
+from proxy.config import config_from_dict
+from proxy.protocols.fleximq import codec
+from tests._support import ROOT, csv_stats, run_locust
+from tests.conftest import LoopThread
+from tests.support import sample
+
+N = 40
+
+
+@pytest.fixture
+def stack():
+    broker = FlexiMQBrokerThread(listen=["ws://127.0.0.1:0/mq"], ping_interval=0).start()
+    lt = LoopThread()
+    app = ProxyApp(config_from_dict({"routes": [
+        {"name": "fxws", "protocol": "fleximq", "listen": "ws://127.0.0.1:0/fx",
+         "upstream": broker.addresses[0]}]}))
+    lt.run(app.start())
+    url = "ws://127.0.0.1:%d/fx" % app.routes[0].address[1]
+    yield app, lt, broker, url
+    lt.run(app.shutdown(5))
+    lt.stop()
+    broker.stop()
+
+
+def counts(app, lt):
+    """{(direction, opcode): frames} and {(direction, reason): errors} of the route."""
+    def read():
+        s = app.routes[0].stats.snapshot()
+        return s["frames"], s["errors"]
+    return lt.call(read)
+
+
+def test_broker_and_clients_over_ws_counted_exactly(stack):
+    app, lt, broker, url = stack
+    assert broker.addresses[0].startswith("ws://127.0.0.1:")
+    req, rsp = FlexiMQClient(url), FlexiMQClient(url)
+    a_id, b_id = req.join(), rsp.join()
+    rids = [req.send_request(b_id, "/api", {"i": i}) for i in range(N)]     # pipelined
+    for _ in range(N):
+        rsp.reply(rsp.next_request(), {"ok": True})
+    for rid in rids:
+        assert req.wait_reply(rid).status is None
+    assert req.ping() > 0
+    req.close()
+    rsp.close()
+    lt.run(app.shutdown(5))
+    frames, errors = counts(app, lt)
+    assert frames == {("c2s", "JOIN"): 2, ("c2s", "REQ"): N, ("c2s", "REP"): N,
+                      ("c2s", "PING"): 1, ("s2c", "REP"): N + 2, ("s2c", "REQ"): N,
+                      ("s2c", "PONG"): 1}
+    assert errors == {}
+    R = {"route": "fxws", "protocol": "fleximq"}
+    ok = lt.call(lambda: sample(app, "frametap_request_duration_seconds_count",
+                                opcode="REQ", outcome="ok", **R))
+    assert ok == 2 * N                      # each request: requester leg + responder leg
+    assert lt.call(lambda: sample(app, "frametap_responses_total", opcode="JOIN",
+                                  status="200", **R)) == 2
+    assert a_id != b_id
+
+
+def test_another_librarys_client_packs_and_splits_frames(stack):
+    """websocket-client: several fleximq frames in one message, one frame across three
+    fragments with a ping in between, one across two messages."""
+    app, lt, broker, url = stack
+    ws = wsclient.create_connection(url, timeout=10)
+    try:
+        ws.send_binary(codec.join(None, "j1"))
+        rep = codec.FrameReader(1 << 20)
+        joined = [f for f in rep.feed(ws.recv())]
+        cid = joined[0].client_id
+        pings = [codec.ping(cid, 1000 + i) for i in range(3)]
+        ws.send_binary(b"".join(pings))                         # three in one message
+        p4 = codec.ping(cid, 2000)
+        ws.send_frame(wsclient.ABNF.create_frame(p4[:5], wsclient.ABNF.OPCODE_BINARY, 0))
+        ws.ping(b"hi")                                          # a control frame inside
+        ws.send_frame(wsclient.ABNF.create_frame(p4[5:20], wsclient.ABNF.OPCODE_CONT, 0))
+        ws.send_frame(wsclient.ABNF.create_frame(p4[20:], wsclient.ABNF.OPCODE_CONT, 1))
+        p5 = codec.ping(cid, 3000)
+        ws.send_binary(p5[:30])                                 # across two messages
+        ws.send_binary(p5[30:])
+        pongs = []
+        while len(pongs) < 5:
+            op, data = ws.recv_data(control_frame=False)
+            if op == wsclient.ABNF.OPCODE_BINARY:
+                pongs += [f.header["keepalive"]["timestamp"] for f in rep.feed(data)]
+        assert sorted(pongs) == [1000, 1001, 1002, 2000, 3000]
+    finally:
+        ws.close()
+    lt.run(app.shutdown(5))
+    frames, errors = counts(app, lt)
+    assert frames == {("c2s", "JOIN"): 1, ("c2s", "PING"): 5, ("s2c", "REP"): 1,
+                      ("s2c", "PONG"): 5}
+    assert errors == {}
+
+
+def test_a_plain_http_request_gets_a_clear_answer(stack):
+    app, lt, broker, url = stack
+    import socket
+    host, port = url[5:].split("/")[0].split(":")
+    s = socket.create_connection((host, int(port)), 5)
+    s.sendall(b"GET /fx HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        answer += chunk
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 426 ") and b"Upgrade: websocket" in answer
+    frames, errors = counts(app, lt)
+    assert errors == {("c2s", "ws_bad_upgrade"): 1}
+
+
+@pytest.mark.slow
+def test_locust_users_over_ws_through_the_proxy(stack, tmp_path):
+    app, lt, broker, url = stack
+    run = run_locust("fleximq", url, users=4, duration="4s", json_out=False,
+                     csv=tmp_path / "run")
+    assert run.returncode == 0, run.stderr[-3000:]
+    stats = csv_stats(tmp_path / "run")
+    lt.run(app.shutdown(5))
+    frames, errors = counts(app, lt)
+    assert errors == {}
+    assert frames[("c2s", "JOIN")] == int(stats[("fleximq", "JOIN")]["Request Count"]) == 4
+    for op in ("REQ", "PING"):
+        locust = int(stats[("fleximq", op)]["Request Count"])
+        # the proxy sees every request sent; Locust reports those answered before it
+        # stopped its users (at most one in flight per user)
+        assert 0 < locust <= frames[("c2s", op)] <= locust + 4, op
+
+
+@pytest.mark.parametrize("listen,upstream,why", [
+    ("ws://127.0.0.1:0/fx", "127.0.0.1:7890", "--upstream = '127.0.0.1:7890': expected a "
+                                              "ws:// URL"),
+    ("127.0.0.1:0", "ws://127.0.0.1:7890/", "--listen = '127.0.0.1:0': expected a ws:// URL"),
+    ("ws://127.0.0.1:0/fx", "wss://127.0.0.1:7890/", "wss:// needs the route's TLS layer"),
+    ("ws://127.0.0.1:0/fx?x", "ws://127.0.0.1:7890/", "a query or fragment"),
+])
+def test_mixed_or_unsupported_sides_are_one_line_errors(listen, upstream, why):
+    proc = subprocess.run([sys.executable, "-m", "proxy", "proxy", "--protocol", "fleximq",
+                           "--listen", listen, "--upstream", upstream], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and why in lines[0], proc.stderr
+
+
+def test_websocket_is_a_fleximq_transport_only():
+    from proxy.errors import ConfigError
+    with pytest.raises(ConfigError, match="WebSocket is a fleximq transport"):
+        config_from_dict({"routes": [{"protocol": "flymq", "listen": "ws://127.0.0.1:0/",
+                                      "upstream": "ws://127.0.0.1:1/"}]})
