@@ -41,7 +41,7 @@ import hashlib
 import re
 
 from proxy.addresses import parse_address
-from proxy.errors import ConfigError, bad_value
+from proxy.errors import bad_value
 from proxy.framing_common import REASONS
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"      # RFC 6455 §1.3
@@ -138,8 +138,8 @@ def route_urls(protocol, listen, upstream, where, keys):
     lurl, uurl = parse_url(listen, lkey, listen=True), parse_url(upstream, ukey)
     for key, url in ((lkey, lurl), (ukey, uurl)):
         if url.scheme == "wss":
-            raise ConfigError(f"{key} = {url.url()!r}: wss:// needs the route's TLS layer "
-                              "([routes.tls]), which this build does not have yet; use ws://")
+            raise bad_value(key, url.url(), "wss:// needs the route's TLS layer "
+                                            "([routes.tls]), not in this build yet; use ws://")
     return lurl, uurl
 
 

@@ -310,3 +310,24 @@ def test_twins_agree_on_errors_and_cuts():
                 r = (layer.feed(d, data[:cut]), layer.feed(d, data[cut:]))
                 seen.append((r, str(layer.error), stats.snapshot()["errors"]))
             assert seen[0] == seen[1], (reason, cut)
+
+
+def test_twins_flush_at_the_same_points():
+    from proxy import websocket_py
+    if len(IMPLS) < 2:
+        pytest.skip("FRAMETAP_NO_EXTENSIONS=1: one twin only")
+    from proxy import _websocket
+    assert (_websocket.GATHER_BYTES, _websocket.GATHER_SEGMENTS) == (
+        websocket_py.GATHER_BYTES, websocket_py.GATHER_SEGMENTS)
+
+
+def test_many_small_messages_in_one_read_cross_the_gather_limits(impl):
+    """More than GATHER_SEGMENTS messages and GATHER_BYTES bytes in one read, with a
+    fatal fleximq error in the last one: the cut is that message's start."""
+    stats, layer = opened(impl)
+    msgs = [frame(codec.ping(1000, i)) for i in range(100)]
+    bad = frame(struct.pack(">BBI16sIQ", 1, BCAST, 1000, b"\0" * 16, 65537, 0))
+    data = b"".join(msgs) + bad
+    assert layer.feed(C2S, data) == len(data) - len(bad)
+    assert stats.snapshot()["frames"] == {("c2s", "PING"): 100}
+    assert layer.error.reason == "header_too_large"
