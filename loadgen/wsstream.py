@@ -17,6 +17,7 @@ protocol object; text messages are ignored.
 
 from __future__ import annotations
 
+import logging
 import socket
 
 from websockets.client import ClientProtocol
@@ -26,7 +27,9 @@ from websockets.http11 import Request, Response
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-_DATA = (Opcode.BINARY, Opcode.CONT)
+# The protocol objects log every connection opened at INFO: a load run opens thousands.
+_LOG = logging.getLogger("frametap.websockets")
+_LOG.setLevel(logging.WARNING)
 
 
 class _Payloads:
@@ -94,7 +97,7 @@ class ServerWriter:
 
     def __init__(self, writer, max_size: int):
         self.raw = writer
-        self.proto = ServerProtocol(max_size=max_size)
+        self.proto = ServerProtocol(max_size=max_size, logger=_LOG)
 
     def flush(self) -> None:
         for chunk in self.proto.data_to_send():
@@ -146,7 +149,7 @@ class ClientWebSocket:
         except InvalidURI as exc:
             raise ValueError(str(exc)) from None
         self.sock = sock
-        self.proto = ClientProtocol(uri, max_size=max_size)
+        self.proto = ClientProtocol(uri, max_size=max_size, logger=_LOG)
         self.payloads = _Payloads()
         self.pending = bytearray()
 
