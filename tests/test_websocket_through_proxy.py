@@ -169,3 +169,38 @@ def test_websocket_is_a_fleximq_transport_only():
     with pytest.raises(ConfigError, match="WebSocket is a fleximq transport"):
         config_from_dict({"routes": [{"protocol": "flymq", "listen": "ws://127.0.0.1:0/",
                                       "upstream": "ws://127.0.0.1:1/"}]})
+
+
+def test_the_users_and_the_broker_take_ws_urls():
+    from loadgen.fleximq.users import parse_host
+    assert parse_host("ws://127.0.0.1:8080/mq") == "ws://127.0.0.1:8080/mq"
+    with pytest.raises(ValueError, match="query or fragment"):
+        parse_host("ws://127.0.0.1:8080/mq?x=1")
+    proc = subprocess.run([sys.executable, "-m", "proxy", "serve", "fleximq", "--listen",
+                           "wss://127.0.0.1:0/mq"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "wss:// is not offered" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_served_over_ws_from_the_command_line(tmp_path):
+    """``frametap serve fleximq --listen ws://...`` answers a JOIN over WebSocket."""
+    import json
+    import time
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "fleximq", "--listen",
+                             "ws://127.0.0.1:0/mq", "--ready-file", str(ready)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        addr = json.loads(ready.read_text())["listen"][0]
+        c = FlexiMQClient("ws://%s/mq" % addr)
+        assert c.join() >= 1000
+        assert c.ping() > 0
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
