@@ -4,7 +4,9 @@ same WebSocket bytes, in counted instructions per request (issue 23: >= 0.9x).
 Counted, not timed: the machine this runs on is shared, so wall-clock throughput would
 measure the neighbours.  Each proxy in turn (``frametap proxy --protocol fleximq
 --listen ws://... --upstream ws://...`` and ``bench/passthrough.py``, the bare uvloop
-relay that shuffles the same bytes without reading them) runs under callgrind, as
+relay that shuffles the same bytes without reading them; and, to tell the WebSocket
+layer's share from the fleximq parser's, frametap's plain-TCP fleximq route relaying the
+bare frames) runs under callgrind, as
 bench/guard.py runs the proxy: one client connection per size, lockstep batches (the
 client writes ``batch`` masked WebSocket frames, each one binary message holding one
 fleximq REQ, in one write(), and reads all the answers, unmasked frames each holding a
@@ -20,8 +22,17 @@ parsing).
     python bench/ws_bench.py --sizes 64      # one size
     python bench/ws_bench.py --json out.json
 
-Needs valgrind (callgrind, vgdb); exit 2 when missing.  Results also go to
-bench/results/ws.json.
+``--timed`` measures throughput instead, the way bench/fleximq_bench.py does for TCP:
+bench/fxload.c (C backend and pipelined client, ``--ws-key``/``--ws-accept``: each REQ one
+masked binary message, each REP one unmasked) with 16 connections x 32 REQs in flight,
+256-byte payloads; the proxy pinned to cpu 0, client and backend to cpu 1; pass-through
+and frametap alternating, repeated; medians, the run-to-run range, and the proxies' CPU
+seconds per request (steadier than req/s on a shared machine).
+
+    python bench/ws_bench.py --timed --repeats 5 --seconds 4
+
+Needs valgrind (callgrind, vgdb) for the counted mode, a C compiler for the timed one;
+exit 2 when missing.  Results also go to bench/results/ws.json (ws_timed.json).
 """
 
 from __future__ import annotations
@@ -75,20 +86,19 @@ def rid(i: int) -> str:
     return "01H2XQMGPE7ZPXXNKQD9XE8S%02d" % i
 
 
-def request(size: int, i: int = 0) -> bytes:
+def request(size: int, i: int = 0, ws: bool = True) -> bytes:
     """One binary message holding one fleximq REQ (id ``rid(i)``) of ``size`` payload
-    bytes: every request of a size has the same length."""
+    bytes (``ws=False``: the bare fleximq frame): every request of a size has the same
+    length."""
     header = {"routing": [{"client_id": 1001, "path": "/bench"}],
               "reqrep": {"type": "request", "id": rid(i)}}
-    return ws_frame(codec.encode(codec.REQ, 1000, header, raw_payload=b"x" * size),
-                    b"\x5a\x17\xc3\x01")
+    frame = codec.encode(codec.REQ, 1000, header, raw_payload=b"x" * size)
+    return ws_frame(frame, b"\x5a\x17\xc3\x01") if ws else frame
 
 
-def reply(i: int) -> bytes:
-    return ws_frame(codec.rep(1001, 1000, rid(i), payload={"ok": True}), None)
-
-
-REPLY_LEN = len(reply(0))
+def reply(i: int, ws: bool = True) -> bytes:
+    frame = codec.rep(1001, 1000, rid(i), payload={"ok": True})
+    return ws_frame(frame, None) if ws else frame
 
 
 def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -108,7 +118,7 @@ class Backend:
     def __init__(self):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.req_len = 0
+        self.req_len = self.req_len_tcp = 0
         self.batch = 1
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -122,6 +132,9 @@ class Backend:
 
     def _serve(self, conn):
         try:
+            first = conn.recv(4, socket.MSG_PEEK)
+            if first != b"GET ":                   # a bare fleximq client (--tcp)
+                return self._answer(conn, 0, False)
             head, rest = _read_head(conn)
             key = [ln.split(b":", 1)[1].strip() for ln in head.split(b"\r\n")
                    if ln.lower().startswith(b"sec-websocket-key:")][0]
@@ -129,29 +142,38 @@ class Backend:
             conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
                          b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept +
                          b"\r\n\r\n")
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pending, seq = len(rest), 0
-            replies = [reply(i) for i in range(self.batch)]
+            self._answer(conn, len(rest), True)
+        except (OSError, IndexError):
+            pass
+        finally:
+            conn.close()
+
+    def _answer(self, conn, pending, ws):
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        seq = 0
+        replies = [reply(i, ws) for i in range(self.batch)]
+        req_len = self.req_len if ws else self.req_len_tcp
+        try:
             while True:
                 data = conn.recv(1 << 20)
                 if not data:
                     return
                 pending += len(data)
-                k, pending = divmod(pending, self.req_len)
+                k, pending = divmod(pending, req_len)
                 out = []
                 for _ in range(k):                 # the REP of each REQ, ids in order
                     out.append(replies[seq % self.batch])
                     seq += 1
                 if out:
                     conn.sendall(b"".join(out))
-        except (OSError, IndexError):
+        except OSError:
             pass
         finally:
             conn.close()
 
 
 class Client:
-    def __init__(self, port: int, size: int, batch: int, proc):
+    def __init__(self, port: int, size: int, batch: int, proc, ws: bool = True):
         deadline = time.monotonic() + 180
         while True:
             try:
@@ -162,17 +184,19 @@ class Client:
                     raise g.GuardError("cannot connect to the proxy") from None
                 time.sleep(0.2)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.batch = b"".join(request(size, i, ws) for i in range(batch))
+        self.want = len(reply(0, ws)) * batch
+        self.buf = bytearray(self.want)
+        self.done = 0
+        self.n = batch
+        if not ws:
+            return
         self.sock.sendall(("GET /fx HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\n"
                            "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
                            "Sec-WebSocket-Version: 13\r\n\r\n" % (port, KEY)).encode())
         head, rest = _read_head(self.sock)
         if not head.startswith(b"HTTP/1.1 101"):
             raise g.GuardError("upgrade refused: %r" % head[:80])
-        self.batch = b"".join(request(size, i) for i in range(batch))
-        self.want = REPLY_LEN * batch
-        self.buf = bytearray(self.want)
-        self.done = 0
-        self.n = batch
 
     def run(self, batches: int) -> None:
         view = memoryview(self.buf)
@@ -197,6 +221,10 @@ def measure(which: str, backend: Backend, sizes: list, workdir: Path) -> dict:
         argv = [sys.executable, "-m", "proxy", "proxy", "--protocol", "fleximq",
                 "--listen", f"ws://127.0.0.1:{port}/fx",
                 "--upstream", f"ws://127.0.0.1:{backend.port}/fx", "--log-level", "warning"]
+    elif which == "frametap-tcp":
+        argv = [sys.executable, "-m", "proxy", "proxy", "--protocol", "fleximq",
+                "--listen", f"127.0.0.1:{port}",
+                "--upstream", f"127.0.0.1:{backend.port}", "--log-level", "warning"]
     else:
         argv = [sys.executable, str(BENCH_DIR / "passthrough.py"), "--listen",
                 f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{backend.port}"]
@@ -211,7 +239,8 @@ def measure(which: str, backend: Backend, sizes: list, workdir: Path) -> dict:
         for size in sizes:
             batch, warmup, n = SHAPES[size]
             backend.req_len, backend.batch = len(request(size)), batch
-            client = Client(port, size, batch, proc)
+            backend.req_len_tcp = len(request(size, ws=False))
+            client = Client(port, size, batch, proc, ws=which != "frametap-tcp")
             client.run(warmup)
             tool.start()
             empty = tool.stop()["instructions"]
@@ -233,6 +262,99 @@ def measure(which: str, backend: Backend, sizes: list, workdir: Path) -> dict:
     return results
 
 
+def timed(repeats: int, seconds: int) -> int:
+    """Throughput of the WebSocket route against the pass-through (see --timed)."""
+    import fleximq_bench as fb
+    import run_bench as rb
+    key = base64.b64encode(os.urandom(16)).decode()
+    accept = base64.b64encode(hashlib.sha1(key.encode() + GUID).digest()).decode()
+    work = Path(tempfile.mkdtemp(prefix="ws-timed-"))
+    runs = []
+    try:
+        exe = fb.build(work)
+        port = rb.free_port()
+        server = g.subprocess.Popen(rb.pinned(rb.LOAD_CPU, [
+            str(exe), "server", "--port", str(port), "--ws-accept", accept]))
+        try:
+            rb.wait_port(port, server, 10, "fxload server", work / "server.log")
+            for rep in range(repeats):
+                order = ["passthrough", "frametap"][::(-1 if rep % 2 else 1)]
+                for which in order:
+                    listen = rb.free_port()
+                    admin = None
+                    if which == "passthrough":
+                        argv = [sys.executable, str(BENCH_DIR / "passthrough.py"), "--listen",
+                                f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{port}"]
+                    else:
+                        admin = rb.free_port()
+                        argv = [sys.executable, "-m", "proxy", "proxy", "--protocol", "fleximq",
+                                "--listen", f"ws://127.0.0.1:{listen}/fx", "--upstream",
+                                f"ws://127.0.0.1:{port}/fx", "--admin", f"127.0.0.1:{admin}",
+                                "--log-level", "warning"]
+                    logfile = work / f"{which}-{listen}.log"
+                    with open(logfile, "wb") as out:
+                        proc = g.subprocess.Popen(rb.pinned(rb.PROXY_CPU, argv), cwd=REPO_DIR,
+                                                  stdout=out, stderr=g.subprocess.STDOUT,
+                                                  env=rb.frametap_env())
+                    try:
+                        rb.wait_port(listen, proc, 30, which, logfile)
+                        if admin is not None:
+                            rb.wait_ready(f"http://127.0.0.1:{admin}/readyz", proc, 30, logfile)
+                        cpu0 = rb.proc_cpu_seconds(proc.pid)
+                        res = g.subprocess.run(rb.pinned(rb.LOAD_CPU, [
+                            str(exe), "client", "--port", str(listen), "--conns", "16",
+                            "--depth", "32", "--size", "256", "--seconds", str(seconds),
+                            "--warmup", "1", "--ws-key", key]),
+                            capture_output=True, text=True, timeout=seconds + 60)
+                        line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+                        if not line:
+                            raise rb.BenchError(f"{which}: fxload client: {res.stderr[-300:]}")
+                        r = json.loads(line[-1])
+                        cpu1 = rb.proc_cpu_seconds(proc.pid)
+                        total = r["requests"] * (seconds + 1) / seconds
+                        r["proxy_cpu_us_per_req"] = 1e6 * (cpu1 - cpu0) / total
+                        if admin is not None:
+                            _, text = rb.http_get(f"http://127.0.0.1:{admin}/metrics")
+                            frames = rb.metric_sum(text, "frametap_frames_total",
+                                                   direction="c2s", opcode="REQ") or 0
+                            errs = rb.metric_sum(text, "frametap_protocol_errors_total") or 0
+                            r["saw_all"] = frames >= r["requests"] and errs == 0
+                    finally:
+                        rb.stop(proc)
+                    r["proxy"] = which
+                    runs.append(r)
+                    print(f"[ws] rep {rep + 1}/{repeats} {which:12s} {r['rps']:>10,.0f} req/s  "
+                          f"p50 {r['p50_us']} us  p99 {r['p99_us']} us  proxy cpu "
+                          f"{r['proxy_cpu_us_per_req']:.2f} us/req", flush=True)
+        finally:
+            rb.stop(server)
+    except rb.BenchError as exc:
+        print(f"ws_bench: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    out = {}
+    for w in ("passthrough", "frametap"):
+        mine = [r for r in runs if r["proxy"] == w]
+        out[w] = {k: {"median": statistics.median([r[k] for r in mine]),
+                      "range": [min(r[k] for r in mine), max(r[k] for r in mine)]}
+                  for k in ("rps", "p50_us", "proxy_cpu_us_per_req")}
+    ratio = out["frametap"]["rps"]["median"] / out["passthrough"]["rps"]["median"]
+    cpu_ratio = (out["passthrough"]["proxy_cpu_us_per_req"]["median"] /
+                 out["frametap"]["proxy_cpu_us_per_req"]["median"])
+    saw = all(r.get("saw_all") for r in runs if r["proxy"] == "frametap")
+    print(f"[ws] 16 conns x 32 deep, 256 B: frametap ws {out['frametap']['rps']['median']:,.0f} "
+          f"req/s, pass-through {out['passthrough']['rps']['median']:,.0f}: ratio {ratio:.3f} "
+          f"(CPU per request ratio {cpu_ratio:.3f}; target >= {TARGET}); the parser saw every "
+          f"frame: {'yes' if saw else 'NO'}")
+    (BENCH_DIR / "results").mkdir(exist_ok=True)
+    (BENCH_DIR / "results" / "ws_timed.json").write_text(json.dumps(
+        {"ratio": ratio, "cpu_ratio": cpu_ratio, "target": TARGET, "summary": out,
+         "runs": runs}, indent=1) + "\n")
+    return 0 if ratio >= TARGET and saw else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -240,7 +362,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="64,1024,16384",
                     help="fleximq payload sizes, comma-separated (of 64, 1024, 16384)")
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
+    ap.add_argument("--timed", action="store_true",
+                    help="throughput with bench/fxload.c instead of counted instructions")
+    ap.add_argument("--repeats", type=int, default=3, help="--timed: rounds (3)")
+    ap.add_argument("--seconds", type=int, default=4, help="--timed: seconds a run (4)")
     args = ap.parse_args(argv)
+    if args.timed:
+        return timed(args.repeats, args.seconds)
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
         if not sizes or any(s not in SHAPES for s in sizes):
@@ -257,7 +385,7 @@ def main(argv=None) -> int:
     backend = Backend()
     with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
         out = {}
-        for which in ("passthrough", "frametap"):
+        for which in ("passthrough", "frametap", "frametap-tcp"):
             work = Path(tmp) / which
             work.mkdir()
             out[which] = measure(which, backend, sizes, work)
@@ -266,12 +394,16 @@ def main(argv=None) -> int:
     ok = True
     for size in sizes:
         pt, ft = out["passthrough"][size]["median"], out["frametap"][size]["median"]
+        tcp = out["frametap-tcp"][size]["median"]
         ratio = pt / ft
         ok &= ratio >= TARGET
         report["sizes"][str(size)] = {"passthrough": out["passthrough"][size],
                                       "frametap": out["frametap"][size],
-                                      "ratio": round(ratio, 3)}
+                                      "frametap_tcp": out["frametap-tcp"][size],
+                                      "ratio": round(ratio, 3),
+                                      "websocket_layer": round(ft - tcp)}
         print(f"{size:>6} B payload: pass-through {pt:>9,.0f}  frametap ws {ft:>9,.0f}  "
+              f"(fleximq over TCP {tcp:>9,.0f}: the WebSocket layer {ft - tcp:,.0f})  "
               f"instructions/request  ratio {ratio:.3f} (target >= {TARGET})")
     results = BENCH_DIR / "results"
     results.mkdir(exist_ok=True)
