@@ -11,8 +11,10 @@ without a Python object per frame:
   them, and nothing is unmasked or copied;
 * anything else (fleximq headers, short frames) is unmasked or copied into a reusable
   gather buffer (GCAP bytes, allocated once per layer) that is fed to the parser's
-  feed loop when full, when it holds SEGS pieces, before any WebSocket error is
-  counted, and at the end of the read: one clock read per flush, not per frame.
+  feed loop when full, when it holds SEGS pieces, after the first SPLIT bytes of a
+  longer piece (the parser then knows whether the rest is a payload it passes over),
+  before any WebSocket error is counted, and at the end of the read: one clock read
+  per flush, not per frame.
 
 Control and text payloads are never copied (a close frame's first two bytes, its code,
 are).  The bytes the relay forwards are the original frames.
@@ -32,6 +34,7 @@ from proxy.websocket import PH_HEAD, PH_FRAMES, PH_PASS, close_code_ok, feed_hea
 cdef enum:
     GCAP = 4096              # gather buffer bytes (websocket_py.GATHER_BYTES)
     SEGS = 32                # payload pieces per gather (websocket_py.GATHER_SEGMENTS)
+    SPLIT = 512              # a longer piece is gathered this far, then fed (GATHER_SPLIT)
     K_FEED = 0               # binary payload: to the parser
     K_TEXT = 1               # text payload: counted, not parsed
     K_SKIP = 2               # ping / pong payload
@@ -44,6 +47,7 @@ assert (F_HEAD, F_FRAMES, F_PASS) == (PH_HEAD, PH_FRAMES, PH_PASS)
 
 GATHER_BYTES = GCAP
 GATHER_SEGMENTS = SEGS
+GATHER_SPLIT = SPLIT
 
 cdef dict R = {name: REASONS.index(name) for name in REASONS if name.startswith("ws_")}
 cdef int R_FRAME_AFTER_CLOSE = R["ws_frame_after_close"]
@@ -73,7 +77,7 @@ cdef struct WsDir:
     int mpos                 # mask phase of the next payload byte
     int hhave                # header bytes held in hdr (a header split across reads)
     int ctl_have             # close-code bytes held in ctl
-    uint8_t mask[4]
+    uint8_t mask[12]         # the mask key, three times over (unmask_into)
     uint8_t hdr[14]
     uint8_t ctl[2]
 
@@ -88,14 +92,12 @@ cdef inline Py_ssize_t header_size(uint8_t b1) noexcept:
 
 
 cdef inline void unmask_into(uint8_t* dst, const uint8_t* src, Py_ssize_t n,
-                             const uint8_t* mask, int mpos) noexcept:
-    """dst = src XOR the mask from phase mpos, eight bytes at a time."""
-    cdef uint8_t m[8]
+                             const uint8_t* mask12, int mpos) noexcept:
+    """dst = src XOR the mask from phase mpos, eight bytes at a time (``mask12``: the
+    mask key three times over, so any phase's eight bytes are one load)."""
+    cdef const uint8_t* m = mask12 + mpos
     cdef uint64_t m8, x
     cdef Py_ssize_t i = 0
-    cdef int k
-    for k in range(8):
-        m[k] = mask[(mpos + k) & 3]
     memcpy(&m8, m, 8)
     while i + 8 <= n:
         memcpy(&x, src + i, 8)
@@ -255,6 +257,7 @@ cdef class WsLayer:
         cdef WsDir* w = &self.w[d]
         cdef Py_ssize_t pos = 0, k, pre
         cdef int mpos = w.mpos
+        cdef bint big
         while pos < n:
             if self.glen == 0 and s.remaining > 0 and not s.capture and not s.body:
                 # inside a fleximq payload: what the parser's feed loop does with bytes
@@ -287,6 +290,9 @@ cdef class WsLayer:
             k = GCAP - self.glen
             if k > n - pos:
                 k = n - pos
+            big = k > SPLIT
+            if big:                    # a long piece: let the parser see its start, it
+                k = SPLIT              # may be a payload to pass over
             if w.masked:
                 unmask_into(self.gbuf + self.glen, buf + pos, k, w.mask, mpos)
             else:
@@ -294,7 +300,7 @@ cdef class WsLayer:
             self.glen += k
             pos += k
             mpos = (mpos + k) & 3
-            if self.glen == GCAP:
+            if self.glen == GCAP or big:
                 pre = self._flush(d)
                 if pre >= 0:
                     return pre
@@ -441,6 +447,8 @@ cdef class WsLayer:
         w.masked = 1 if masked else 0
         if masked:
             memcpy(w.mask, h + mo, 4)
+            memcpy(w.mask + 4, h + mo, 4)
+            memcpy(w.mask + 8, h + mo, 4)
         w.mpos = 0
         w.remaining = <int64_t>ln
         self.feed_frames += 1

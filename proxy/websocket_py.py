@@ -6,8 +6,8 @@ phase: walk RFC 6455 frames (a header split across reads is kept, at most 14 byt
 binary payload bytes go to the fleximq parser, either straight through (the parser is
 inside a fleximq payload: it only counts them, so they are not unmasked) or unmasked
 into a gather buffer that is fed to the parser when it holds GATHER_BYTES or
-GATHER_SEGMENTS pieces, before any WebSocket error is counted, and at the end of the
-read.  Those flush points decide where a fatal fleximq error cuts the stream (the
+GATHER_SEGMENTS pieces, after the first GATHER_SPLIT bytes of a longer piece, before any
+WebSocket error is counted, and at the end of the read.  Those flush points decide where a fatal fleximq error cuts the stream (the
 WebSocket frame that carried the failing fleximq frame's first gathered byte), so both
 twins flush at the same points.
 """
@@ -17,6 +17,7 @@ from proxy.websocket import (PH_FRAMES, PH_HEAD, PH_PASS, close_code_ok, feed_he
 
 GATHER_BYTES = 4096       # gather buffer (the compiled twin's GCAP)
 GATHER_SEGMENTS = 32      # pieces of WebSocket payload in one gather (SEGS)
+GATHER_SPLIT = 512        # a longer piece is gathered this far, then fed (SPLIT)
 
 K_FEED, K_TEXT, K_SKIP, K_CLOSE = range(4)
 
@@ -187,11 +188,14 @@ class WsLayer:
                     continue
                 self._segs.append((len(self._gather), cur))
             k = min(n - pos, GATHER_BYTES - len(self._gather))
+            big = k > GATHER_SPLIT
+            if big:                  # a long piece: let the parser see its start first
+                k = GATHER_SPLIT
             chunk = mv[pos:pos + k]
             self._gather += _unmask(chunk, w.mask, mpos) if w.masked else chunk
             pos += k
             mpos = (mpos + k) & 3
-            if len(self._gather) == GATHER_BYTES:
+            if len(self._gather) == GATHER_BYTES or big:
                 pre = self._flush(d)
                 if pre >= 0:
                     return pre
@@ -336,4 +340,4 @@ class WsLayer:
         return -1
 
 
-__all__ = ["WsLayer", "GATHER_BYTES", "GATHER_SEGMENTS", "DIRECTIONS"]
+__all__ = ["WsLayer", "GATHER_BYTES", "GATHER_SEGMENTS", "GATHER_SPLIT", "DIRECTIONS"]

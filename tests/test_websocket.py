@@ -317,8 +317,10 @@ def test_twins_flush_at_the_same_points():
     if len(IMPLS) < 2:
         pytest.skip("FRAMETAP_NO_EXTENSIONS=1: one twin only")
     from proxy import _websocket
-    assert (_websocket.GATHER_BYTES, _websocket.GATHER_SEGMENTS) == (
-        websocket_py.GATHER_BYTES, websocket_py.GATHER_SEGMENTS)
+    assert (_websocket.GATHER_BYTES, _websocket.GATHER_SEGMENTS,
+            _websocket.GATHER_SPLIT) == (websocket_py.GATHER_BYTES,
+                                         websocket_py.GATHER_SEGMENTS,
+                                         websocket_py.GATHER_SPLIT)
 
 
 def test_many_small_messages_in_one_read_cross_the_gather_limits(impl):
