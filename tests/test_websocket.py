@@ -10,6 +10,7 @@ import os
 import struct
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from proxy import websocket
 from proxy.protocols.fleximq import codec
@@ -333,3 +334,27 @@ def test_many_small_messages_in_one_read_cross_the_gather_limits(impl):
     assert layer.feed(C2S, data) == len(data) - len(bad)
     assert stats.snapshot()["frames"] == {("c2s", "PING"): 100}
     assert layer.error.reason == "header_too_large"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_twins_agree_on_mutated_streams(data):
+    """Any mutation of a real conversation, split anywhere: both twins return the same
+    prefixes, the same error and the same counts (and neither raises)."""
+    if len(IMPLS) < 2:
+        pytest.skip("FRAMETAP_NO_EXTENSIONS=1: one twin only")
+    c2s, s2c, _ = conversation()
+    d = data.draw(st.sampled_from([C2S, S2C]))
+    stream = bytearray((c2s if d == C2S else s2c)[:3000])
+    for _ in range(data.draw(st.integers(0, 4))):
+        stream[data.draw(st.integers(0, len(stream) - 1))] = data.draw(st.integers(0, 255))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    pieces = [bytes(stream[a:b]) for a, b in zip([0] + cuts, cuts + [len(stream)])]
+    seen = []
+    for name, im in sorted(IMPLS.items()):
+        stats, layer = opened(im, max_frame_bytes=4096)
+        r = [layer.feed(d, p) for p in pieces]
+        layer.close()
+        s = stats.snapshot()
+        seen.append((r, str(layer.error), s["errors"], s["frames"]))
+    assert seen[0] == seen[1]
