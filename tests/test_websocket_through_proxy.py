@@ -4,8 +4,12 @@ protocol), a client from another library (websocket-client) that packs and split
 frames, a Locust run, all counted exactly by the proxy; and the config's one-line
 errors for routes that mix WebSocket and TCP."""
 
+import glob
+import os
 import subprocess
 import sys
+
+import pyarrow.parquet as pq
 
 import pytest
 import websocket as wsclient          # websocket-client (not proxy.websocket)
@@ -23,12 +27,14 @@ N = 40
 
 
 @pytest.fixture
-def stack():
+def stack(tmp_path):
     broker = FlexiMQBrokerThread(listen=["ws://127.0.0.1:0/mq"], ping_interval=0).start()
     lt = LoopThread()
     app = ProxyApp(config_from_dict({"routes": [
         {"name": "fxws", "protocol": "fleximq", "listen": "ws://127.0.0.1:0/fx",
-         "upstream": broker.addresses[0]}]}))
+         "upstream": broker.addresses[0]}],
+        "framelog": {"dir": str(tmp_path / "logs"), "rotate_seconds": 60}}))
+    app.logdir = tmp_path / "logs"
     lt.run(app.start())
     url = "ws://127.0.0.1:%d/fx" % app.routes[0].address[1]
     done = []
@@ -78,6 +84,15 @@ def test_broker_and_clients_over_ws_counted_exactly(stack):
     assert lt.call(lambda: sample(app, "frametap_responses_total", opcode="JOIN",
                                   status="200", **R)) == 2
     assert a_id != b_id
+    # the frame log: one row per frame, as the counters say, with the REQs' ids
+    rows = [r for p in glob.glob(os.path.join(app.logdir, "*.parquet"))
+            for r in pq.read_table(p).to_pylist() if r["kind"] != "event"]
+    got = {}
+    for r in rows:
+        got[(r["direction"], r["opcode_name"])] = got.get((r["direction"], r["opcode_name"]),
+                                                          0) + 1
+    assert got == frames
+    assert {r["correlation_id"] for r in rows if r["opcode_name"] == "REQ"} == set(rids)
 
 
 def test_another_librarys_client_packs_and_splits_frames(stack):
@@ -172,10 +187,15 @@ def test_websocket_is_a_fleximq_transport_only():
 
 
 def test_the_users_and_the_broker_take_ws_urls():
-    from loadgen.fleximq.users import parse_host
-    assert parse_host("ws://127.0.0.1:8080/mq") == "ws://127.0.0.1:8080/mq"
-    with pytest.raises(ValueError, match="query or fragment"):
-        parse_host("ws://127.0.0.1:8080/mq?x=1")
+    # in a child: importing the users imports Locust, which gevent-patches its process
+    code = ("from loadgen.fleximq.users import parse_host\n"
+            "print(parse_host('ws://127.0.0.1:8080/mq'))\n"
+            "try:\n    parse_host('ws://127.0.0.1:8080/mq?x=1')\n"
+            "except ValueError as e:\n    print(e)\n")
+    child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    out = child.stdout.splitlines()
+    assert out[0] == "ws://127.0.0.1:8080/mq" and "query or fragment" in out[1], child.stderr
     proc = subprocess.run([sys.executable, "-m", "proxy", "serve", "fleximq", "--listen",
                            "wss://127.0.0.1:0/mq"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
