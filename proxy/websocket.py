@@ -135,12 +135,30 @@ def route_urls(protocol, listen, upstream, where, keys):
         if not is_url(value):
             raise bad_value(key, value, f"expected a ws:// URL like {other} (a WebSocket side "
                                         "facing a plain one would need re-framing)")
-    lurl, uurl = parse_url(listen, lkey, listen=True), parse_url(upstream, ukey)
-    for key, url in ((lkey, lurl), (ukey, uurl)):
-        if url.scheme == "wss":
-            raise bad_value(key, url.url(), "wss:// needs the route's TLS layer "
-                                            "([routes.tls]), not in this build yet; use ws://")
-    return lurl, uurl
+    return parse_url(listen, lkey, listen=True), parse_url(upstream, ukey)
+
+
+def check_tls(listen, upstream, tls, where, keys):
+    """``wss://`` is this layer over the route's TLS (proxy/tls.py): a ``wss://`` listen
+    needs ``[routes.tls]`` to terminate (terminate, both; permissive takes ws:// and
+    wss:// on one port), a ``wss://`` upstream needs it to originate (originate, both),
+    and a ``ws://`` side must not be TLS; passthrough never decodes, so it has no
+    WebSocket route.  ``tls``: proxy.tls.TLSConfig or None."""
+    mode = tls.mode if tls is not None else None
+    if mode == "passthrough":
+        raise bad_value(f"{where}.tls.mode", mode, "a ws:// route decodes its frames; "
+                                                   "passthrough never decodes")
+    lkey, ukey = keys(f"{where}.listen"), keys(f"{where}.upstream")
+    for key, url, on, need in ((lkey, listen, mode in ("terminate", "both", "permissive"),
+                                "terminate, both or permissive"),
+                               (ukey, upstream, mode in ("originate", "both"),
+                                "originate or both")):
+        if url.scheme == "wss" and not on:
+            raise bad_value(key, url.url(), f"wss:// needs [{where}.tls] mode = {need} "
+                                            f"(got {mode or 'no [tls] table'})")
+        if url.scheme == "ws" and on and not (key == lkey and mode == "permissive"):
+            raise bad_value(key, url.url(), f"[{where}.tls] mode = {mode!r} speaks TLS on "
+                                            "this side: write wss://")
 
 
 # ---- the upgrade (RFC 6455 §4) ----------------------------------------------------------

@@ -6,6 +6,7 @@ errors for routes that mix WebSocket and TCP."""
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ from proxy.protocols.fleximq import codec
 from tests._support import ROOT, run_locust
 from tests.conftest import LoopThread
 from tests.support import sample
+from tests.tls_certs import certs  # noqa: F401  (fixture)
 
 N = 40
 
@@ -167,7 +169,8 @@ def test_locust_users_over_ws_through_the_proxy(stack, tmp_path):
 @pytest.mark.parametrize("listen,upstream,why", [
     ("ws://127.0.0.1:0/fx", "127.0.0.1:7890", "--upstream: expected a ws:// URL"),
     ("127.0.0.1:0", "ws://127.0.0.1:7890/", "--listen: expected a ws:// URL"),
-    ("ws://127.0.0.1:0/fx", "wss://127.0.0.1:7890/", "wss:// needs the route's TLS layer"),
+    ("ws://127.0.0.1:0/fx", "wss://127.0.0.1:7890/",
+     "wss:// needs [routes[0].tls] mode = originate or both (got no [tls] table)"),
     ("ws://127.0.0.1:0/fx?x", "ws://127.0.0.1:7890/", "a query or fragment"),
 ])
 def test_mixed_or_unsupported_sides_are_one_line_errors(listen, upstream, why):
@@ -224,3 +227,73 @@ def test_served_over_ws_from_the_command_line(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_wss_both_ways_through_two_routes(certs, tmp_path):
+    """wss:// = the WebSocket layer over the route's TLS (proxy/tls.py): a client speaks
+    ws:// to route "edge", which originates TLS (wss://, verified against the test's CA)
+    to route "inner", which terminates it and speaks ws:// to the broker; both routes
+    count every frame, and a websocket-client wss:// client reaches "inner" directly."""
+    import ssl
+    broker = FlexiMQBrokerThread(listen=["ws://127.0.0.1:0/mq"], ping_interval=0).start()
+    lt = LoopThread()
+    inner = ProxyApp(config_from_dict({"routes": [
+        {"name": "inner", "protocol": "fleximq", "listen": "wss://127.0.0.1:0/fx",
+         "upstream": broker.addresses[0],
+         "tls": {"mode": "terminate", "listen": {"cert": certs.cert, "key": certs.key}}}]}))
+    lt.run(inner.start())
+    port = inner.routes[0].address[1]
+    edge = ProxyApp(config_from_dict({"routes": [
+        {"name": "edge", "protocol": "fleximq", "listen": "ws://127.0.0.1:0/fx",
+         "upstream": "wss://127.0.0.1:%d/fx" % port,
+         "tls": {"mode": "originate", "upstream": {"ca": certs.ca}}}]}))
+    lt.run(edge.start())
+    try:
+        url = "ws://127.0.0.1:%d/fx" % edge.routes[0].address[1]
+        req, rsp = FlexiMQClient(url), FlexiMQClient(url)
+        req.join(), rsp.join()
+        rids = [req.send_request(rsp.client_id, "/tls", {"i": i}) for i in range(N)]
+        for _ in range(N):
+            rsp.reply(rsp.next_request())
+        for rid in rids:
+            req.wait_reply(rid)
+        req.close()
+        rsp.close()
+        ws = wsclient.create_connection("wss://127.0.0.1:%d/fx" % port, timeout=10,
+                                        sslopt={"ca_certs": certs.ca,
+                                                "cert_reqs": ssl.CERT_REQUIRED})
+        ws.send_binary(codec.join(None, "direct"))
+        assert codec.FrameReader(1 << 20).feed(ws.recv())[0].client_id >= 1000
+        ws.close()
+    finally:
+        lt.run(edge.shutdown(5))
+        lt.run(inner.shutdown(5))
+        lt.stop()
+        broker.stop()
+    want = {("c2s", "JOIN"): 2, ("c2s", "REQ"): N, ("c2s", "REP"): N,
+            ("s2c", "REP"): N + 2, ("s2c", "REQ"): N}
+    e = edge.routes[0].stats.snapshot()
+    i = inner.routes[0].stats.snapshot()
+    assert e["frames"] == want and e["errors"] == {}
+    assert i["frames"] == {**want, ("c2s", "JOIN"): 3, ("s2c", "REP"): N + 3}
+    assert i["errors"] == {}
+    ok = lambda app, side: sample(app, "frametap_tls_handshakes_total",  # noqa: E731
+                                  route=app.routes[0].cfg.name, side=side, outcome="ok")
+    assert ok(edge, "upstream") == 2 and ok(inner, "listen") == 3
+
+
+@pytest.mark.parametrize("listen,upstream,tls,why", [
+    ("wss://127.0.0.1:0/fx", "ws://127.0.0.1:1/", None,
+     "wss:// needs [routes[0].tls] mode = terminate, both or permissive"),
+    ("ws://127.0.0.1:0/fx", "ws://127.0.0.1:1/", {"mode": "originate"},
+     "speaks TLS on this side: write wss://"),
+    ("ws://127.0.0.1:0/fx", "ws://127.0.0.1:1/", {"mode": "passthrough"},
+     "passthrough never decodes"),
+])
+def test_wss_and_the_tls_mode_must_agree(listen, upstream, tls, why):
+    from proxy.errors import ConfigError
+    route = {"protocol": "fleximq", "listen": listen, "upstream": upstream}
+    if tls is not None:
+        route["tls"] = tls
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        config_from_dict({"routes": [route]})
