@@ -202,7 +202,7 @@ def test_the_users_and_the_broker_take_ws_urls():
     proc = subprocess.run([sys.executable, "-m", "proxy", "serve", "fleximq", "--listen",
                            "wss://127.0.0.1:0/mq"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 2 and "wss:// is not offered" in proc.stderr
+    assert proc.returncode == 2 and "wss:// needs --tls-cert and --tls-key" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -297,3 +297,53 @@ def test_wss_and_the_tls_mode_must_agree(listen, upstream, tls, why):
         route["tls"] = tls
     with pytest.raises(ConfigError, match=re.escape(why)):
         config_from_dict({"routes": [route]})
+
+
+@pytest.mark.slow
+def test_broker_clients_and_locust_over_wss(certs):
+    """wss:// end to end: the reference broker serving wss:// (--tls-cert/--tls-key),
+    a "both" route in front of it, frametap's client and a Locust run (FRAMETAP_TLS_CA)
+    speaking wss:// to the route; the proxy counts the client's frames exactly."""
+    from loadgen.tlsopts import ClientTLS, configure, server_context
+    bt = FlexiMQBrokerThread(listen=["wss://127.0.0.1:0/mq"], ping_interval=0)
+    bt.server.ssl_context = server_context(certs.cert, certs.key)
+    broker = bt.start()
+    lt = LoopThread()
+    app = ProxyApp(config_from_dict({"routes": [
+        {"name": "both", "protocol": "fleximq", "listen": "wss://127.0.0.1:0/fx",
+         "upstream": broker.addresses[0],
+         "tls": {"mode": "both", "listen": {"cert": certs.cert, "key": certs.key},
+                 "upstream": {"ca": certs.ca}}}]}))
+    lt.run(app.start())
+    url = "wss://127.0.0.1:%d/fx" % app.routes[0].address[1]
+    configure(ClientTLS(ca=certs.ca))
+    try:
+        req, rsp = FlexiMQClient(url), FlexiMQClient(url)
+        req.join(), rsp.join()
+        rids = [req.send_request(rsp.client_id, "/wss", {"i": i}) for i in range(N)]
+        for _ in range(N):
+            rsp.reply(rsp.next_request())
+        for rid in rids:
+            req.wait_reply(rid)
+        assert req.ping() > 0
+        req.close()
+        rsp.close()
+        before = lt.call(lambda: dict(app.routes[0].stats.snapshot()["frames"]))
+        run = run_locust("fleximq", url, users=6, duration="4s",
+                         env={"FRAMETAP_TLS_CA": certs.ca})
+        assert run.returncode == 0, run.stderr[-3000:]
+    finally:
+        configure(None)
+        lt.run(app.shutdown(5))
+        lt.stop()
+        broker.stop()
+    assert before == {("c2s", "JOIN"): 2, ("c2s", "REQ"): N, ("c2s", "REP"): N,
+                      ("c2s", "PING"): 1, ("s2c", "REP"): N + 2, ("s2c", "REQ"): N,
+                      ("s2c", "PONG"): 1}
+    s = app.routes[0].stats.snapshot()
+    assert s["errors"] == {}
+    stats = {name: e["num_requests"] for name, e in run.stats.items()}
+    assert s["frames"][("c2s", "JOIN")] - 2 == stats["JOIN"] == 6
+    for op in ("REQ", "PING"):
+        locust = stats[op] + (N if op == "REQ" else 1)
+        assert 0 < locust <= s["frames"][("c2s", op)] <= locust + 6, (op, s["frames"], stats)

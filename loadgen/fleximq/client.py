@@ -1,6 +1,7 @@
 """A synchronous fleximq client over a plain socket (TCP, ``unix:/path`` or WebSocket
-``ws://host:port/path``, one frame per binary message); gevent can patch it, so the
-Locust users use it too.
+``ws://host:port/path``, one frame per binary message; ``wss://`` verifies the server
+as the ``--tls-*`` options / ``FRAMETAP_TLS_*`` say, the system's CAs by default);
+gevent can patch it, so the Locust users use it too.
 
     c = FlexiMQClient("127.0.0.1:7890")          # or "unix:/tmp/fleximq/broker.sock"
     c.join(auth={"type": "token", "token": "t"})  # -> the assigned ClientID
@@ -51,8 +52,6 @@ class FlexiMQClient(SocketClient):
         url = address if websocket.is_url(address) else None
         if url is not None:
             address = websocket.parse_url(address, "address")
-            if address.scheme != "ws":
-                raise ValueError("%s: wss:// is not supported by this client yet" % url)
         elif isinstance(address, str):
             address = parse_address(address, "address", allow_unix=True)
         self.address = address
@@ -66,6 +65,10 @@ class FlexiMQClient(SocketClient):
             except OSError:
                 sock.close()
                 raise
+        elif url is not None:           # the scheme says TLS or not; --tls-* say how
+            from loadgen.tlsopts import ClientTLS, default
+            tls = (default() or ClientTLS()) if address.scheme == "wss" else None
+            sock = connect_tcp(address[0], address[1], timeout, tls=tls)
         else:
             sock = connect_tcp(address[0], address[1], timeout)
         self._sock = sock

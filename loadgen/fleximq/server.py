@@ -6,7 +6,8 @@ other choice the document leaves open is made here, and listed here:
 
 Transport (§6)
     TCP (``host:port``), Unix stream sockets (``unix:/path``; IPC, §6.1) and WebSocket
-    (``ws://host:port/path``), any number of ``--listen``.  A relative Unix path is
+    (``ws://host:port/path``; ``wss://`` with ``--tls-cert``/``--tls-key``, which make
+    only the wss:// listeners TLS), any number of ``--listen``.  A relative Unix path is
     resolved under /tmp (§6.3.1's example).  A Unix listener creates its socket's parent
     directory when only that one level is missing (more missing: a start-up error),
     replaces a stale socket file, refuses a live one, and removes its socket file on
@@ -247,9 +248,13 @@ class FlexiMQBroker(ReferenceServer):
     async def listen_on(self, addr):
         if isinstance(addr, websocket.WsAddress):     # fleximq over WebSocket (§6.1)
             path, size = addr.path, self.max_frame_bytes
+            if addr.scheme == "wss" and self.ssl_context is None:
+                raise CommandLineError("--listen %s: wss:// needs --tls-cert and --tls-key"
+                                       % addr.url())
             listener = await asyncio.start_server(
                 lambda r, w: self._serve_connection(*server_streams(r, w, path, size),
-                                                    role=addr.url()), addr[0], addr[1])
+                                                    role=addr.url()), addr[0], addr[1],
+                ssl=self.ssl_context if addr.scheme == "wss" else None)
             self._listeners.append(listener)
             bound = websocket.WsAddress(addr[0], listener.sockets[0].getsockname()[1],
                                         addr.scheme, addr.path)
@@ -521,10 +526,7 @@ class FlexiMQBrokerThread(ServerThread):
 def _listen_arg(text: str):
     try:
         if websocket.is_url(text):
-            addr = websocket.parse_url(text, "--listen", listen=True)
-            if addr.scheme != "ws":
-                raise ConfigError("--listen: wss:// is not offered yet (got %r)" % text)
-            return addr
+            return websocket.parse_url(text, "--listen", listen=True)
         return parse_address(text, "--listen", allow_port_zero=True, allow_unix=True)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--listen ")) from None
@@ -554,7 +556,7 @@ def build_parser(prog: str = "frametap serve fleximq") -> argparse.ArgumentParse
                "--listen unix:/tmp/fleximq/broker.sock\n"
                "  frametap serve fleximq --token s3cret --user alice:pw --ping-interval 10")
     p.add_argument("--listen", type=_listen_arg, action="append", default=None,
-                   metavar="ADDR", help="HOST:PORT, unix:/path or ws://HOST:PORT/PATH "
+                   metavar="ADDR", help="HOST:PORT, unix:/path or ws[s]://HOST:PORT/PATH "
                                         "(repeatable; default 127.0.0.1:7890)")
     p.add_argument("--token", action="append", default=[], metavar="TOKEN",
                    help="accept this bearer token in JOIN (repeatable)")
