@@ -16,6 +16,14 @@
  *       connection and a new one is sent.  Prints one JSON line:
  *       {"requests":..,"seconds":..,"rps":..,"p50_us":..,"p99_us":..,"errors":..}
  *
+ *   --ws-key K (client) / --ws-accept A (server): fleximq over WebSocket
+ *       (bench/ws_bench.py --timed): the client sends "GET /fx" with
+ *       Sec-WebSocket-Key K and each REQ as one masked binary frame (mask key 0,
+ *       so the bytes stay readable); the server answers the upgrade with
+ *       Sec-WebSocket-Accept A (computed by the caller: no SHA-1 here) and each
+ *       REP as one unmasked binary frame; both strip frame headers (and unmask)
+ *       before reading fleximq frames.
+ *
  * Frame (docs/design.md, "fleximq"): version u8 | type u8 | client_id u32 |
  * 16 reserved | header_length u32 | payload_length u64 | header | payload.
  */
@@ -86,6 +94,10 @@ static size_t frame(uint8_t *out, int type, uint32_t cid, const uint8_t *h, size
 
 struct conn {
     int fd;
+    int ws_open;                      /* WebSocket: the HTTP head is done */
+    uint8_t hb[4096]; size_t hhave;   /* ... the head read so far */
+    uint8_t wh[14]; size_t whave;     /* a WebSocket frame header being read */
+    uint64_t wrem, wpos; uint8_t wmask[4]; int wmasked;
     uint8_t in[BUF]; size_t have;     /* prefix + header of the frame being read */
     uint64_t skip;                    /* payload bytes still to skip */
     uint8_t *out; size_t olen, ocap;  /* pending output */
@@ -113,6 +125,72 @@ static int flush(struct conn *c)
 
 typedef void (*on_frame_fn)(struct conn *, const uint8_t *, size_t);
 
+static const char *ws_key, *ws_accept;    /* --ws-key (client) / --ws-accept (server) */
+
+/* one WebSocket binary frame around p (masked with key 0 for the client side) */
+static void queue_ws(struct conn *c, const uint8_t *p, size_t n, int masked)
+{
+    uint8_t h[14]; size_t hl = 2;
+    h[0] = 0x82;
+    if (n < 126) h[1] = n;
+    else if (n < 65536) { h[1] = 126; h[2] = n >> 8; h[3] = n & 0xff; hl = 4; }
+    else { h[1] = 127; put64(h + 2, n); hl = 10; }
+    if (masked) { h[1] |= 0x80; memset(h + hl, 0, 4); hl += 4; }
+    queue(c, h, hl);
+    queue(c, p, n);
+}
+
+/* the server's answer to the upgrade */
+static void ws_head_done(struct conn *c)
+{
+    char r[256];
+    if (!ws_accept) return;                    /* the client: the 101 arrived */
+    int n = snprintf(r, sizeof r, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                     "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n", ws_accept);
+    queue(c, (const uint8_t *)r, n);
+}
+
+/* WebSocket: the read's payload bytes, compacted in place to its front (HTTP head and
+   frame headers dropped, payload unmasked); returns how many */
+static size_t ws_strip(struct conn *c, uint8_t *rb, size_t r)
+{
+    size_t i = 0, o = 0;
+    while (!c->ws_open && i < r) {
+        if (c->hhave == sizeof c->hb) die("websocket head too long");
+        c->hb[c->hhave++] = rb[i++];
+        if (c->hhave >= 4 && !memcmp(c->hb + c->hhave - 4, "\r\n\r\n", 4)) {
+            c->ws_open = 1;
+            ws_head_done(c);
+        }
+    }
+    while (i < r) {
+        if (c->wrem) {
+            size_t t = (uint64_t)(r - i) < c->wrem ? r - i : (size_t)c->wrem;
+            for (size_t k = 0; k < t; k++)
+                rb[o + k] = c->wmasked ? rb[i + k] ^ c->wmask[(c->wpos + k) & 3] : rb[i + k];
+            o += t; i += t; c->wrem -= t; c->wpos += t;
+            continue;
+        }
+        c->wh[c->whave++] = rb[i++];
+        size_t need = 2;
+        if (c->whave >= 2) {
+            int l7 = c->wh[1] & 0x7f;
+            need = 2 + (l7 == 126 ? 2 : l7 == 127 ? 8 : 0) + (c->wh[1] & 0x80 ? 4 : 0);
+        }
+        if (c->whave < need) continue;
+        int l7 = c->wh[1] & 0x7f;
+        size_t m = 2;
+        if (l7 == 126) { c->wrem = (uint64_t)c->wh[2] << 8 | c->wh[3]; m = 4; }
+        else if (l7 == 127) { c->wrem = be64(c->wh + 2); m = 10; }
+        else c->wrem = l7;
+        c->wmasked = c->wh[1] & 0x80;
+        if (c->wmasked) memcpy(c->wmask, c->wh + m, 4);
+        c->wpos = 0; c->whave = 0;
+        if ((c->wh[0] & 0x0f) != 2 && (c->wh[0] & 0x0f) != 0) die("websocket: not a binary frame");
+    }
+    return o;
+}
+
 /* read what is there; call on_frame(prefix+header) per complete frame */
 static int pump(struct conn *c, on_frame_fn on_frame)
 {
@@ -121,6 +199,7 @@ static int pump(struct conn *c, on_frame_fn on_frame)
         ssize_t r = read(c->fd, rb, sizeof rb);
         if (r == 0) return -1;
         if (r < 0) return errno == EAGAIN ? 0 : -1;
+        if (ws_key || ws_accept) r = ws_strip(c, rb, r);
         size_t i = 0;
         while (i < (size_t)r) {
             if (c->skip) { uint64_t t = (uint64_t)r - i < c->skip ? (uint64_t)r - i : c->skip; c->skip -= t; i += t; continue; }
@@ -147,7 +226,8 @@ static void server_frame(struct conn *c, const uint8_t *f, size_t n)
     for (size_t i = PREFIX; i + 4 + ID_LEN <= n; i++)
         if (f[i] == 0xa2 && f[i + 1] == 'i' && f[i + 2] == 'd' && f[i + 3] == (0xa0 | ID_LEN)) { id = f + i + 4; break; }
     size_t hl = header(h, be32(f + 2), 1, id);
-    queue(c, out, frame(out, 2, 1001, h, hl, 0));
+    if (ws_accept) queue_ws(c, out, frame(out, 2, 1001, h, hl, 0), 0);
+    else queue(c, out, frame(out, 2, 1001, h, hl, 0));
 }
 
 static long hist[HIST_US + 1];
@@ -161,7 +241,8 @@ static void send_req(struct conn *c)
     uint8_t id[ID_LEN + 1];
     snprintf((char *)id, sizeof id, "%026llu", (unsigned long long)++c->seq);
     size_t hl = header(h, 1001, 0, id);
-    queue(c, out, frame(out, 1, 1000, h, hl, req_size));
+    if (ws_key) queue_ws(c, out, frame(out, 1, 1000, h, hl, req_size), 1);
+    else queue(c, out, frame(out, 1, 1000, h, hl, req_size));
 }
 
 static int depth;
@@ -193,6 +274,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--size")) size = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seconds")) seconds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ws-key")) ws_key = argv[i + 1];
+        else if (!strcmp(argv[i], "--ws-accept")) ws_accept = argv[i + 1];
         else { fprintf(stderr, "fxload: unknown option %s\n", argv[i]); return 2; }
     }
     if (size < 3) size = 3;
@@ -229,6 +312,19 @@ int main(int argc, char **argv)
         struct conn *c = cs[k] = calloc(1, sizeof *c);
         c->fd = nb(socket(AF_INET, SOCK_STREAM, 0));
         if (connect(c->fd, (struct sockaddr *)&a, sizeof a)) die("connect");
+        if (ws_key) {                            /* the upgrade, blocking */
+            char q[512], b[4096]; size_t got = 0;
+            int n = snprintf(q, sizeof q, "GET /fx HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                             "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: %s"
+                             "\r\nSec-WebSocket-Version: 13\r\n\r\n", port, ws_key);
+            if (write(c->fd, q, n) != n) die("write upgrade");
+            while (got < 4 || memcmp(b + got - 4, "\r\n\r\n", 4)) {
+                if (got == sizeof b || read(c->fd, b + got, 1) != 1) die("read upgrade");
+                got++;
+            }
+            if (memcmp(b, "HTTP/1.1 101", 12)) { fprintf(stderr, "fxload: upgrade refused: %.60s\n", b); exit(2); }
+            c->ws_open = 1;
+        }
         c->sent = calloc(depth, sizeof(double));
         for (int j = 0; j < depth; j++) { c->sent[j] = now_s(); send_req(c); }
         c->n = depth;

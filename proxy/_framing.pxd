@@ -85,7 +85,8 @@ cdef enum Reason:
     R_PARSER_ERROR = 11
     R_HEADER_RULE = 12       # per-type header rules broken (required/forbidden fields)
     R_PENDING_BUDGET = 13    # a split header's buffer did not fit [proxy] max_pending_bytes
-    N_REASONS = 14
+    R_WS_FIRST = 14          # 14..27: fleximq over WebSocket (framing_common.REASONS)
+    N_REASONS = 28
 
 cdef enum:
     P_EXPIRED = 1            # Pending.flags: counted as a timeout; the late answer is not observed

@@ -40,6 +40,9 @@ REASON_IDS = {"bad_magic": R_BAD_MAGIC, "bad_version": R_BAD_VERSION,
               "unknown_command": R_UNKNOWN, "bad_body": R_BAD_BODY,
               "header_too_large": R_HEADER_TOO_LARGE, "parser_error": R_PARSER_ERROR,
               "header_rule": R_HEADER_RULE, "pending_budget": R_PENDING_BUDGET}
+# the WebSocket reasons (proxy/websocket.py) follow, in REASONS' order from R_WS_FIRST
+REASON_IDS.update({name: R_WS_FIRST + i for i, name in enumerate(
+    [r for r in REASONS if r.startswith("ws_")])})
 KIND_IDS = {"request": K_REQUEST, "response": K_RESPONSE, "oneway": K_ONEWAY,
             "event": K_EVENT}
 

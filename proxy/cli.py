@@ -35,9 +35,9 @@ def _add_proxy(sub):
     p.add_argument("--protocol",
                    help="protocol of the single route: " + ", ".join(protocols.names()))
     p.add_argument("--listen", metavar="ADDR", help="where clients connect: HOST:PORT, "
-                   "[V6]:PORT or unix:/path/to.sock")
+                   "[V6]:PORT, unix:/path/to.sock, or ws://HOST:PORT/PATH (fleximq)")
     p.add_argument("--upstream", metavar="ADDR", help="the real server: HOST:PORT, "
-                   "[V6]:PORT or unix:/path/to.sock")
+                   "[V6]:PORT, unix:/path/to.sock, or ws://HOST:PORT/PATH (fleximq)")
     p.add_argument("--admin", metavar="HOST:PORT",
                    help="admin HTTP address for /metrics, /healthz, /readyz")
     p.add_argument("--framelog", metavar="DIR", help="frame log directory")

@@ -9,7 +9,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 
-from proxy import protocols
+from proxy import protocols, websocket
 from proxy.addresses import parse_address  # noqa: F401  (also proxy.config's public API)
 from proxy.addresses import UnixAddress, format_address
 from proxy.errors import ConfigError, bad_value
@@ -238,16 +238,24 @@ def route_from_table(table, index, names=None):
     framelog = table.get("framelog", True)
     if not isinstance(framelog, bool):
         raise bad_value(keys(f"{where}.framelog"), framelog, "expected true or false")
-    upstream = parse_address(table["upstream"], keys(f"{where}.upstream"), allow_unix=True)
+    if websocket.is_url(table["listen"]) or websocket.is_url(table["upstream"]):
+        # fleximq over WebSocket: ws://host:port/path on both sides (proxy/websocket.py)
+        listen, upstream = websocket.route_urls(protocol, table["listen"], table["upstream"],
+                                                where, keys)
+    else:
+        listen = parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True,
+                               allow_unix=True)
+        upstream = parse_address(table["upstream"], keys(f"{where}.upstream"), allow_unix=True)
     from proxy.tls import parse_tls          # docs/design.md, "Transports"
     tls = parse_tls(table.get("tls"), f"{where}.tls", isinstance(upstream, UnixAddress))
+    if isinstance(listen, websocket.WsAddress):     # wss:// = WebSocket over that TLS
+        websocket.check_tls(listen, upstream, tls, where, keys)
     return RouteConfig(
         framelog=framelog,
         faults=faults,
         name=name,
         protocol=protocol,
-        listen=parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True,
-                             allow_unix=True),
+        listen=listen,
         upstream=upstream,
         options=options,
         tls=tls,

@@ -35,7 +35,13 @@ REASONS = (
                            #     forwarded)
     "pending_budget",      # 13: a header split across reads did not fit the process's
                            #     pending-memory budget ([proxy] max_pending_bytes)
+    # 14..27: fleximq over WebSocket (proxy/websocket.py says when each is counted)
+    "ws_bad_upgrade", "ws_upgrade_refused", "ws_bad_handshake", "ws_reserved_bits",
+    "ws_bad_opcode", "ws_unmasked_client_frame", "ws_masked_server_frame",
+    "ws_bad_control_frame", "ws_bad_continuation", "ws_oversized", "ws_text_message",
+    "ws_bad_close", "ws_frame_after_close", "ws_truncated_frame",
 )
+R_WS_FIRST = 14                # the first WebSocket reason (_framing.pxd R_WS_FIRST)
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
     R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE, \
     R_PARSER_ERROR, R_HEADER_RULE, R_PENDING_BUDGET = range(14)

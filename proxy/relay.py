@@ -16,7 +16,7 @@ import random
 import socket
 import time
 
-from proxy import protocols
+from proxy import protocols, websocket
 from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
 from proxy.addresses import UnixAddress, format_address, remove_unix_socket, unix_listener
 from proxy.framing import RouteStats, now_ns
@@ -195,7 +195,7 @@ class Route:
                         "backlog (%d such accepts so far)", self.cfg.name, reason,
                         sum(self.accept_errors.values()))
 
-    def new_parser(self, local_address):
+    def new_parser(self, local_address, client=None):
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
                                    self.cfg.options)
         parser.conn_id = next(_conn_ids)            # frame-log conn_id, unique per process
@@ -203,6 +203,12 @@ class Route:
             parser.local_address = (local_address[:2] if isinstance(local_address, tuple)
                                     else None)
             parser.upstream_address = self.cfg.upstream
+        if isinstance(self.cfg.listen, websocket.WsAddress):
+            # fleximq over WebSocket: a layer with the parser's interface decodes the
+            # frames and feeds the parser; it answers a bad upgrade on ``client``
+            parser = websocket.wrap(parser, self.cfg.listen, self.cfg.upstream,
+                                    client.write if client is not None else None,
+                                    self.log, self.cfg.name)
         return parser
 
     def log_to(self, buffer, index, source, sample):
@@ -341,7 +347,7 @@ class ClientSide(asyncio.Protocol):
             self.setup_owned = True
             route.setup_done()
             return
-        self.parser = route.new_parser(transport.get_extra_info("sockname"))
+        self.parser = route.new_parser(transport.get_extra_info("sockname"), transport)
         route.start_logging(self.parser, self.peer, transport)
         route.connections.add(self)
         route.stats.conn_total += 1

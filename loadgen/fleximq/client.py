@@ -1,5 +1,7 @@
-"""A synchronous fleximq client over a plain socket (TCP or ``unix:/path``); gevent can
-patch it, so the Locust users use it too.
+"""A synchronous fleximq client over a plain socket (TCP, ``unix:/path`` or WebSocket
+``ws://host:port/path``, one frame per binary message; ``wss://`` verifies the server
+as the ``--tls-*`` options / ``FRAMETAP_TLS_*`` say, the system's CAs by default);
+gevent can patch it, so the Locust users use it too.
 
     c = FlexiMQClient("127.0.0.1:7890")          # or "unix:/tmp/fleximq/broker.sock"
     c.join(auth={"type": "token", "token": "t"})  # -> the assigned ClientID
@@ -18,6 +20,8 @@ import time
 from collections import deque
 
 from loadgen.common import SocketClient, connect_tcp
+from loadgen.wsstream import ClientWebSocket
+from proxy import websocket
 from proxy.addresses import UnixAddress, parse_address
 from proxy.protocols.fleximq import codec
 from proxy.protocols.fleximq.codec import JOIN, REQ, REP, PUB, PING, PONG
@@ -44,7 +48,11 @@ def _error_text(frame) -> str:
 class FlexiMQClient(SocketClient):
     def __init__(self, address, timeout: float = 10.0, auto_pong: bool = True,
                  max_frame_bytes: int = MAX_FRAME_BYTES):
-        if isinstance(address, str):
+        self.ws = None              # loadgen.wsstream.ClientWebSocket for a ws:// address
+        url = address if websocket.is_url(address) else None
+        if url is not None:
+            address = websocket.parse_url(address, "address")
+        elif isinstance(address, str):
             address = parse_address(address, "address", allow_unix=True)
         self.address = address
         self.timeout = timeout
@@ -57,6 +65,10 @@ class FlexiMQClient(SocketClient):
             except OSError:
                 sock.close()
                 raise
+        elif url is not None:           # the scheme says TLS or not; --tls-* say how
+            from loadgen.tlsopts import ClientTLS, default
+            tls = (default() or ClientTLS()) if address.scheme == "wss" else None
+            sock = connect_tcp(address[0], address[1], timeout, tls=tls)
         else:
             sock = connect_tcp(address[0], address[1], timeout)
         self._sock = sock
@@ -65,6 +77,14 @@ class FlexiMQClient(SocketClient):
         self.inbox: deque = deque()
         self.client_id = 0
         self.pongs_sent = 0
+        if url is not None:             # fleximq over WebSocket (§6.1): one frame a message
+            self.ws = ClientWebSocket(sock, url, max_frame_bytes)
+            try:
+                self.ws.handshake()
+            except (OSError, ValueError):
+                self.close()
+                raise
+            self._frames_in(self.ws.take_pending())
 
     def _connected(self, sock) -> None:
         if sock.family == socket.AF_UNIX:
@@ -75,12 +95,21 @@ class FlexiMQClient(SocketClient):
         else:
             SocketClient._connected(self, sock)
 
+    def close(self) -> None:
+        """Close the connection (idempotent); over WebSocket a close frame goes first."""
+        if self.ws is not None and self._sock is not None:
+            self.ws.close()
+        super().close()
+
     # ---------------------------------------------------------------- raw frames
 
     def send(self, data: bytes) -> None:
         if self._sock is None:
             raise ConnectionError("fleximq client is closed")
-        self._sock.sendall(data)
+        if self.ws is not None:
+            self.ws.send(data)
+        else:
+            self._sock.sendall(data)
 
     def _read(self, deadline) -> None:
         left = deadline - time.monotonic()
@@ -94,6 +123,9 @@ class FlexiMQClient(SocketClient):
         if not data:
             self.close()
             raise ConnectionError("fleximq: the connection was closed")
+        self._frames_in(self.ws.receive(data) if self.ws is not None else data)
+
+    def _frames_in(self, data) -> None:
         for f in self.reader.feed(data):
             if f.type == PING and self.auto_pong and isinstance(f.header.get("keepalive"),
                                                                 dict):

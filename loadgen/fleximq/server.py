@@ -5,12 +5,18 @@ the letter, and docs/design.md ("fleximq") where the document contradicts itself
 other choice the document leaves open is made here, and listed here:
 
 Transport (§6)
-    TCP (``host:port``) and Unix stream sockets (``unix:/path``; IPC, §6.1), any number
-    of ``--listen``.  A relative Unix path is resolved under /tmp (§6.3.1's example).  A
-    Unix listener creates its socket's parent directory when only that one level is
-    missing (more missing: a start-up error), replaces a stale socket file, refuses a
-    live one, and removes its socket file on shutdown (§6.3.1).  WebSocket and STDIO are
-    not offered.
+    TCP (``host:port``), Unix stream sockets (``unix:/path``; IPC, §6.1) and WebSocket
+    (``ws://host:port/path``; ``wss://`` with ``--tls-cert``/``--tls-key``, which make
+    only the wss:// listeners TLS), any number of ``--listen``.  A relative Unix path is
+    resolved under /tmp (§6.3.1's example).  A Unix listener creates its socket's parent
+    directory when only that one level is missing (more missing: a start-up error),
+    replaces a stale socket file, refuses a live one, and removes its socket file on
+    shutdown (§6.3.1).  WebSocket (loadgen/wsstream.py, the ``websockets`` library's
+    protocol): an upgrade to another path than the listener's gets 404 (a listener on
+    ``/`` takes any path); no extension is negotiated; each frame the broker sends is one
+    binary message, and what it receives is the concatenation of the binary messages'
+    payloads, so frames may be packed several to a message or split across messages;
+    text messages are ignored.  STDIO is not offered.
 
 Framing and limits (§2.1, §7.1)
     The 34-byte prefix with payload_length in it (docs/design.md).  A header over 64 KiB
@@ -97,6 +103,8 @@ from loadgen.common import (CommandLineError, ServerThread, serve_main, service_
 from loadgen.serverbase import ReferenceServer, ServerConnection
 from proxy.addresses import (UnixAddress, format_address, parse_address,
                              remove_unix_socket, unix_listener)
+from loadgen.wsstream import server_streams
+from proxy import websocket
 from proxy.errors import ConfigError
 from proxy.protocols.fleximq import codec, header as hdr
 from proxy.protocols.fleximq.codec import JOIN, REQ, REP, NOTIF, PING, PONG
@@ -206,6 +214,7 @@ class FlexiMQBroker(ReferenceServer):
                  max_frame_bytes=MAX_FRAME_BYTES):
         super().__init__(service_time)
         self.listen_addresses = [a if isinstance(a, (UnixAddress, tuple)) else
+                                 websocket.parse_url(a, "--listen", listen=True) if websocket.is_url(a) else
                                  parse_address(a, "--listen", True, True) for a in listen]
         self.tokens = set(tokens)
         self.users = dict(users or {})
@@ -237,6 +246,21 @@ class FlexiMQBroker(ReferenceServer):
             raise
 
     async def listen_on(self, addr):
+        if isinstance(addr, websocket.WsAddress):     # fleximq over WebSocket (§6.1)
+            path, size = addr.path, self.max_frame_bytes
+            if addr.scheme == "wss" and self.ssl_context is None:
+                raise CommandLineError("--listen %s: wss:// needs --tls-cert and --tls-key"
+                                       % addr.url())
+            listener = await asyncio.start_server(
+                lambda r, w: self._serve_connection(*server_streams(r, w, path, size),
+                                                    role=addr.url()), addr[0], addr[1],
+                ssl=self.ssl_context if addr.scheme == "wss" else None)
+            self._listeners.append(listener)
+            bound = websocket.WsAddress(addr[0], listener.sockets[0].getsockname()[1],
+                                        addr.scheme, addr.path)
+            self._roles[listener] = bound.url()
+            self.bound.append(bound)
+            return bound
         if isinstance(addr, UnixAddress):
             sock, inode = unix_listener(addr)
             self._unix.append((str(addr), inode))
@@ -258,7 +282,8 @@ class FlexiMQBroker(ReferenceServer):
 
     @property
     def addresses(self) -> list[str]:
-        return [format_address(a) for a in self.bound]
+        return [a.url() if isinstance(a, websocket.WsAddress) else format_address(a)
+                for a in self.bound]
 
     # ---------------------------------------------------------------- output helpers
 
@@ -500,6 +525,8 @@ class FlexiMQBrokerThread(ServerThread):
 
 def _listen_arg(text: str):
     try:
+        if websocket.is_url(text):
+            return websocket.parse_url(text, "--listen", listen=True)
         return parse_address(text, "--listen", allow_port_zero=True, allow_unix=True)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--listen ")) from None
@@ -529,8 +556,8 @@ def build_parser(prog: str = "frametap serve fleximq") -> argparse.ArgumentParse
                "--listen unix:/tmp/fleximq/broker.sock\n"
                "  frametap serve fleximq --token s3cret --user alice:pw --ping-interval 10")
     p.add_argument("--listen", type=_listen_arg, action="append", default=None,
-                   metavar="ADDR", help="HOST:PORT or unix:/path (repeatable; default "
-                                        "127.0.0.1:7890)")
+                   metavar="ADDR", help="HOST:PORT, unix:/path or ws[s]://HOST:PORT/PATH "
+                                        "(repeatable; default 127.0.0.1:7890)")
     p.add_argument("--token", action="append", default=[], metavar="TOKEN",
                    help="accept this bearer token in JOIN (repeatable)")
     p.add_argument("--user", type=user_arg, action="append", default=[],
@@ -558,7 +585,8 @@ def _make_server(args):
                            api_keys=args.api_key, ping_interval=args.ping_interval,
                            pong_timeout=args.pong_timeout, service_time=args.service_time,
                            max_frame_bytes=args.max_frame_bytes)
-    return broker, ", ".join(format_address(a) for a in listen)
+    return broker, ", ".join(a.url() if isinstance(a, websocket.WsAddress)
+                             else format_address(a) for a in listen)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Locust users for fleximq: requesters, responders, publishers/subscribers.
 
-Host: Locust's ``--host`` as ``HOST:PORT``, ``tcp://HOST:PORT``, ``unix:/path`` or
-``ipc:///path`` (the document's IPC URL).  Each user opens one connection and JOINs it
+Host: Locust's ``--host`` as ``HOST:PORT``, ``tcp://HOST:PORT``, ``unix:/path``,
+``ipc:///path`` (the document's IPC URL) or ``ws://HOST:PORT/PATH`` (WebSocket, one
+frame per binary message).  Each user opens one connection and JOINs it
 (``JOIN``, reported), with credentials from the settings when given.
 
 ``FlexiMQResponder``
@@ -64,8 +65,17 @@ def parse_host(host: str | None) -> str:
     ``tcp://H:P``, ``fleximq://H:P``, ``ipc:///path``, ``unix:/path``, ``H:P`` or ``H``
     (port 7890); ValueError for anything else (checked as the proxy checks addresses)."""
     if not host:
-        raise ValueError("fleximq: --host is required (HOST:PORT or unix:/path)")
+        raise ValueError("fleximq: --host is required (HOST:PORT, unix:/path or "
+                         "ws://HOST:PORT/PATH)")
     text = host.strip()
+    if text.lower().startswith(("ws://", "wss://")):      # fleximq over WebSocket (§6.1)
+        from proxy import websocket
+        from proxy.errors import ConfigError
+        try:
+            websocket.parse_url(text, "--host")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return text
     if text.startswith("ipc://"):
         text = "unix:" + text[len("ipc://"):]
     else:
