@@ -423,6 +423,8 @@ cdef class FrameParser:
                 if s.capture:
                     self.captured[d] += mv[pos:pos + take]
                     emit = pos + take
+                    if s.body:                 # a frame held for faults still streams
+                        self.on_body(d, buf + pos, take)
                 elif s.body:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
@@ -440,11 +442,14 @@ cdef class FrameParser:
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
                             return self._contract_error(d, r, asked, pos, emit, mv, out)
-                        if s.capture:
+                        if s.capture and (not s.capture & CAP_UNDECIDED
+                                          or self._fault_decide(d)):
                             if emit < pos:
                                 out.append(bytes(mv[emit:pos]))
                             take = r if r <= n - pos else n - pos
                             self.captured[d] = bytearray(mv[pos:pos + take])
+                            if s.body and take > s.skip:   # held for faults: the body
+                                self.on_body(d, buf + pos + s.skip, take - s.skip)
                             s.remaining = r - take
                             pos += take
                             emit = pos
@@ -494,6 +499,8 @@ cdef class FrameParser:
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
+                    if s.capture & CAP_UNDECIDED:
+                        self._fault_decide(d)
                     hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
                     if s.capture:
                         if hs > emit:
@@ -523,7 +530,7 @@ cdef class FrameParser:
         s.have = 0
         s.need = self.header_size
         s.remaining = r - seen
-        if s.body and not s.capture and s.skip < seen:
+        if s.body and s.skip < seen:           # (a held frame streams its body too)
             rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
             self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
         if s.hcap > HBUF_KEEP:
@@ -595,24 +602,147 @@ cdef class FrameParser:
             s.hcap = 0
 
     cdef int _frame_end(self, int d, list out) except -1:
-        """The frame's last byte has passed: finish capture/body, emit its record."""
+        """The frame's last byte has passed: finish body/capture, emit its record."""
         cdef DirState* s = &self.st[d]
         cdef bytes frame
-        if s.capture:
+        cdef int cap = s.capture
+        if s.body:
+            s.body = 0
+            self.on_body_end(d)
+        if cap:
+            if cap & CAP_UNDECIDED:
+                self._fault_decide(d)
+                cap = s.capture & ~CAP_UNDECIDED   # a frame that never began: let go
             s.capture = 0
             frame = bytes(self.captured[d])
             self.captured[d] = None
-            out.append(self.rewrite(d, frame))
-        elif s.body:
-            s.body = 0
-            self.on_body_end(d)
+            if cap & CAP_REWRITE:
+                frame = self.rewrite(d, frame)
+            if cap & CAP_FAULT and self.fault_hook is not None:
+                out.append(self.fault_hook(d, frame))
+            else:
+                out.append(frame)
         s.ghave = 0
         if s.hcap > HBUF_KEEP:
             self._hbuf_release(d)
         if s.open:
             s.open = 0
             self._emit(&s.rec)
+        if self.fault_mode[d] and self.hold[d] and not s.capture:
+            s.capture = CAP_UNDECIDED          # hold the next frame until its opcode is known
+            s.rec.slot = -1
         return 0
+
+    cdef bint _fault_wants(self, int d) noexcept:
+        cdef int slot = self.st[d].rec.slot
+        if self.fault_mode[d] == 2:
+            return 1
+        return self.fault_mode[d] == 1 and 0 <= slot < OPCODE_SLOTS and \
+            (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
+
+    cdef int _fault_decide(self, int d) noexcept:
+        """An undecided held frame: once begin() named its opcode slot, keep it for the
+        fault hook (CAP_FAULT) or let it go; returns the capture bits left."""
+        cdef DirState* s = &self.st[d]
+        if s.rec.slot < 0:
+            return s.capture                   # not known yet (begin() in on_body())
+        s.capture &= ~CAP_UNDECIDED
+        if self._fault_wants(d):
+            s.capture |= CAP_FAULT
+        return s.capture
+
+    # ---- faults (proxy/faults.py; docs/design.md, "Faults") ------------------
+
+    def set_faults(self, int d, int mode, slots=()):
+        """Arm direction d: mode 0 off, 1 the opcode slots in ``slots``, 2 every frame.
+        Armed frames go whole to ``fault_hook(d, frame)``, whose result is forwarded in
+        their place.  Returns False when the change must wait for a frame boundary (a
+        header split across reads was forwarded, or a held frame is unfinished): call
+        again after the next read."""
+        cdef DirState* s = &self.st[d]
+        cdef int slot, w
+        if d != 0 and d != 1:
+            raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
+        for w in range(FAULT_WORDS):
+            self.fault_bits[d][w] = 0
+        for slot in slots:
+            if 0 <= slot < OPCODE_SLOTS:
+                self.fault_bits[d][slot >> 6] |= (<uint64_t>1) << (slot & 63)
+        self.fault_mode[d] = mode if 0 <= mode <= 2 else 2
+        self.fault_rec = self.fault_mode[0] != 0 or self.fault_mode[1] != 0
+        self.recording = self.log is not None or self._tracer is not None or self.fault_rec
+        if self.fault_mode[d]:
+            if not self.hold[d]:
+                if s.have:
+                    return False               # those header bytes were forwarded already
+                self.hold[d] = 1
+                self.fault_hold[d] = 1
+            if not s.capture and s.have == 0 and s.remaining == 0:
+                s.capture = CAP_UNDECIDED
+                s.rec.slot = -1
+            return True
+        if s.capture == CAP_UNDECIDED and s.have == 0 and s.remaining == 0:
+            s.capture = 0                      # nothing held yet
+        if self.fault_hold[d]:
+            if s.capture or s.have:
+                return False                   # a held frame or header: at its end
+            self.hold[d] = 0
+            self.fault_hold[d] = 0
+        return True
+
+    def fault_armed(self, int d):
+        """(mode, hold) of direction d (tests)."""
+        return self.fault_mode[d], bool(self.hold[d])
+
+    def fault_info(self, int d):
+        """From fault_hook: (opcode slot, kind, correlation id, resource bytes or None,
+        whether the frame is the newest FIFO request) of the frame being handed over."""
+        cdef DirState* s = &self.st[d]
+        cdef FrameRecord* rec = &s.rec
+        cdef bint fifo = 0
+        res = None
+        if self.recording and s.open and s.res_len >= 0:
+            res = (<const char*>&s.res[0])[:s.res_len]
+        if self.fifo_len and s.open:
+            fifo = self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)].key \
+                == self.fifo_seq and rec.corr == self.fifo_seq and rec.kind == K_REQUEST
+        return (rec.slot, rec.kind if s.open else -1, rec.corr if s.open else 0, res, fifo)
+
+    def fault_attr(self, int d, bytes key, bytes value):
+        """An attrs entry on the frame being handed over (attrs.fault = rule name)."""
+        if self.st[d].open:
+            add_attr(self, d, <const uint8_t*>PyBytes_AS_STRING(key), len(key),
+                     <const uint8_t*>PyBytes_AS_STRING(value), len(value))
+
+    def fault_mark(self, int d, bint on):
+        """Frames fed while on were made by the proxy: attrs.injected = "1"."""
+        self.st[d].mark = on
+
+    def fault_forget(self):
+        """The FIFO request just handed over never reaches the server: take it out of
+        the FIFO (later answers pair with later requests) and count it as a timeout."""
+        cdef Pending* p
+        if self.fifo_len == 0:
+            return False
+        p = &self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)]
+        if p.key != self.fifo_seq or p.flags & P_EXPIRED:
+            return False
+        self._timeout(p, 0)
+        self.fifo_len -= 1
+        return True
+
+    def fault_step(self, int d):
+        """(at a frame boundary, bytes to feed before the next point where it may be)."""
+        cdef DirState* s = &self.st[d]
+        if s.remaining > 0:
+            return False, s.remaining
+        return s.have == 0, s.need - s.have
+
+    def fifo_first(self):
+        """Sequence number of the oldest request awaiting its answer in order, or -1."""
+        if self.fifo_len == 0:
+            return -1
+        return self.fifo[self.fifo_head].key
 
     def set_hold(self, int d, bint on):
         """Enable frame capture in direction ``d`` (see rewrite())."""
@@ -787,14 +917,14 @@ cdef class FrameParser:
     @tracer.setter
     def tracer(self, fn):
         self._tracer = fn
-        self.recording = fn is not None or self.log is not None
+        self.recording = fn is not None or self.log is not None or self.fault_rec
 
     def attach_log(self, FrameLogBuffer log, int route):
         """Write this connection's records to ``log`` (as route index ``route``; see
         FrameLogBuffer.add_route), or stop with ``log=None``."""
         self.log = log
         self.log_route = route
-        self.recording = log is not None or self._tracer is not None
+        self.recording = log is not None or self._tracer is not None or self.fault_rec
 
     cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
                            const uint8_t* attrs, Py_ssize_t alen):
@@ -1024,6 +1154,13 @@ cdef class FrameParser:
         i = 0
         if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
             i = self.fifo_live - self.fifo[self.fifo_head].key
+            if i > self.fifo_len:
+                i = self.fifo_len
+            # a request the fault engine dropped left a gap in the sequence numbers:
+            # step back over entries not expired yet (one check when there is none)
+            while i > 0 and not self.fifo[(self.fifo_head + i - 1) & (self.fifo_cap - 1)].flags \
+                    & P_EXPIRED:
+                i -= 1
         while i < self.fifo_len and n < limit:
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if now - p.t_ns < self.timeout_ns:
@@ -1116,8 +1253,13 @@ cdef class FrameParser:
     def _fifo_first_live(self):
         """Offset of the first FIFO entry expire() has not counted (those before it are
         expired: close() and abandon() skip them)."""
+        cdef Py_ssize_t i
         if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
-            return min(self.fifo_live - self.fifo[self.fifo_head].key, self.fifo_len)
+            i = min(self.fifo_live - self.fifo[self.fifo_head].key, self.fifo_len)
+            while i > 0 and not self.fifo[(self.fifo_head + i - 1) & (self.fifo_cap - 1)].flags \
+                    & P_EXPIRED:
+                i -= 1                   # a gap the fault engine left (fault_forget)
+            return i
         return 0
 
     @property

@@ -116,6 +116,15 @@ class Route:
         self.idle_timeout = getattr(cfg, "idle_timeout", 3600.0)   # 0: never
         self.unix_inode = None         # a unix: listener's socket file, removed on close
         self.setting_up = 0            # accepted, upstream not connected yet (SETUP_LIMIT)
+        self.faults = None             # proxy.faults.RouteFaults (start_faults)
+
+    def start_faults(self, seed=None):
+        """The route's fault engine, when its config has a FaultSet (docs/design.md,
+        "Faults"); connections are armed once their upstream is up."""
+        faultset = getattr(self.cfg, "faults", None)
+        if faultset is not None:
+            from proxy.faults import RouteFaults
+            self.faults = RouteFaults(self, faultset, seed)
 
     @property
     def address(self):
@@ -377,6 +386,8 @@ class ClientSide(asyncio.Protocol):
         if self.early:
             upstream.transport.write(b"".join(self.early))
             self.early = None
+        if route.faults is not None:       # rules and toxics from here on (proxy.faults)
+            route.faults.attach(self)
         if self.client_eof:
             upstream.transport.write_eof()
         elif not self.paused_by_peer:
