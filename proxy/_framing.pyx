@@ -630,7 +630,6 @@ cdef class FrameParser:
             self._emit(&s.rec)
         if self.fault_mode[d] and self.hold[d] and not s.capture:
             s.capture = CAP_UNDECIDED          # hold the next frame until its opcode is known
-            s.rec.slot = -1
         return 0
 
     cdef bint _fault_wants(self, int d) noexcept:
@@ -644,8 +643,8 @@ cdef class FrameParser:
         """An undecided held frame: once begin() named its opcode slot, keep it for the
         fault hook (CAP_FAULT) or let it go; returns the capture bits left."""
         cdef DirState* s = &self.st[d]
-        if s.rec.slot < 0:
-            return s.capture                   # not known yet (begin() in on_body())
+        if not s.open:
+            return s.capture                   # not begun yet (begin() in on_body())
         s.capture &= ~CAP_UNDECIDED
         if self._fault_wants(d):
             s.capture |= CAP_FAULT
@@ -679,7 +678,6 @@ cdef class FrameParser:
                 self.fault_hold[d] = 1
             if not s.capture and s.have == 0 and s.remaining == 0:
                 s.capture = CAP_UNDECIDED
-                s.rec.slot = -1
             return True
         if s.capture == CAP_UNDECIDED and s.have == 0 and s.remaining == 0:
             s.capture = 0                      # nothing held yet

@@ -29,6 +29,7 @@ import logging
 import random
 import socket
 import struct
+import weakref
 from collections import deque
 
 from proxy.toxics import Pipe
@@ -157,6 +158,8 @@ class RouteFaults:
             fx = getattr(conn, "fx", None)
             if fx is not None:
                 fx.apply()
+            elif self.active and conn.upstream is not None and not conn.closed:
+                self.attach(conn)
 
     def _modes(self):
         """Per direction (mode, slots): every frame when a rule names no opcode."""
@@ -220,10 +223,16 @@ class RouteFaults:
 
     # ---- connections ------------------------------------------------------------
 
+    @property
+    def active(self):
+        return bool(self.rules[0] or self.rules[1] or self.toxics[0] or self.toxics[1])
+
     def attach(self, conn):
-        """A connection whose upstream is up: arm it (nothing when no rule or toxic)."""
-        conn.fx = ConnFaults(self, conn)
-        conn.fx.apply()
+        """A connection whose upstream is up: arm it (nothing while the route has no
+        rule or toxic: reload() attaches the open connections when one comes)."""
+        if self.active:
+            conn.fx = ConnFaults(self, conn)
+            conn.fx.apply()
 
     def count(self, opcode, fault, action):
         key = (opcode, fault, action)
@@ -236,7 +245,9 @@ class ConnFaults:
 
     def __init__(self, engine, conn):
         self.engine = engine
-        self.conn = conn
+        # weak: the connection holds this object (fx, its parser's hook, its pipes), so
+        # a strong reference back would make every armed connection a reference cycle
+        self._conn = weakref.ref(conn)
         self.pipes = [None, None]
         self.pending = [None, None]    # set_faults() that must wait for a frame boundary
         self.inject_q = deque()        # (reply bytes, FIFO sequence number or None)
@@ -253,12 +264,16 @@ class ConnFaults:
             except ValueError:
                 pass
 
+    @property
+    def conn(self):
+        return self._conn()
+
     # ---- arming -------------------------------------------------------------------
 
     def apply(self):
         """Bring this connection in line with the engine's rules and toxics."""
         conn = self.conn
-        if conn.closed or conn.parser is None or conn.upstream is None:
+        if conn is None or conn.closed or conn.parser is None or conn.upstream is None:
             return
         eng = self.engine
         modes = eng._modes()
@@ -293,7 +308,7 @@ class ConnFaults:
         """A header split across reads, or a held frame, delayed a set_faults(): again."""
         self.retry = None
         conn = self.conn
-        if conn.closed or conn.parser is None:
+        if conn is None or conn.closed or conn.parser is None:
             return
         for d in (0, 1):
             if self.pending[d] is not None:
@@ -411,6 +426,8 @@ class ConnFaults:
         boundary so that a reply goes in between two frames, in its FIFO place."""
         from proxy.relay import ClientSide
         conn = self.conn
+        if conn is None:
+            return
         if d == 0 or not self.inject_q:
             ClientSide._relay(conn, d, data)
             self.try_inject()
@@ -434,6 +451,8 @@ class ConnFaults:
         stream, and (FIFO) once every earlier request is answered."""
         from proxy.relay import ClientSide
         conn = self.conn
+        if conn is None:
+            return
         while self.inject_q and not conn.closed and conn.parser is not None:
             parser = conn.parser
             reply, seq = self.inject_q[0]
@@ -466,6 +485,8 @@ class ConnFaults:
 
     def pause_source(self, d):
         conn = self.conn
+        if conn is None or conn.closed:
+            return
         if d == 0:
             conn.upstream_pause_writing()
         else:
@@ -473,7 +494,7 @@ class ConnFaults:
 
     def resume_source(self, d):
         conn = self.conn
-        if conn.closed:
+        if conn is None or conn.closed:
             return
         if d == 0:
             conn.upstream_resume_writing()
@@ -483,7 +504,7 @@ class ConnFaults:
     def close_connection(self, rst, why):
         """A rule's close or a toxic's: FIN, or RST (SO_LINGER 0) with ``rst``."""
         conn = self.conn
-        if conn.closed:
+        if conn is None or conn.closed:
             return
         for pipe in self.pipes:
             if pipe is not None:

@@ -575,7 +575,6 @@ class FrameParser:
             self._emit(s.rec)
         if self.fault_mode[d] and self.hold[d] and not s.capture:
             s.capture = CAP_UNDECIDED     # hold the next frame until its opcode is known
-            s.slot = -1
 
     def _fault_wants(self, d):
         mode = self.fault_mode[d]
@@ -583,8 +582,8 @@ class FrameParser:
 
     def _fault_decide(self, d):
         s = self.st[d]
-        if s.slot < 0:
-            return s.capture                  # not known yet (begin() in on_body())
+        if not s.open:
+            return s.capture                  # not begun yet (begin() in on_body())
         s.capture &= ~CAP_UNDECIDED
         if self._fault_wants(d):
             s.capture |= CAP_FAULT
@@ -608,7 +607,6 @@ class FrameParser:
                 self.fault_hold[d] = True
             if not s.capture and not s.hdr and s.remaining == 0:
                 s.capture = CAP_UNDECIDED
-                s.slot = -1
             return True
         if s.capture == CAP_UNDECIDED and not s.hdr and s.remaining == 0:
             s.capture = 0
