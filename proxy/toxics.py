@@ -24,6 +24,7 @@ bounded whatever the delays.
 """
 
 import logging
+import time
 from collections import deque
 
 log = logging.getLogger("frametap.toxics")
@@ -83,7 +84,7 @@ class TimedStage(Stage):
         if due < self.last_due:
             due = self.last_due            # never ahead of an earlier item
         self.last_due = due
-        if not self.q and due <= self.pipe.loop.time() + EARLY:
+        if not self.q and due <= self.pipe.now() + EARLY:
             self.emit(item)
             return
         self.q.append((due, item))
@@ -93,11 +94,14 @@ class TimedStage(Stage):
             self._arm()
 
     def _arm(self):
-        self.timer = self.pipe.loop.call_at(self.q[0][0], self._release)
+        # due times are time.monotonic(): uvloop's loop.time() is libuv's cached
+        # millisecond clock, too coarse for a delay's +-2 ms
+        self.timer = self.pipe.loop.call_later(max(0.0, self.q[0][0] - self.pipe.now()),
+                                               self._release)
 
     def _release(self):
         self.timer = None
-        now = self.pipe.loop.time() + EARLY
+        now = self.pipe.now() + EARLY
         q = self.q
         while q and q[0][0] <= now:
             _, item = q.popleft()
@@ -146,7 +150,7 @@ class Latency(TimedStage):
         delay = self.latency
         if self.jitter:
             delay += self.pipe.rng.uniform(-self.jitter, self.jitter)
-        self.hold(item, self.pipe.loop.time() + max(0.0, delay))
+        self.hold(item, self.pipe.now() + max(0.0, delay))
 
 
 class Bandwidth(TimedStage):
@@ -165,9 +169,9 @@ class Bandwidth(TimedStage):
 
     def push(self, item):
         if self.rate <= 0 or not isinstance(item, (bytes, bytearray, memoryview)):
-            self.hold(item, self.pipe.loop.time())
+            self.hold(item, self.pipe.now())
             return
-        now = self.pipe.loop.time()
+        now = self.pipe.now()
         t = max(now, self.free_at)
         step = max(1, self.rate // 10)
         for i in range(0, len(item), step):
@@ -206,11 +210,11 @@ class Slicer(TimedStage):
 
     def push(self, item):
         if not isinstance(item, (bytes, bytearray, memoryview)) or not item:
-            self.hold(item, self.pipe.loop.time())
+            self.hold(item, self.pipe.now())
             return
         ends = []
         self.cuts(0, len(item), ends)
-        t = self.pipe.loop.time()
+        t = self.pipe.now()
         start = 0
         for end in ends:
             self.hold(bytes(item[start:end]), t)
@@ -231,7 +235,7 @@ class SlowClose(TimedStage):
         self.delay = max(0, int(attrs.get("delay", 0))) / 1000.0
 
     def push(self, item):
-        now = self.pipe.loop.time()
+        now = self.pipe.now()
         self.hold(item, now + self.delay if item is EOF or item is CLOSE else now)
 
 
@@ -393,6 +397,8 @@ class Pipe:
         self.toxics = []               # [(name, stage)] in chain order
         self._link()
 
+    now = staticmethod(time.monotonic)
+
     def __getattr__(self, name):       # everything else: the real transport
         return getattr(self.real, name)
 
@@ -460,7 +466,7 @@ class Pipe:
 
     def delay(self, data, seconds):
         """A delay rule's frame: released ``seconds`` from now; later items behind it."""
-        self.rules.hold(data, self.loop.time() + seconds)
+        self.rules.hold(data, self.now() + seconds)
         self._check()
 
     def action(self, fn):

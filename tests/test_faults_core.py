@@ -20,14 +20,20 @@ def _samples(protocol, n=40, size=64):
     return requests, responses
 
 
-def _request_slot(impl, protocol, requests):
-    """The opcode slot (and name) of the sample requests, learnt from an unarmed parser."""
+def _request_opcode(impl, protocol, requests):
+    """(name, numeric code or None) of the sample requests' opcode, from a tracer."""
     stats, parser = make(impl, protocol)
     rows = []
     parser.tracer = rows.append
     parser.feed(0, requests[0])
     row = next(r for r in rows if r["direction"] == "c2s")
-    return row["opcode_name"]
+    code = row["opcode"]
+    return row["opcode_name"], (code if code is not None and code >= 0 else None)
+
+
+def _slot_of(stats, name, code):
+    """The slot a rule naming this opcode arms (as proxy.faults resolves names)."""
+    return stats.opcode_slot(code) if code is not None else stats.name_slot(name)
 
 
 class Hit:
@@ -49,7 +55,7 @@ def _run(impl, protocol, stream, arm, chunk, d=0, flips=None, seed=0):
         hits.append(h)
         return h
     parser.fault_hook = hook
-    state = arm(parser, stats)
+    armed = state = arm(parser, stats)
     rnd = random.Random(seed)
     out = []
     pos = 0
@@ -63,8 +69,8 @@ def _run(impl, protocol, stream, arm, chunk, d=0, flips=None, seed=0):
         out.extend(parser.output if parser.output is not None else [data])
         pos += k
         if flips and rnd.random() < flips:
-            pending = (0, ()) if state[0] else state
-            state = pending
+            state = (0, ()) if state[0] else armed
+            pending = state
         if pending is not None and parser.set_faults(d, *pending):
             pending = None
     return out, hits, parser, stats
@@ -80,15 +86,11 @@ def test_armed_opcode_frames_reach_the_hook_whole(protocol, chunk):
     for name, impl in parser_impls(protocol).items():
         requests, _ = _samples(protocol)
         stream = b"".join(requests)
-        opname = _request_slot(impl, protocol, requests)
+        opname, code = _request_opcode(impl, protocol, requests)
 
         def arm(parser, stats):
-            slot = stats.name_slot(opname) if stats.opcode_namer is None else None
-            for s in range(257):
-                if stats.slot_name(s) == opname:
-                    slot = s
-                    break
-            assert slot is not None
+            slot = _slot_of(stats, opname, code)
+            assert stats.slot_name(slot) == opname
             assert parser.set_faults(0, 1, [slot])
             return (1, (slot,))
         out, hits, parser, stats = _run(impl, protocol, stream, arm, chunk)
