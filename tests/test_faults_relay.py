@@ -41,6 +41,17 @@ def port(app):
     return app.routes[0].address[1]
 
 
+async def connect(app):
+    """A client connection whose upstream is up (so it is armed from its first byte:
+    bytes that arrive before the upstream connects pass unarmed)."""
+    before = set(app.routes[0].connections)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+    await wait_for(lambda: any(c.upstream is not None for c in
+                               set(app.routes[0].connections) - before),
+                   what="the upstream connected")
+    return reader, writer
+
+
 class Upstream:
     """A FlyMQ upstream on a real socket that records each request's arrival time and
     number (the first 4 payload bytes) and answers, after ``answer_delay`` seconds,
@@ -113,7 +124,7 @@ def test_delay_accuracy_and_order():
         up = await Upstream().start()
         fs = FaultSet([Rule("slow", "delay", opcodes=["PRODUCE"], delay_ms=10)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         loop = asyncio.get_running_loop()
         errors = []
         for i in range(200):
@@ -152,7 +163,7 @@ def test_rules_change_on_a_live_connection_and_the_fast_path_returns():
         up = await Upstream().start()
         fs = FaultSet()
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         loop = asyncio.get_running_loop()
 
         async def rtt(i):
@@ -189,7 +200,7 @@ def test_resource_and_peer_select_the_frames():
         fs = FaultSet([Rule("other-net", "drop", peer="10.0.0.0/8"),
                        Rule("orders", "drop", opcodes=["PRODUCE"], resource="order*")])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         await wait_for(lambda: app.routes[0].connections, what="connection")
         conn = next(iter(app.routes[0].connections))
         rows = []
@@ -214,7 +225,7 @@ def test_drop_flymq_keeps_fifo_pairing_and_counts_a_timeout():
         up = await Upstream().start()
         fs = FaultSet([Rule("lose", "drop", opcodes=["PRODUCE"], trigger="once")])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         writer.write(request(1) + request(2))
         assert num((await read_frame(reader))[1]) == 2      # 1 never reached the server
         assert [n for _, n in up.arrivals] == [2]
@@ -292,7 +303,7 @@ def test_close_flymq_fin_or_rst(rst):
         fs = FaultSet([Rule("cut", "close", opcodes=["PRODUCE"], rst=rst, trigger="nth",
                             n=2)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         writer.write(request(1))
         assert num((await read_frame(reader))[1]) == 1
         writer.write(request(2))
@@ -322,7 +333,7 @@ def test_error_flymq_in_fifo_place_counted_as_a_response(tmp_path):
                             message="injected busy")])
         app = await start(up.address, fs)
         app.routes[0].faults._replies = FlyMQReplies      # stand-in until flymq/faults.py
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         await wait_for(lambda: app.routes[0].connections, what="connection")
         conn = next(iter(app.routes[0].connections))
         rows = []
@@ -367,7 +378,7 @@ def test_probability_over_100k_frames():
         fs = FaultSet([Rule("p5", "delay", opcodes=["PRODUCE"], delay_ms=0,
                             probability=0.05)])
         app = await start(up.address, fs, seed=20261126)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         n = 100_000
         batch = b"".join(request(i, size=8) for i in range(1000))
         for _ in range(n // 1000):
@@ -393,7 +404,7 @@ def test_no_data_dropped_while_faults_change(what):
         up = await Upstream(answer=False).start()
         fs = FaultSet()
         app = await start(up.address, fs, request_timeout=600)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         stop = asyncio.Event()
         flips = 0
 
@@ -435,7 +446,7 @@ def test_latency_toxic():
         fs = FaultSet(toxics=[Toxic("lat", "latency", stream="downstream", latency=80,
                                     jitter=0)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         writer.write(request(1))
@@ -455,7 +466,7 @@ def test_bandwidth_toxic_rate():
         up = await Upstream(answer=False).start()
         fs = FaultSet(toxics=[Toxic("bw", "bandwidth", stream="upstream", rate=100)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         loop = asyncio.get_running_loop()
         data = b"".join(request(i, size=9992) for i in range(20))      # 200,000 bytes
         t0 = time.monotonic()
@@ -477,7 +488,7 @@ def test_limit_data_toxic_exact_byte_count():
         up = await Upstream(answer=False).start()
         fs = FaultSet(toxics=[Toxic("cap", "limit_data", stream="upstream", bytes=100)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         data = b"".join(request(i) for i in range(10))                 # 240 bytes
         writer.write(data)
         await asyncio.wait_for(up.eof.wait(), 5)
@@ -496,7 +507,7 @@ def test_reset_peer_toxic_is_an_rst():
         up = await Upstream().start()
         fs = FaultSet(toxics=[Toxic("rst", "reset_peer", stream="upstream", timeout=50)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         loop = asyncio.get_running_loop()
         await asyncio.sleep(0.1)
         assert app.routes[0].connections           # only when data arrives (it fires)
@@ -519,14 +530,14 @@ def test_timeout_toxic_holds_then_closes():
         app = await start(up.address, fs)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         writer.write(request(1))
         assert await asyncio.wait_for(reader.read(), 5) == b""
         assert time.monotonic() - t0 >= 0.29
         assert up.arrivals == []
         # timeout 0: held until the toxic is removed, then closed
         fs.set(toxics=[Toxic("hold", "timeout", stream="upstream", timeout=0)])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         writer.write(request(2))
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(reader.read(), 0.4)
@@ -545,7 +556,7 @@ def test_slicer_toxic_same_bytes_in_smaller_writes():
         fs = FaultSet(toxics=[Toxic("sl", "slicer", stream="upstream", average_size=100,
                                     size_variation=20, delay=2000)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         data = request(7, size=3000)
         writer.write(data)
         await wait_for(lambda: len(up.raw) == len(data), timeout=10, what="all bytes")
@@ -563,7 +574,7 @@ def test_slow_close_toxic_delays_the_close():
         up = await Upstream().start()
         fs = FaultSet(toxics=[Toxic("sc", "slow_close", stream="downstream", delay=300)])
         app = await start(up.address, fs)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+        reader, writer = await connect(app)
         loop = asyncio.get_running_loop()
         writer.write(request(1))
         assert num((await read_frame(reader))[1]) == 1     # data is not delayed
@@ -587,7 +598,7 @@ def test_toxicity_is_drawn_once_per_connection():
         loop = asyncio.get_running_loop()
         slow = 0
         for c in range(20):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port(app))
+            reader, writer = await connect(app)
             times = []
             for i in range(3):
                 t0 = time.monotonic()
@@ -614,6 +625,8 @@ def test_pipe_bounds_memory_with_a_slow_toxic():
         app = await start(up.address, fs)
         sock = socket.create_connection(("127.0.0.1", port(app)))
         sock.setblocking(False)
+        await wait_for(lambda: app.routes[0].connections and all(
+            c.upstream is not None for c in app.routes[0].connections), what="upstream")
         loop = asyncio.get_running_loop()
         chunk = request(0, size=65528)
         sent = 0
