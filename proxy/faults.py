@@ -253,6 +253,7 @@ class ConnFaults:
         self.inject_q = deque()        # (reply bytes, FIFO sequence number or None)
         self.injecting = False
         self.retry = None
+        self.backoff = 0.002
         self.draws = {}                # toxic name -> active on this connection
         self.peer_ip = None
         peer = conn.transport.get_extra_info("peername") if conn.transport else None
@@ -302,7 +303,8 @@ class ConnFaults:
                 if not mode and pipe.idle:
                     self._uninstall(d)
         if any(self.pending) and self.retry is None:
-            self.retry = eng.loop.call_later(0.002, self._retry)
+            self.backoff = 0.002
+            self.retry = eng.loop.call_later(self.backoff, self._retry)
 
     def _retry(self):
         """A header split across reads, or a held frame, delayed a set_faults(): again."""
@@ -315,8 +317,9 @@ class ConnFaults:
                 mode, slots = self.pending[d]
                 if conn.parser.set_faults(d, mode, slots):
                     self.pending[d] = None
-        if any(self.pending):
-            self.retry = self.engine.loop.call_later(0.002, self._retry)
+        if any(self.pending):             # a client idle mid-header: back off to 0.1 s
+            self.backoff = min(0.1, self.backoff * 2)
+            self.retry = self.engine.loop.call_later(self.backoff, self._retry)
 
     def _install(self, d):
         from proxy.relay import WRITE_HIGH, WRITE_LOW
@@ -341,6 +344,15 @@ class ConnFaults:
     def hook(self, d, frame):
         if self.injecting:
             return frame                   # our own reply: never a rule's target
+        try:
+            return self._match(d, frame)
+        except Exception as exc:           # a broken reply module must not cost the
+            route = self.engine.route      # connection: the frame goes on unharmed
+            route.log.warning("route %s: fault rule failed, frame forwarded: %s: %s",
+                              route.cfg.name, type(exc).__name__, str(exc)[:200])
+            return frame
+
+    def _match(self, d, frame):
         eng = self.engine
         parser = self.conn.parser
         slot, kind, corr, res, fifo = parser.fault_info(d)
