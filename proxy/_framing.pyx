@@ -517,7 +517,14 @@ cdef class FrameParser:
             elif r < 0:
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
         if hold and emit < n:
-            out.append(bytes(mv[emit:n]))
+            if s.have:
+                # the read ended on a split header whose on_header() asked for more
+                # (want_header): it is withheld like any incomplete header
+                hs = <Py_ssize_t>(s.frame_start - chunk_start)
+                if hs > emit:
+                    out.append(bytes(mv[emit:hs]))
+            else:
+                out.append(bytes(mv[emit:n]))
         return n
 
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
@@ -699,12 +706,13 @@ cdef class FrameParser:
         cdef FrameRecord* rec = &s.rec
         cdef bint fifo = 0
         res = None
-        if self.recording and s.open and s.res_len >= 0:
+        if s.open and s.res_len >= 0:
             res = (<const char*>&s.res[0])[:s.res_len]
         if self.fifo_len and s.open:
             fifo = self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)].key \
                 == self.fifo_seq and rec.corr == self.fifo_seq and rec.kind == K_REQUEST
-        return (rec.slot, rec.kind if s.open else -1, rec.corr if s.open else 0, res, fifo)
+        return (rec.slot, rec.kind if s.open else -1,
+                <uint64_t>rec.corr if s.open else 0, res, fifo)
 
     def fault_attr(self, int d, bytes key, bytes value):
         """An attrs entry on the frame being handed over (attrs.fault = rule name)."""

@@ -508,7 +508,14 @@ class FrameParser:
             elif r < 0:
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
         if hold and emit < n:
-            out.append(bytes(mv[emit:n]))
+            if s.hdr:
+                # the read ended on a split header whose on_header() asked for more
+                # (want_header): it is withheld like any incomplete header
+                hs = s.frame_start - chunk_start
+                if hs > emit:
+                    out.append(bytes(mv[emit:hs]))
+            else:
+                out.append(bytes(mv[emit:n]))
         return n
 
     def _fatal_prefix(self, d, chunk_start, emit, mv, out):
@@ -622,7 +629,7 @@ class FrameParser:
 
     def fault_info(self, d):
         s = self.st[d]
-        rec = s.rec if (self.recording and s.open) else None
+        rec = s.rec if s.open else None
         res = None
         if rec is not None and rec.resource is not None:
             res = rec.resource.encode("utf-8")
@@ -631,7 +638,7 @@ class FrameParser:
             fifo = (self.fifo[-1].key == self.fifo_seq and rec.corr == self.fifo_seq
                     and rec.kind == K_REQUEST)
         return (s.slot, rec.kind if rec is not None else -1,
-                rec.corr if rec is not None else 0, res, fifo)
+                rec.corr & _U64 if rec is not None else 0, res, fifo)
 
     def fault_attr(self, d, key, value):
         if self.st[d].open:
