@@ -181,14 +181,17 @@ class Bandwidth(TimedStage):
         self.free_at = t
 
 
-class Slicer(TimedStage):
-    """Cuts each write into pieces of about average_size +- size_variation bytes, delay
-    us apart (toxics/slicer.go's recursive halving)."""
+class Slicer(Stage):
+    """Cuts each write into pieces of about average_size +- size_variation bytes and
+    waits ``delay`` us after each piece, as toxics/slicer.go does (a late timer never
+    bunches pieces together: the wait starts when a piece is written)."""
 
     kind = "slicer"
 
     def __init__(self, pipe, attrs):
         super().__init__(pipe)
+        self.q = deque()
+        self.timer = None
         self.update(attrs)
 
     def update(self, attrs):
@@ -209,17 +212,54 @@ class Slicer(TimedStage):
         self.cuts(mid, end, out)
 
     def push(self, item):
-        if not isinstance(item, (bytes, bytearray, memoryview)) or not item:
-            self.hold(item, self.pipe.now())
+        if isinstance(item, (bytes, bytearray, memoryview)) and item:
+            ends = []
+            self.cuts(0, len(item), ends)
+            start = 0
+            for end in ends:
+                self.q.append(bytes(item[start:end]))
+                start = end
+            self.pipe.queued(len(item))
+        else:
+            self.q.append(item)
+        if self.timer is None:
+            self._pump()
+
+    def _pump(self):
+        self.timer = None
+        if not self.q:
             return
-        ends = []
-        self.cuts(0, len(item), ends)
-        t = self.pipe.now()
-        start = 0
-        for end in ends:
-            self.hold(bytes(item[start:end]), t)
-            start = end
-            t += self.delay
+        item = self.q.popleft()
+        if isinstance(item, bytes):
+            self.pipe.queued(-len(item))
+            self.emit(item)
+            if self.delay and not self.pipe.dead:
+                self.timer = self.pipe.loop.call_later(self.delay, self._pump)
+                return
+        else:
+            self.emit(item)
+        if self.q and not self.pipe.dead:
+            self._pump()
+
+    def remove(self):
+        self.cancel_timer()
+        q, self.q = self.q, deque()
+        for item in q:
+            if isinstance(item, bytes):
+                self.pipe.queued(-len(item))
+            self.emit(item)
+
+    def cancel_timer(self):
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def cancel(self):
+        self.cancel_timer()
+        for item in self.q:
+            if isinstance(item, bytes):
+                self.pipe.queued(-len(item))
+        self.q.clear()
 
 
 class SlowClose(TimedStage):

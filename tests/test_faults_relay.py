@@ -355,18 +355,34 @@ def test_error_flymq_in_fifo_place_counted_as_a_response(tmp_path):
         assert len(injected) == 1 and injected[0]["attrs"]["injected"] == "1"
         assert injected[0]["correlation_id"] == "2" and injected[0]["status"] == "ERROR"
         writer.close()
-
-        # the loadgen client sees it as a server error on that request only
-        fs.set(rules=[Rule("busy", "error", opcodes=["PRODUCE"], trigger="once",
-                           message="injected busy")])
-        client = FlyMQClient("127.0.0.1", port(app), timeout=5)
-        with pytest.raises(FlyMQServerError, match="injected busy"):
-            await asyncio.to_thread(client.produce, "t", b"v")
-        await asyncio.to_thread(client.produce, "t", b"v")
-        client.close()
         await app.shutdown(0)
         up.close()
     run(scenario())
+
+
+def test_error_flymq_seen_by_the_loadgen_client(tmp_path):
+    """Against the reference FlyMQ server: the loadgen client raises FlyMQServerError
+    with the injected message for that request only; the next one succeeds."""
+    with server_process(tmp_path, "flymq") as srv:
+        async def scenario():
+            fs = FaultSet([Rule("busy", "error", opcodes=["PRODUCE"], trigger="once",
+                                message="injected busy")])
+            app = await start(srv.address, fs)
+            app.routes[0].faults._replies = FlyMQReplies  # stand-in until flymq/faults.py
+            client = FlyMQClient("127.0.0.1", port(app), timeout=5)
+            await asyncio.to_thread(client.create_topic, "faults")
+            with pytest.raises(FlyMQServerError, match="injected busy") as info:
+                await asyncio.to_thread(client.produce, "faults", b"v")
+            print(f"\nflymq client: {type(info.value).__name__}: {info.value}")
+            meta = await asyncio.to_thread(client.produce, "faults", b"v")
+            assert meta.topic == "faults"
+            client.close()
+            assert sample(app, "frametap_responses_total", opcode="PRODUCE",
+                          status="ERROR", **R) == 1
+            assert sample(app, "frametap_responses_total", opcode="PRODUCE",
+                          status="OK", **R) == 1
+            await app.shutdown(0)
+        run(scenario())
 
 
 # ---- probability ------------------------------------------------------------------
