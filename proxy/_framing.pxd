@@ -159,7 +159,6 @@ cdef struct DirState:
     Py_ssize_t ghave         # gather(): body bytes held in hbuf
     int body                 # 1: the rest of this frame goes to on_body()
     int capture              # CAP_* bits: hold this whole frame (rewrite() / fault_hook)
-    int mark                 # 1: frames the fault engine injects (attrs.injected = "1")
     int open                 # 1: rec holds a frame begun and not yet emitted
     int rows                 # entry(): rows this frame has produced
     uint8_t* hbuf            # split header / gathered body bytes (heap, <= header_limit)
@@ -334,15 +333,6 @@ cdef class FrameParser:
     cdef public object output           # list of bytes to forward for the last feed(), or None
     cdef list captured                  # per direction: bytearray of the frame being captured
 
-    # Faults (proxy/faults.py): an armed direction holds each frame until its opcode slot
-    # is known; a frame whose slot is armed goes whole to fault_hook, any other is
-    # forwarded without a Python call.  Unarmed directions never look at these fields.
-    cdef uint8_t fault_mode[2]          # 0 off; 1 slots in fault_bits; 2 every frame
-    cdef uint64_t fault_bits[2][FAULT_WORDS]   # armed opcode slots
-    cdef bint fault_hold[2]             # hold[d] was turned on by set_faults()
-    cdef bint fault_rec                 # recording forced on while armed (kind, resource)
-    cdef public object fault_hook       # callable(d, frame) -> bytes or a fault marker
-
     # Correlation by key (RabbitMQ Stream, RocketMQ...): open addressing, linear
     # probing, backward-shift deletion; at most map_limit pending entries.  The request
     # ring (map_cap slots) holds the entries' indexes in the order their requests were
@@ -381,11 +371,31 @@ cdef class FrameParser:
     # until first used.
     cdef CorrState* cs
 
+    # Faults (proxy/faults.py): an armed direction holds each frame until its opcode slot
+    # is known; a frame whose slot is armed goes whole to fault_hook, any other is
+    # forwarded without a Python call.  Unarmed directions never look at these fields.
+    cdef uint8_t fault_mode[2]          # 0 off; 1 slots in fault_bits; 2 every frame
+    cdef uint64_t fault_bits[2][FAULT_WORDS]   # armed opcode slots
+    cdef bint fault_hold[2]             # hold[d] was turned on by set_faults()
+    cdef bint fault_rec                 # recording forced on while armed (kind, resource)
+    cdef public object fault_hook       # callable(d, frame) -> bytes or a fault marker
+    # (last: the fields above keep the offsets the parsers were compiled against)
+    cdef bint fault_marking[2]          # frames fed now were made by the fault engine
+    cdef int64_t fault_marked[2]        # 1 + frame_start of the last frame so marked
+
     cpdef Py_ssize_t feed(self, int direction, object data) except -1
     cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
                           Py_ssize_t n) except -1
     cdef int _frame_end(self, int d, list out) except -1
     cdef int _fault_decide(self, int d) noexcept
+    cdef void _mark_injected(self, int d) noexcept
+    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object mv,
+                        list out) except -1
+    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
+                                  Py_ssize_t n, const uint8_t* buf, object mv,
+                                  list out) except -2
+    cdef int _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos, Py_ssize_t take,
+                           object mv) except -1
     cdef bint _fault_wants(self, int d) noexcept
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
                           const uint8_t* h) except -1
@@ -574,16 +584,6 @@ cdef inline int add_attr(FrameParser self, int d, const uint8_t* k, Py_ssize_t k
 
 
 
-cdef inline void _mark_injected(DirState* s) noexcept:
-    """attrs.injected = "1" on the frame being begun (its rows all carry it)."""
-    if s.attrs is NULL:
-        s.attrs = <uint8_t*>PyMem_Malloc(ATTRS_MAX)
-        if s.attrs is NULL:
-            return
-    memcpy(s.attrs, b"\x00\x08injected\x00\x011", 13)
-    s.alen = 13
-
-
 cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t frame_bytes,
                 int64_t header_bytes) noexcept:
     """A frame: count it under opcode `slot` and open its record."""
@@ -619,8 +619,6 @@ cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t fram
     rec.has_status = 0
     s.res_len = -1
     s.alen = 0
-    if s.mark:                             # a reply the fault engine made (recording only)
-        _mark_injected(s)
 
 
 cdef inline void add_messages(FrameParser self, int d, int64_t n) noexcept:

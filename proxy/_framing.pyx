@@ -421,10 +421,8 @@ cdef class FrameParser:
                 if take > s.remaining:
                     take = s.remaining
                 if s.capture:
-                    self.captured[d] += mv[pos:pos + take]
+                    self._capture_more(d, buf + pos, pos, take, mv)
                     emit = pos + take
-                    if s.body:                 # a frame held for faults still streams
-                        self.on_body(d, buf + pos, take)
                 elif s.body:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
@@ -442,20 +440,12 @@ cdef class FrameParser:
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
                             return self._contract_error(d, r, asked, pos, emit, mv, out)
-                        if s.capture and (not s.capture & CAP_UNDECIDED
-                                          or self._fault_decide(d)):
-                            if emit < pos:
-                                out.append(bytes(mv[emit:pos]))
-                            take = r if r <= n - pos else n - pos
-                            self.captured[d] = bytearray(mv[pos:pos + take])
-                            if s.body and take > s.skip:   # held for faults: the body
-                                self.on_body(d, buf + pos + s.skip, take - s.skip)
-                            s.remaining = r - take
-                            pos += take
-                            emit = pos
-                            if s.remaining == 0:
-                                self._frame_end(d, out)
-                        elif s.body:           # the body streams through on_body()
+                        if s.capture:
+                            take = self._capture_head(d, r, pos, emit, n, buf, mv, out)
+                            if take >= 0:      # held: the read goes on after its bytes
+                                pos = emit = take
+                                continue
+                        if s.body:           # the body streams through on_body()
                             pos += s.skip
                             s.remaining = r - s.skip
                             if s.remaining == 0:
@@ -517,15 +507,23 @@ cdef class FrameParser:
             elif r < 0:
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
         if hold and emit < n:
-            if s.have:
-                # the read ended on a split header whose on_header() asked for more
-                # (want_header): it is withheld like any incomplete header
-                hs = <Py_ssize_t>(s.frame_start - chunk_start)
-                if hs > emit:
-                    out.append(bytes(mv[emit:hs]))
-            else:
-                out.append(bytes(mv[emit:n]))
+            self._hold_tail(d, n, emit, mv, out)
         return n
+
+    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object mv,
+                        list out) except -1:
+        """End of a read with hold on: what is not yet placed in ``out`` goes there,
+        except a split header whose on_header() asked for more (want_header): that is
+        withheld like any incomplete header (out of line: the loop stays small)."""
+        cdef DirState* s = &self.st[d]
+        cdef Py_ssize_t hs
+        if s.have:
+            hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
+            if hs > emit:
+                out.append(bytes(mv[emit:hs]))
+        else:
+            out.append(bytes(mv[emit:n]))
+        return 0
 
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
                           const uint8_t* h) except -1:
@@ -646,6 +644,45 @@ cdef class FrameParser:
         return self.fault_mode[d] == 1 and 0 <= slot < OPCODE_SLOTS and \
             (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
 
+    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
+                                  Py_ssize_t n, const uint8_t* buf, object mv,
+                                  list out) except -2:
+        """A frame whose header is whole in this read, with capture bits set: hold it
+        from its first byte (returns where the read goes on), or -1 when an armed
+        direction's frame turns out not to be armed (it passes as usual).  Out of line,
+        as _capture_more(): the feed loop stays as small as without captures."""
+        cdef DirState* s = &self.st[d]
+        cdef Py_ssize_t take
+        if s.capture & CAP_UNDECIDED and not self._fault_decide(d):
+            return -1
+        if emit < pos:
+            out.append(bytes(mv[emit:pos]))
+        take = r if r <= n - pos else n - pos
+        self.captured[d] = bytearray(mv[pos:pos + take])
+        if s.body and take > s.skip:           # held for faults: the body still streams
+            self.on_body(d, buf + pos + s.skip, take - s.skip)
+        s.remaining = r - take
+        if s.remaining == 0:
+            self._frame_end(d, out)
+        return pos + take
+
+    cdef int _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos, Py_ssize_t take,
+                           object mv) except -1:
+        """More bytes of a held frame (and its body, for a frame held for faults)."""
+        self.captured[d] += mv[pos:pos + take]
+        if self.st[d].body:
+            self.on_body(d, p, take)
+        return 0
+
+    cdef void _mark_injected(self, int d) noexcept:
+        """A row of a frame the fault engine made: attrs.injected = "1", once per frame
+        (entry()'s later rows share the frame's attrs)."""
+        cdef DirState* s = &self.st[d]
+        if self.fault_marked[d] == s.frame_start + 1:
+            return
+        self.fault_marked[d] = s.frame_start + 1
+        add_attr(self, d, b"injected", 8, b"1", 1)
+
     cdef int _fault_decide(self, int d) noexcept:
         """An undecided held frame: once begin() named its opcode slot, keep it for the
         fault hook (CAP_FAULT) or let it go; returns the capture bits left."""
@@ -722,7 +759,7 @@ cdef class FrameParser:
 
     def fault_mark(self, int d, bint on):
         """Frames fed while on were made by the proxy: attrs.injected = "1"."""
-        self.st[d].mark = on
+        self.fault_marking[d] = on
 
     def fault_forget(self):
         """The FIFO request just handed over never reaches the server: take it out of
@@ -884,6 +921,8 @@ cdef class FrameParser:
         cdef Py_ssize_t res_len = -1, alen = 0, cid_len = -1
         cdef bint same_frame = 0
         if rec is &s.rec:                  # a frame's row (timeout events have neither)
+            if self.fault_marking[rec.direction & 1]:
+                self._mark_injected(rec.direction & 1)
             res = &s.res[0]
             res_len = s.res_len
             attrs = s.attrs
