@@ -158,7 +158,7 @@ class RouteFaults:
             fx = getattr(conn, "fx", None)
             if fx is not None:
                 fx.apply()
-            elif self.active and conn.upstream is not None and not conn.closed:
+            elif self.active and conn.parser is not None and not conn.closed:
                 self.attach(conn)
 
     def _modes(self):
@@ -228,11 +228,18 @@ class RouteFaults:
         return bool(self.rules[0] or self.rules[1] or self.toxics[0] or self.toxics[1])
 
     def attach(self, conn):
-        """A connection whose upstream is up: arm it (nothing while the route has no
-        rule or toxic: reload() attaches the open connections when one comes)."""
+        """A new connection (its parser made, its upstream not connected yet): arm its
+        parser, so that rules see its first bytes (nothing while the route has no rule
+        or toxic: reload() attaches the open connections when one comes)."""
         if self.active:
             conn.fx = ConnFaults(self, conn)
             conn.fx.apply()
+
+    def connected(self, conn):
+        """Its upstream is up: the pipes (delays, toxics) go in before the first write."""
+        fx = getattr(conn, "fx", None)
+        if fx is not None:
+            fx.apply()
 
     def count(self, opcode, fault, action):
         key = (opcode, fault, action)
@@ -274,7 +281,7 @@ class ConnFaults:
     def apply(self):
         """Bring this connection in line with the engine's rules and toxics."""
         conn = self.conn
-        if conn is None or conn.closed or conn.parser is None or conn.upstream is None:
+        if conn is None or conn.closed or conn.parser is None:
             return
         eng = self.engine
         modes = eng._modes()
@@ -296,8 +303,8 @@ class ConnFaults:
             for gone in [n for n in self.draws if n not in names]:
                 del self.draws[gone]       # removed: a toxic added again draws afresh
             pipe = self.pipes[d]
-            if pipe is None and (mode or active):
-                pipe = self._install(d)
+            if pipe is None and (mode or active) and conn.upstream is not None:
+                pipe = self._install(d)        # (before the upstream is up: connected())
             if pipe is not None:
                 pipe.set_toxics(active)
                 if not mode and pipe.idle:

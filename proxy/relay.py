@@ -326,6 +326,8 @@ class ClientSide(asyncio.Protocol):
             return
         self.parser = route.new_parser(transport.get_extra_info("sockname"))
         route.start_logging(self.parser, self.peer)
+        if route.faults is not None:       # rules apply from the first byte (proxy.faults)
+            route.faults.attach(self)
         route.connections.add(self)
         route.stats.conn_total += 1
         route.stats.conn_active += 1
@@ -379,15 +381,18 @@ class ClientSide(asyncio.Protocol):
         route.stats.observe_connect(time.perf_counter() - started)
         if self.closed:                    # client gone or broke the protocol meanwhile:
             if self.early:                 # its valid bytes still reach the server
-                upstream.transport.write(b"".join(self.early))
+                upstream.transport.write(b"".join(x for x in self.early
+                                                  if isinstance(x, bytes)))
             upstream.transport.close()
             return
         self.upstream = upstream
+        if route.faults is not None:       # toxics and held frames from here on
+            route.faults.connected(self)
         if self.early:
-            upstream.transport.write(b"".join(self.early))
+            upstream.transport.writelines(self.early)   # (with faults: markers too)
             self.early = None
-        if route.faults is not None:       # rules and toxics from here on (proxy.faults)
-            route.faults.attach(self)
+            if self.closed:                # a fault rule closed it
+                return
         if self.client_eof:
             upstream.transport.write_eof()
         elif not self.paused_by_peer:
