@@ -256,6 +256,7 @@ class ConnFaults:
         # a strong reference back would make every armed connection a reference cycle
         self._conn = weakref.ref(conn)
         self.pipes = [None, None]
+        self.want_pipe = [False, False]   # a delay/close marker waits for its pipe
         self.pending = [None, None]    # set_faults() that must wait for a frame boundary
         self.inject_q = deque()        # (reply bytes, FIFO sequence number or None)
         self.injecting = False
@@ -302,12 +303,14 @@ class ConnFaults:
             names = {t.name for t in eng.toxics[0] + eng.toxics[1]}
             for gone in [n for n in self.draws if n not in names]:
                 del self.draws[gone]       # removed: a toxic added again draws afresh
+            # a pipe only while toxics run or a rule's delay/close is in it: a rule that
+            # does not fire leaves the relay writing to the real transport
             pipe = self.pipes[d]
-            if pipe is None and (mode or active) and conn.upstream is not None:
+            if pipe is None and (active or self.want_pipe[d]) and conn.upstream is not None:
                 pipe = self._install(d)        # (before the upstream is up: connected())
             if pipe is not None:
                 pipe.set_toxics(active)
-                if not mode and pipe.idle:
+                if pipe.idle and not self.want_pipe[d]:
                     self._uninstall(d)
         if any(self.pending) and self.retry is None:
             self.backoff = 0.002
@@ -338,9 +341,16 @@ class ConnFaults:
         self.pipes[d] = pipe
         return pipe
 
+    def pipe_drained(self, pipe):
+        """The rules stage let its last item go: without toxics the pipe goes."""
+        d = pipe.d
+        if self.pipes[d] is pipe and pipe.idle:
+            self._uninstall(d)
+
     def _uninstall(self, d):
         conn = self.conn
         pipe = self.pipes[d]
+        self.want_pipe[d] = False
         side = conn.upstream if d == 0 else conn
         if side is not None and side.transport is pipe:
             side.transport = pipe.real
@@ -399,13 +409,13 @@ class ConnFaults:
             ms = r.delay_ms
             if r.jitter_ms:
                 ms += eng.rng.uniform(-r.jitter_ms, r.jitter_ms)
-            hit = FaultHit("delay", frame, max(0.0, ms) / 1000.0)
+            hit = self._marker(d, FaultHit("delay", frame, max(0.0, ms) / 1000.0))
         elif action == "drop":
             if fifo:
                 parser.fault_forget()      # later answers pair with later requests
-            hit = FaultHit("drop")
+            hit = b""
         elif action == "close":
-            hit = FaultHit("close", rst=bool(r.rst))
+            hit = self._marker(d, FaultHit("close", rst=bool(r.rst)))
         else:                              # error
             reply = self._reply(st, frame)
             if reply is None:
@@ -415,9 +425,17 @@ class ConnFaults:
             if "_relay" not in self.conn.__dict__:
                 self.conn._relay = self.relay   # server reads now pass through relay()
             eng.loop.call_soon(self.try_inject)
-            hit = FaultHit("error")
+            hit = b""
         parser.fault_attr(d, b"fault", r.name.encode("utf-8", "replace"))
         eng.count(opname, r.name, action)
+        return hit
+
+    def _marker(self, d, hit):
+        """A marker for the direction's pipe, put in now (the relay looks up its
+        destination after feed() returns) or, before the upstream is up, by connected()."""
+        self.want_pipe[d] = True
+        if self.pipes[d] is None and self.conn.upstream is not None:
+            self._install(d)
         return hit
 
     def _reply(self, st, frame):

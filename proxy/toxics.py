@@ -74,6 +74,8 @@ class TimedStage(Stage):
     """A FIFO of (due time, item) released by one timer: order is kept, an item is
     never released before the ones ahead of it."""
 
+    drained = None                     # callable(pipe) when the queue empties
+
     def __init__(self, pipe):
         super().__init__(pipe)
         self.q = deque()
@@ -112,6 +114,8 @@ class TimedStage(Stage):
                 return
         if q:
             self._arm()
+        elif self.drained is not None:
+            self.drained(self.pipe)
 
     def remove(self):
         if self.timer is not None:
@@ -434,13 +438,40 @@ class Pipe:
         self.sink = Sink(self)
         self.rules = TimedStage(self)  # delay rules: later items queue behind
         self.rules.emit = self._after_rules
+        self.rules.drained = owner.pipe_drained
         self.toxics = []               # [(name, stage)] in chain order
         self._link()
 
     now = staticmethod(time.monotonic)
 
-    def __getattr__(self, name):       # everything else: the real transport
-        return getattr(self.real, name)
+    # the rest of the transport's interface goes to the real one (spelled out: a
+    # __getattr__ would slow every attribute lookup on the pipe)
+    def pause_reading(self):
+        self.real.pause_reading()
+
+    def resume_reading(self):
+        self.real.resume_reading()
+
+    def is_reading(self):
+        return self.real.is_reading()
+
+    def get_extra_info(self, name, default=None):
+        return self.real.get_extra_info(name, default)
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        self.real.set_write_buffer_limits(high=high, low=low)
+
+    def get_write_buffer_limits(self):
+        return self.real.get_write_buffer_limits()
+
+    def get_write_buffer_size(self):
+        return self.real.get_write_buffer_size() + self.held
+
+    def get_protocol(self):
+        return self.real.get_protocol()
+
+    def set_protocol(self, protocol):
+        self.real.set_protocol(protocol)
 
     # ---- the chain ------------------------------------------------------------
 

