@@ -98,6 +98,8 @@ cdef enum:
     CAP_FAULT = 2            # its opcode is armed: fault_hook(d, frame) decides
     CAP_UNDECIDED = 4        # an armed direction holds every frame until its opcode slot
                              # is known (begin()); then it is kept (CAP_FAULT) or let go
+    CAP_NEXT = 8             # armed, nothing held: the next frame is decided at its header
+                             # (set while a frame that was let go finishes, too)
     FAULT_WORDS = 5          # fault_bits words: OPCODE_SLOTS bits
 
 # Longest probe an insert walks before the map is rehashed under a new seed: at most half
@@ -382,20 +384,24 @@ cdef class FrameParser:
     # (last: the fields above keep the offsets the parsers were compiled against)
     cdef bint fault_marking[2]          # frames fed now were made by the fault engine
     cdef int64_t fault_marked[2]        # 1 + frame_start of the last frame so marked
+    cdef bint fault_record[2]           # rules of direction d need kind / resource: record
+    cdef int64_t fault_fifo_mark[2]     # fifo_seq when direction d's frame began (FIFO
+                                        # requests are known without recording)
 
     cpdef Py_ssize_t feed(self, int direction, object data) except -1
     cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
                           Py_ssize_t n) except -1
     cdef int _frame_end(self, int d, list out) except -1
     cdef int _fault_decide(self, int d) noexcept
+    cdef void _fault_rearm(self, int d) noexcept
     cdef void _mark_injected(self, int d) noexcept
     cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object mv,
                         list out) except -1
     cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
                                   Py_ssize_t n, const uint8_t* buf, object mv,
                                   list out) except -2
-    cdef int _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos, Py_ssize_t take,
-                           object mv) except -1
+    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
+                                  Py_ssize_t take, object mv, Py_ssize_t emit) except -1
     cdef bint _fault_wants(self, int d) noexcept
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
                           const uint8_t* h) except -1

@@ -421,8 +421,7 @@ cdef class FrameParser:
                 if take > s.remaining:
                     take = s.remaining
                 if s.capture:
-                    self._capture_more(d, buf + pos, pos, take, mv)
-                    emit = pos + take
+                    emit = self._capture_more(d, buf + pos, pos, take, mv, emit)
                 elif s.body:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
@@ -489,10 +488,10 @@ cdef class FrameParser:
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
-                    if s.capture & CAP_UNDECIDED:
+                    if s.capture & (CAP_UNDECIDED | CAP_NEXT):
                         self._fault_decide(d)
                     hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
-                    if s.capture:
+                    if s.capture & ~CAP_NEXT:
                         if hs > emit:
                             out.append(bytes(mv[emit:hs]))
                         self.captured[d] = bytearray(s.hbuf[:s.have])
@@ -614,11 +613,13 @@ cdef class FrameParser:
         if s.body:
             s.body = 0
             self.on_body_end(d)
-        if cap:
+        s.capture = 0
+        if cap & ~CAP_NEXT:                    # a held frame
             if cap & CAP_UNDECIDED:
+                s.capture = cap
                 self._fault_decide(d)
-                cap = s.capture & ~CAP_UNDECIDED   # a frame that never began: let go
-            s.capture = 0
+                cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
+                s.capture = 0
             frame = bytes(self.captured[d])
             self.captured[d] = None
             if cap & CAP_REWRITE:
@@ -633,8 +634,8 @@ cdef class FrameParser:
         if s.open:
             s.open = 0
             self._emit(&s.rec)
-        if self.fault_mode[d] and self.hold[d] and not s.capture:
-            s.capture = CAP_UNDECIDED          # hold the next frame until its opcode is known
+        if self.fault_mode[d] and self.hold[d]:
+            self._fault_rearm(d)               # decide the next frame at its header
         return 0
 
     cdef bint _fault_wants(self, int d) noexcept:
@@ -653,7 +654,9 @@ cdef class FrameParser:
         as _capture_more(): the feed loop stays as small as without captures."""
         cdef DirState* s = &self.st[d]
         cdef Py_ssize_t take
-        if s.capture & CAP_UNDECIDED and not self._fault_decide(d):
+        if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not self._fault_decide(d):
+            if not s.body and r <= n - pos and not s.open:
+                self._fault_rearm(d)           # it ends here and _frame_end() won't run
             return -1
         if emit < pos:
             out.append(bytes(mv[emit:pos]))
@@ -666,13 +669,17 @@ cdef class FrameParser:
             self._frame_end(d, out)
         return pos + take
 
-    cdef int _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos, Py_ssize_t take,
-                           object mv) except -1:
-        """More bytes of a held frame (and its body, for a frame held for faults)."""
-        self.captured[d] += mv[pos:pos + take]
-        if self.st[d].body:
+    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
+                                  Py_ssize_t take, object mv, Py_ssize_t emit) except -1:
+        """More bytes of a held frame (and its body, for a frame held for faults);
+        returns where the bytes not yet placed in the output start."""
+        cdef DirState* s = &self.st[d]
+        if s.capture & ~CAP_NEXT:
+            self.captured[d] += mv[pos:pos + take]
+            emit = pos + take
+        if s.body:
             self.on_body(d, p, take)
-        return 0
+        return emit
 
     cdef void _mark_injected(self, int d) noexcept:
         """A row of a frame the fault engine made: attrs.injected = "1", once per frame
@@ -684,19 +691,29 @@ cdef class FrameParser:
         add_attr(self, d, b"injected", 8, b"1", 1)
 
     cdef int _fault_decide(self, int d) noexcept:
-        """An undecided held frame: once begin() named its opcode slot, keep it for the
-        fault hook (CAP_FAULT) or let it go; returns the capture bits left."""
+        """At an armed frame's header (CAP_NEXT) or end: once begin() named its opcode
+        slot, keep it for the fault hook (CAP_FAULT) or let it go (CAP_NEXT: the next
+        frame is decided in turn); until then hold it (CAP_UNDECIDED).  Returns the bits
+        that hold the frame (0: it passes).  begin() always sets rec.messages = 0, over
+        the -1 _fault_rearm() left: that tells a begun frame without recording."""
         cdef DirState* s = &self.st[d]
-        if not s.open:
+        if s.capture & CAP_NEXT:
+            s.capture = (s.capture & ~CAP_NEXT) | CAP_UNDECIDED
+        if s.rec.messages < 0:
             return s.capture                   # not begun yet (begin() in on_body())
         s.capture &= ~CAP_UNDECIDED
-        if self._fault_wants(d):
-            s.capture |= CAP_FAULT
-        return s.capture
+        s.capture |= CAP_FAULT if self._fault_wants(d) else CAP_NEXT
+        return s.capture & ~CAP_NEXT
+
+    cdef void _fault_rearm(self, int d) noexcept:
+        """Between two frames of an armed direction: decide the next at its header."""
+        self.st[d].capture = CAP_NEXT
+        self.st[d].rec.messages = -1
+        self.fault_fifo_mark[d] = self.fifo_seq
 
     # ---- faults (proxy/faults.py; docs/design.md, "Faults") ------------------
 
-    def set_faults(self, int d, int mode, slots=()):
+    def set_faults(self, int d, int mode, slots=(), bint record=True):
         """Arm direction d: mode 0 off, 1 the opcode slots in ``slots``, 2 every frame.
         Armed frames go whole to ``fault_hook(d, frame)``, whose result is forwarded in
         their place.  Returns False when the change must wait for a frame boundary (a
@@ -712,7 +729,9 @@ cdef class FrameParser:
             if 0 <= slot < OPCODE_SLOTS:
                 self.fault_bits[d][slot >> 6] |= (<uint64_t>1) << (slot & 63)
         self.fault_mode[d] = mode if 0 <= mode <= 2 else 2
-        self.fault_rec = self.fault_mode[0] != 0 or self.fault_mode[1] != 0
+        self.fault_record[d] = record
+        self.fault_rec = (self.fault_mode[0] != 0 and self.fault_record[0]) or \
+            (self.fault_mode[1] != 0 and self.fault_record[1])
         self.recording = self.log is not None or self._tracer is not None or self.fault_rec
         if self.fault_mode[d]:
             if not self.hold[d]:
@@ -720,11 +739,17 @@ cdef class FrameParser:
                     return False               # those header bytes were forwarded already
                 self.hold[d] = 1
                 self.fault_hold[d] = 1
-            if not s.capture and s.have == 0 and s.remaining == 0:
-                s.capture = CAP_UNDECIDED
+            if not s.capture & ~CAP_NEXT:
+                if s.have:
+                    return False               # mid-header: at the next boundary
+                if s.remaining == 0:
+                    self._fault_rearm(d)
+                else:                          # mid-frame: it passes, the next is decided
+                    s.capture = CAP_NEXT
             return True
-        if s.capture == CAP_UNDECIDED and s.have == 0 and s.remaining == 0:
-            s.capture = 0                      # nothing held yet
+        if s.capture & (CAP_NEXT | CAP_UNDECIDED) == s.capture and s.have == 0 \
+                and s.remaining == 0:
+            s.capture = 0                      # nothing held
         if self.fault_hold[d]:
             if s.capture or s.have:
                 return False                   # a held frame or header: at its end
@@ -745,11 +770,13 @@ cdef class FrameParser:
         res = None
         if s.open and s.res_len >= 0:
             res = (<const char*>&s.res[0])[:s.res_len]
-        if self.fifo_len and s.open:
+        if self.fifo_len and self.fifo_seq != self.fault_fifo_mark[d]:
+            # this frame pushed the newest FIFO entry: a request answered in order
             fifo = self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)].key \
-                == self.fifo_seq and rec.corr == self.fifo_seq and rec.kind == K_REQUEST
+                == self.fifo_seq
         return (rec.slot, rec.kind if s.open else -1,
-                <uint64_t>rec.corr if s.open else 0, res, fifo)
+                <uint64_t>self.fifo_seq if fifo else (<uint64_t>rec.corr if s.open else 0),
+                res, fifo)
 
     def fault_attr(self, int d, bytes key, bytes value):
         """An attrs entry on the frame being handed over (attrs.fault = rule name)."""

@@ -114,7 +114,7 @@ class RouteFaults:
         self.version = -1
         self.rules = [[], []]          # per direction: [RuleState] in order
         self.toxics = [[], []]         # per direction: [Toxic] in order
-        self.modes = [(0, ()), (0, ())]   # per direction: (mode, slots) for set_faults
+        self.modes = [(0, (), False)] * 2  # per direction: set_faults(mode, slots, record)
         self._names = {}               # opcode name -> slot, resolved
         self._codes = None             # opcode name -> numeric code (from the namer)
         self._slot_names = {}
@@ -162,22 +162,26 @@ class RouteFaults:
                 self.attach(conn)
 
     def _modes(self):
-        """Per direction (mode, slots): every frame when a rule names no opcode."""
+        """Per direction (mode, slots, record): every frame when a rule names no
+        opcode; the parser records (frame kind, resource) only when a rule needs them
+        (a resource glob; error, which answers requests only)."""
         if not self._modes_stale:
             return self.modes
         modes = []
         for d in (0, 1):
             states = self.rules[d]
+            record = any(st.rule.resource is not None or st.rule.action == "error"
+                         for st in states)
             if not states:
-                modes.append((0, ()))
+                modes.append((0, (), False))
             elif any(st.rule.opcodes is None for st in states):
-                modes.append((2, ()))
+                modes.append((2, (), record))
             else:
                 slots = set()
                 for st in states:
                     for name in st.rule.opcodes:
                         slots.update(self.slots_of(name))
-                modes.append((1, tuple(sorted(slots))))
+                modes.append((1, tuple(sorted(slots)), record))
         self.modes = modes
         self._modes_stale = False
         return modes
@@ -290,8 +294,9 @@ class ConnFaults:
         if parser.fault_hook is None and (modes[0][0] or modes[1][0]):
             parser.fault_hook = self.hook
         for d in (0, 1):
-            mode, slots = modes[d]
-            self.pending[d] = None if parser.set_faults(d, mode, slots) else (mode, slots)
+            mode, slots, record = modes[d]
+            self.pending[d] = (None if parser.set_faults(d, mode, slots, record)
+                               else modes[d])
             active = []
             for t in eng.toxics[d]:
                 on = self.draws.get(t.name)
@@ -324,8 +329,7 @@ class ConnFaults:
             return
         for d in (0, 1):
             if self.pending[d] is not None:
-                mode, slots = self.pending[d]
-                if conn.parser.set_faults(d, mode, slots):
+                if conn.parser.set_faults(d, *self.pending[d]):
                     self.pending[d] = None
         if any(self.pending):             # a client idle mid-header: back off to 0.1 s
             self.backoff = min(0.1, self.backoff * 2)

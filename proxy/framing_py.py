@@ -20,7 +20,7 @@ from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
 CORR_NONE, CORR_INT, CORR_PAIR, CORR_SINT, CORR_STR = 0, 1, 2, 3, 4
-CAP_REWRITE, CAP_FAULT, CAP_UNDECIDED = 1, 2, 4      # _Dir.capture bits (_framing.pxd)
+CAP_REWRITE, CAP_FAULT, CAP_UNDECIDED, CAP_NEXT = 1, 2, 4, 8   # _Dir.capture (_framing.pxd)
 _U64 = (1 << 64) - 1
 
 
@@ -255,7 +255,8 @@ class RouteStats:
 
 class _Dir:
     __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "skip", "gbuf",
-                 "body", "capture", "open", "rows", "rec", "taken", "slot", "hcap", "mark")
+                 "body", "capture", "open", "rows", "rec", "taken", "slot", "hcap", "mark",
+                 "begun")
 
     def __init__(self, need):
         self.remaining = 0
@@ -269,6 +270,7 @@ class _Dir:
         self.body = False
         self.capture = 0             # CAP_* bits (_framing.pxd)
         self.mark = False            # frames the fault engine injects (attrs.injected)
+        self.begun = True            # begin() ran for the current frame (faults)
         self.open = False
         self.rows = 0
         self.rec = None
@@ -352,6 +354,8 @@ class FrameParser:
         self.fault_slots = [frozenset(), frozenset()]
         self.fault_hold = [False, False]
         self.fault_rec = False
+        self.fault_record = [True, True]
+        self.fault_fifo_mark = [0, 0]
         self.fault_hook = None
         self.now_ns = 0
         self.error = None
@@ -406,8 +410,9 @@ class FrameParser:
             if s.remaining > 0:
                 take = min(n - pos, s.remaining)
                 if s.capture:
-                    self.captured[d] += mv[pos:pos + take]
-                    emit = pos + take
+                    if s.capture & ~CAP_NEXT:
+                        self.captured[d] += mv[pos:pos + take]
+                        emit = pos + take
                     if s.body:                # a frame held for faults still streams
                         self.on_body(d, mv[pos:pos + take])
                 elif s.body:
@@ -430,8 +435,9 @@ class FrameParser:
                             if hold and emit < pos:
                                 out.append(bytes(mv[emit:pos]))
                             return pos
-                        if s.capture and (not s.capture & CAP_UNDECIDED
-                                          or self._fault_decide(d)):
+                        if s.capture and not (s.capture & (CAP_UNDECIDED | CAP_NEXT)
+                                              and not self._fault_decide(d)
+                                              and self._let_go(d, r, n - pos)):
                             if emit < pos:
                                 out.append(bytes(mv[emit:pos]))
                             take = min(r, n - pos)
@@ -484,10 +490,10 @@ class FrameParser:
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
-                    if s.capture & CAP_UNDECIDED:
+                    if s.capture & (CAP_UNDECIDED | CAP_NEXT):
                         self._fault_decide(d)
                     hs = s.frame_start - chunk_start
-                    if s.capture:
+                    if s.capture & ~CAP_NEXT:
                         if hs > emit:
                             out.append(bytes(mv[emit:hs]))
                         self.captured[d] = bytearray(s.hdr)
@@ -561,11 +567,13 @@ class FrameParser:
         if s.body:
             s.body = False
             self.on_body_end(d)
-        if cap:
+        s.capture = 0
+        if cap & ~CAP_NEXT:
             if cap & CAP_UNDECIDED:
+                s.capture = cap
                 self._fault_decide(d)
-                cap = s.capture & ~CAP_UNDECIDED   # a frame that never began: let go
-            s.capture = 0
+                cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
+                s.capture = 0
             frame = bytes(self.captured[d])
             self.captured[d] = None
             if cap & CAP_REWRITE:
@@ -580,8 +588,8 @@ class FrameParser:
         if s.open:
             s.open = False
             self._emit(s.rec)
-        if self.fault_mode[d] and self.hold[d] and not s.capture:
-            s.capture = CAP_UNDECIDED     # hold the next frame until its opcode is known
+        if self.fault_mode[d] and self.hold[d]:
+            self._fault_rearm(d)          # decide the next frame at its header
 
     def _fault_wants(self, d):
         mode = self.fault_mode[d]
@@ -589,22 +597,39 @@ class FrameParser:
 
     def _fault_decide(self, d):
         s = self.st[d]
-        if not s.open:
+        if s.capture & CAP_NEXT:
+            s.capture = (s.capture & ~CAP_NEXT) | CAP_UNDECIDED
+        if not s.begun:
             return s.capture                  # not begun yet (begin() in on_body())
         s.capture &= ~CAP_UNDECIDED
-        if self._fault_wants(d):
-            s.capture |= CAP_FAULT
-        return s.capture
+        s.capture |= CAP_FAULT if self._fault_wants(d) else CAP_NEXT
+        return s.capture & ~CAP_NEXT
+
+    def _let_go(self, d, r, avail):
+        """An armed frame passes: when it ends in this read and _frame_end() won't run,
+        the next one is armed now (the compiled core's _capture_head)."""
+        s = self.st[d]
+        if not s.body and r <= avail and not s.open:
+            self._fault_rearm(d)
+        return True
+
+    def _fault_rearm(self, d):
+        s = self.st[d]
+        s.capture = CAP_NEXT
+        s.begun = False
+        self.fault_fifo_mark[d] = self.fifo_seq
 
     # ---- faults (twin of the compiled core's; proxy/faults.py) -----------------
 
-    def set_faults(self, d, mode, slots=()):
+    def set_faults(self, d, mode, slots=(), record=True):
         if d not in (0, 1):
             raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
         s = self.st[d]
         self.fault_slots[d] = frozenset(x for x in slots if 0 <= x < OPCODE_SLOTS)
         self.fault_mode[d] = mode if 0 <= mode <= 2 else 2
-        self.fault_rec = bool(self.fault_mode[0] or self.fault_mode[1])
+        self.fault_record[d] = bool(record)
+        self.fault_rec = bool((self.fault_mode[0] and self.fault_record[0])
+                              or (self.fault_mode[1] and self.fault_record[1]))
         self.recording = self.log is not None or self._tracer is not None or self.fault_rec
         if self.fault_mode[d]:
             if not self.hold[d]:
@@ -612,10 +637,16 @@ class FrameParser:
                     return False
                 self.hold[d] = True
                 self.fault_hold[d] = True
-            if not s.capture and not s.hdr and s.remaining == 0:
-                s.capture = CAP_UNDECIDED
+            if not s.capture & ~CAP_NEXT:
+                if s.hdr:
+                    return False
+                if s.remaining == 0:
+                    self._fault_rearm(d)
+                else:
+                    s.capture = CAP_NEXT
             return True
-        if s.capture == CAP_UNDECIDED and not s.hdr and s.remaining == 0:
+        if s.capture & (CAP_NEXT | CAP_UNDECIDED) == s.capture and not s.hdr \
+                and s.remaining == 0:
             s.capture = 0
         if self.fault_hold[d]:
             if s.capture or s.hdr:
@@ -634,11 +665,11 @@ class FrameParser:
         if rec is not None and rec.resource is not None:
             res = rec.resource.encode("utf-8")
         fifo = False
-        if rec is not None and self.fifo_head < len(self.fifo):
-            fifo = (self.fifo[-1].key == self.fifo_seq and rec.corr == self.fifo_seq
-                    and rec.kind == K_REQUEST)
+        if self.fifo_head < len(self.fifo) and self.fifo_seq != self.fault_fifo_mark[d]:
+            fifo = self.fifo[-1].key == self.fifo_seq
         return (s.slot, rec.kind if rec is not None else -1,
-                rec.corr & _U64 if rec is not None else 0, res, fifo)
+                self.fifo_seq if fifo else (rec.corr & _U64 if rec is not None else 0),
+                res, fifo)
 
     def fault_attr(self, d, key, value):
         if self.st[d].open:
@@ -743,6 +774,7 @@ class FrameParser:
         st.frames[d][slot] += 1
         st.frame_bytes[d][slot] += frame_bytes
         s.slot = slot
+        s.begun = True
         if not self.recording:              # counters only: no record to fill
             return
         s.open = True

@@ -69,7 +69,7 @@ def _run(impl, protocol, stream, arm, chunk, d=0, flips=None, seed=0):
         out.extend(parser.output if parser.output is not None else [data])
         pos += k
         if flips and rnd.random() < flips:
-            state = (0, ()) if state[0] else armed
+            state = (0, (), False) if state[0] else armed
             pending = state
         if pending is not None and parser.set_faults(d, *pending):
             pending = None
@@ -80,9 +80,10 @@ def _joined(out):
     return b"".join(x.frame if isinstance(x, Hit) else x for x in out)
 
 
+@pytest.mark.parametrize("record", [True, False], ids=["recording", "counting"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("chunk", [1, 7, 0, 1 << 20])
-def test_armed_opcode_frames_reach_the_hook_whole(protocol, chunk):
+def test_armed_opcode_frames_reach_the_hook_whole(protocol, chunk, record):
     for name, impl in parser_impls(protocol).items():
         requests, _ = _samples(protocol)
         stream = b"".join(requests)
@@ -91,16 +92,19 @@ def test_armed_opcode_frames_reach_the_hook_whole(protocol, chunk):
         def arm(parser, stats):
             slot = _slot_of(stats, opname, code)
             assert stats.slot_name(slot) == opname
-            assert parser.set_faults(0, 1, [slot])
-            return (1, (slot,))
+            assert parser.set_faults(0, 1, [slot], record)
+            assert parser.recording == record
+            return (1, (slot,), record)
         out, hits, parser, stats = _run(impl, protocol, stream, arm, chunk)
         assert [h.frame for h in hits] == requests, name
         assert _joined(out) == stream, name
-        assert all(h.info[1] in (0, 2) for h in hits)     # requests (or oneway)
+        if record:
+            assert all(h.info[1] in (0, 2) for h in hits)     # requests (or oneway)
 
 
+@pytest.mark.parametrize("record", [True, False], ids=["recording", "counting"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_unarmed_opcodes_pass_without_a_python_call(protocol):
+def test_unarmed_opcodes_pass_without_a_python_call(protocol, record):
     for name, impl in parser_impls(protocol).items():
         requests, responses = _samples(protocol)
         for d, frames in ((0, requests), (1, responses)):
@@ -108,16 +112,17 @@ def test_unarmed_opcodes_pass_without_a_python_call(protocol):
 
             def arm(parser, stats):
                 slot = stats.name_slot("no_such_opcode")    # armed, never on the wire
-                assert parser.set_faults(d, 1, [slot])
-                return (1, (slot,))
+                assert parser.set_faults(d, 1, [slot], record)
+                return (1, (slot,), record)
             out, hits, parser, _ = _run(impl, protocol, stream, arm, 0, d=d)
             assert hits == [], name
             assert _joined(out) == stream, name
             assert all(isinstance(x, (bytes, bytearray)) for x in out)
 
 
+@pytest.mark.parametrize("record", [True, False], ids=["recording", "counting"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_every_frame_mode_and_arming_between_any_reads(protocol):
+def test_every_frame_mode_and_arming_between_any_reads(protocol, record):
     """Mode 2 (a rule on every opcode) switched on and off at random between reads:
     the bytes come out once each, in order; every hooked frame is a whole frame."""
     for name, impl in parser_impls(protocol).items():
@@ -125,8 +130,8 @@ def test_every_frame_mode_and_arming_between_any_reads(protocol):
         stream = b"".join(requests)
         for seed in range(4):
             def arm(parser, stats):
-                assert parser.set_faults(0, 2)
-                return (2, ())
+                assert parser.set_faults(0, 2, (), record)
+                return (2, (), record)
             out, hits, parser, _ = _run(impl, protocol, stream, arm, 0, flips=0.3,
                                         seed=seed)
             assert _joined(out) == stream, (name, seed)
@@ -134,8 +139,9 @@ def test_every_frame_mode_and_arming_between_any_reads(protocol):
             assert hits, (name, seed)
 
 
+@pytest.mark.parametrize("record", [True, False], ids=["recording", "counting"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_twins_agree_on_what_they_hand_over(protocol):
+def test_twins_agree_on_what_they_hand_over(protocol, record):
     impls = parser_impls(protocol)
     if len(impls) < 2:
         pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS=1)")
@@ -144,8 +150,8 @@ def test_twins_agree_on_what_they_hand_over(protocol):
     seen = {}
     for name, impl in impls.items():
         def arm(parser, stats):
-            assert parser.set_faults(0, 2)
-            return (2, ())
+            assert parser.set_faults(0, 2, (), record)
+            return (2, (), record)
         out, hits, parser, _ = _run(impl, protocol, stream, arm, 0, flips=0.2, seed=7)
         # (kind, resource, FIFO request, and its number; keyed string ids are hashed
         # under a per-connection secret, so only FIFO numbers compare)
