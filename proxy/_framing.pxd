@@ -395,8 +395,8 @@ cdef class FrameParser:
     cdef int _fault_decide(self, int d) noexcept
     cdef void _fault_rearm(self, int d) noexcept
     cdef void _mark_injected(self, int d) noexcept
-    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object mv,
-                        list out) except -1
+    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
+                        object mv, list out) except -1
     cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
                                   Py_ssize_t n, const uint8_t* buf, object mv,
                                   list out) except -2

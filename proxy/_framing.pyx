@@ -506,11 +506,11 @@ cdef class FrameParser:
             elif r < 0:
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
         if hold and emit < n:
-            self._hold_tail(d, n, emit, mv, out)
+            self._hold_tail(d, n, emit, data, mv, out)
         return n
 
-    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object mv,
-                        list out) except -1:
+    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
+                        object mv, list out) except -1:
         """End of a read with hold on: what is not yet placed in ``out`` goes there,
         except a split header whose on_header() asked for more (want_header): that is
         withheld like any incomplete header (out of line: the loop stays small)."""
@@ -520,6 +520,8 @@ cdef class FrameParser:
             hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
             if hs > emit:
                 out.append(bytes(mv[emit:hs]))
+        elif emit == 0 and PyBytes_Check(data):
+            out.append(data)                   # the whole read goes on: no copy
         else:
             out.append(bytes(mv[emit:n]))
         return 0
