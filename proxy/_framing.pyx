@@ -93,6 +93,25 @@ def now_ns():
     return monotonic_ns()
 
 
+cdef inline int _decide(FrameParser self, int d) noexcept:
+    """FrameParser._fault_decide(), inline where it runs per frame (_capture_head)."""
+    cdef DirState* s = &self.st[d]
+    cdef int slot, mode
+    if s.capture & CAP_NEXT:
+        s.capture = (s.capture & ~CAP_NEXT) | CAP_UNDECIDED
+    if s.rec.messages < 0:
+        return s.capture                   # not begun yet (begin() in on_body())
+    s.capture &= ~CAP_UNDECIDED
+    slot = s.rec.slot
+    mode = self.fault_mode[d]
+    if mode == 2 or (mode == 1 and 0 <= slot < OPCODE_SLOTS and
+                     (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1):
+        s.capture |= CAP_FAULT
+    else:
+        s.capture |= CAP_NEXT
+    return s.capture & ~CAP_NEXT
+
+
 cdef class RouteStats:
     """Every counter of one route, in C arrays (shared by all its connections)."""
 
@@ -656,7 +675,7 @@ cdef class FrameParser:
         as _capture_more(): the feed loop stays as small as without captures."""
         cdef DirState* s = &self.st[d]
         cdef Py_ssize_t take
-        if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not self._fault_decide(d):
+        if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not _decide(self, d):
             if not s.body and r <= n - pos and not s.open:
                 self._fault_rearm(d)           # it ends here and _frame_end() won't run
             return -1
@@ -698,14 +717,7 @@ cdef class FrameParser:
         frame is decided in turn); until then hold it (CAP_UNDECIDED).  Returns the bits
         that hold the frame (0: it passes).  begin() always sets rec.messages = 0, over
         the -1 _fault_rearm() left: that tells a begun frame without recording."""
-        cdef DirState* s = &self.st[d]
-        if s.capture & CAP_NEXT:
-            s.capture = (s.capture & ~CAP_NEXT) | CAP_UNDECIDED
-        if s.rec.messages < 0:
-            return s.capture                   # not begun yet (begin() in on_body())
-        s.capture &= ~CAP_UNDECIDED
-        s.capture |= CAP_FAULT if self._fault_wants(d) else CAP_NEXT
-        return s.capture & ~CAP_NEXT
+        return _decide(self, d)
 
     cdef void _fault_rearm(self, int d) noexcept:
         """Between two frames of an armed direction: decide the next at its header."""
