@@ -221,6 +221,11 @@ def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
     if not any("--ready-file" in action.option_strings for action in parser._actions):
         parser.add_argument("--ready-file", metavar="PATH", default=None,
                             help=READY_FILE_HELP)
+    if not any("--tls-cert" in action.option_strings for action in parser._actions):
+        parser.add_argument("--tls-cert", metavar="FILE", default=None,
+                            help="serve TLS with this certificate (PEM; with --tls-key)")
+        parser.add_argument("--tls-key", metavar="FILE", default=None,
+                            help="the certificate's private key (PEM)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a bad argument (2, message already printed)
@@ -229,6 +234,14 @@ def serve_main(parser: argparse.ArgumentParser, argv: list[str] | None,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server, listen = make_server(args)
+        if args.tls_cert or args.tls_key:
+            if not (args.tls_cert and args.tls_key):
+                raise CommandLineError("--tls-cert and --tls-key go together")
+            from loadgen.tlsopts import server_context
+            try:
+                server.ssl_context = server_context(args.tls_cert, args.tls_key)
+            except ValueError as exc:
+                raise CommandLineError(str(exc)) from None
     except CommandLineError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
@@ -281,10 +294,26 @@ def parse_host(host: str | None, schemes: tuple[str, ...], default_port: int,
     return addr, int(port_text)
 
 
-def connect_tcp(host: str, port: int, timeout: float | None) -> socket.socket:
-    """A connected TCP socket with TCP_NODELAY (one request in flight: no Nagle delay)."""
+#: connect_tcp(tls=DEFAULT_TLS): the process's TLS setting (loadgen.tlsopts.default())
+DEFAULT_TLS = object()
+
+
+def connect_tcp(host: str, port: int, timeout: float | None,
+                tls=DEFAULT_TLS) -> socket.socket:
+    """A connected TCP socket with TCP_NODELAY (one request in flight: no Nagle delay);
+    a TLS socket (handshake done) when ``tls`` (a loadgen.tlsopts.ClientTLS), or by
+    default the process's ``--tls`` options, say so."""
     sock = socket.create_connection((host, port), timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls is DEFAULT_TLS:
+        from loadgen.tlsopts import default
+        tls = default()
+    if tls is not None:
+        try:
+            sock = tls.wrap(sock, host)
+        except BaseException:
+            sock.close()
+            raise
     return sock
 
 

@@ -112,7 +112,16 @@ def pinned_listeners(spec):
             if "{proxy_" + listener + "}" in text]
 
 
-def route_plan(spec, servers, pick_port=None):
+def tls_tables(tls):
+    """A route's ``[routes.tls]`` for ``frametap demo --tls``: TLS on both sides, the
+    demo's throwaway CA (loadgen.tlscerts) behind both certificates."""
+    return (f'[routes.tls]\nmode = "both"\n'
+            f'[routes.tls.listen]\ncert = {toml_value(tls["cert"])}\n'
+            f'key = {toml_value(tls["key"])}\n'
+            f'[routes.tls.upstream]\nca = {toml_value(tls["ca"])}\n')
+
+
+def route_plan(spec, servers, pick_port=None, tls=None):
     """The proxy's route tables in front of ``servers`` ({listener: bound address}).
 
     A route listens on port 0 (the proxy's ``--ready-file`` says which port it got),
@@ -136,6 +145,8 @@ def route_plan(spec, servers, pick_port=None):
             table += "[routes.options]\n" + "".join(
                 f"{toml_key(k)} = {toml_value(v)}\n"
                 for k, v in _fill(dict(route.options), names).items())
+        if tls is not None:
+            table += tls_tables(tls)
         tables.append(table)
         route_names.append(name)
         by_listener.setdefault(route.listener, name)
@@ -320,7 +331,8 @@ def report(metrics_text, locust_rows, seconds, route=None, out=sys.stdout):
     return ops
 
 
-def start_proxy(procs, frametap, out, cfg, logdir, run_id, specs, servers, attempts=3):
+def start_proxy(procs, frametap, out, cfg, logdir, run_id, specs, servers, attempts=3,
+                tls=None):
     """The demo's one proxy: a route in front of every server listener, the admin
     endpoint and the frame log; its listeners on port 0, read back from its ready file.
     A route whose port had to be chosen in advance (:func:`route_plan`) may find it
@@ -333,7 +345,7 @@ def start_proxy(procs, frametap, out, cfg, logdir, run_id, specs, servers, attem
     for attempt in range(attempts):
         routes, route_names, locust_routes = [], {}, {}
         for proto, spec in specs.items():
-            tables, by_listener, names = route_plan(spec, servers[proto])
+            tables, by_listener, names = route_plan(spec, servers[proto], tls=tls)
             routes.extend(tables)
             route_names[proto] = names
             locust_routes[proto] = by_listener[spec.demo.locust_listener]
@@ -472,6 +484,10 @@ def build_parser():
                    help="skip the Spark analysis of the run's frame logs at the end")
     p.add_argument("--out", default=None, help="directory for the proxy config and the final metrics "
                    "scrape (default: a temporary directory)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on both sides of every route: the demo makes a throwaway CA "
+                        "(with the openssl program) whose certificates the servers and the "
+                        "proxy present; Locust verifies against it")
     return p
 
 
@@ -502,6 +518,17 @@ def main(argv=None):
     procs = Processes()
     frametap = [sys.executable, "-m", "proxy"]
     status = 1
+    tls = None
+    if args.tls:
+        from loadgen.tlscerts import CertError, throwaway
+        try:
+            tls = throwaway(os.path.join(out, "tls"))
+        except CertError as exc:
+            print(f"frametap demo: --tls: {exc}", file=sys.stderr)
+            return 2
+        print(f"[demo] TLS on both sides of every route; throwaway CA {tls['ca']}", flush=True)
+    server_tls = [] if tls is None else ["--tls-cert", tls["cert"], "--tls-key", tls["key"]]
+    locust_tls = [] if tls is None else ["--tls", "--tls-ca", tls["ca"]]
     try:
         servers = {}
         for proto in chosen:
@@ -509,7 +536,7 @@ def main(argv=None):
             ready = os.path.join(out, f"{proto}-server.ready.json")
             print(f"[demo] starting reference {proto} server: frametap {' '.join(argv)}",
                   flush=True)
-            srv = procs.start(f"{proto} server", frametap + argv + [
+            srv = procs.start(f"{proto} server", frametap + argv + server_tls + [
                 "--log-level", "WARNING", "--ready-file", ready], stdout=subprocess.DEVNULL)
             servers[proto] = server_addresses(available[proto],
                                               wait_ready_file(ready, srv, f"{proto} server"))
@@ -520,7 +547,7 @@ def main(argv=None):
         run_id = new_run_id()
         proxy, bound, route_names, locust_routes = start_proxy(
             procs, frametap, out, cfg, logdir, run_id,
-            {proto: available[proto] for proto in chosen}, servers)
+            {proto: available[proto] for proto in chosen}, servers, tls=tls)
         metrics_url = f"http://{bound['admin']}/metrics"
         hosts = {proto: bound["routes"][locust_routes[proto]] for proto in chosen}
         wait_ready(f"http://{bound['admin']}/readyz", proxy)
@@ -539,7 +566,8 @@ def main(argv=None):
                 # failed requests are part of the demo (ttheader's `retired`, NotFound):
                 # only a Locust that crashed exits non-zero and is reported below
                 "--exit-code-on-error", "0",
-                "--loglevel", "WARNING", "--frametap-framelog", logdir, *classes],
+                "--loglevel", "WARNING", "--frametap-framelog", logdir, *locust_tls,
+                *classes],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         started = time.time()
         while any(p.poll() is None for p in loads):

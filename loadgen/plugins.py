@@ -111,10 +111,13 @@ class RunPlumbing:
 
 def install(events=None) -> None:
     """Install every plugin into Locust's ``events`` (each once per process)."""
-    from loadgen import clientlog, locustmetrics
+    from loadgen import clientlog, locustmetrics, tlsopts
     clientlog.install(events)
     locustmetrics.install(events)
+    tlsopts.install(events)
     install_once(RunPlumbing, _add_run_arguments, events)
+    from loadgen import faultplugin        # --frametap-fault: faults armed for a run
+    faultplugin.install(events)
 
 
 def main(argv=None):

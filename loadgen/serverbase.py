@@ -402,10 +402,14 @@ class ReferenceServer:
     def listening(self) -> bool:
         return bool(self._listeners)
 
+    #: an ``ssl.SSLContext``: every listener speaks TLS (``frametap serve P --tls-cert``)
+    ssl_context = None
+
     async def listen(self, host: str, port: int, role: str = "") -> int:
         """Start accepting on ``host:port``; returns the bound port."""
         listener = await asyncio.start_server(
-            lambda r, w: self._serve_connection(r, w, role), host, port)
+            lambda r, w: self._serve_connection(r, w, role), host, port,
+            ssl=self.ssl_context)
         self._listeners.append(listener)
         self._roles[listener] = role
         return listener.sockets[0].getsockname()[1]

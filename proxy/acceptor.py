@@ -226,12 +226,14 @@ def _literal(host):
     return None
 
 
-async def connect_upstream(loop, protocol_factory, host, port, spare_fd=None):
+async def connect_upstream(loop, protocol_factory, host, port, spare_fd=None, **tls):
     """``loop.create_connection`` for the upstream side of an accepted client that holds
     ``spare_fd`` (see :class:`Acceptor`): the spare is closed and the socket created in
-    the same step, so nothing else on the loop can take that descriptor in between."""
+    the same step, so nothing else on the loop can take that descriptor in between.
+    ``tls``: create_connection's ``ssl``, ``server_hostname``, ``ssl_handshake_timeout``
+    (proxy.tls)."""
     if spare_fd is None:
-        return await loop.create_connection(protocol_factory, host, port)
+        return await loop.create_connection(protocol_factory, host, port, **tls)
     try:
         family = _literal(host)
         if family is not None:
@@ -249,7 +251,7 @@ async def connect_upstream(loop, protocol_factory, host, port, spare_fd=None):
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 await loop.sock_connect(sock, addr)
-                return await loop.create_connection(protocol_factory, sock=sock)
+                return await loop.create_connection(protocol_factory, sock=sock, **tls)
             except BaseException as exc:
                 sock.close()
                 if not isinstance(exc, OSError):

@@ -9,7 +9,7 @@ import resource
 import signal
 
 from proxy.acceptor import FdReserve
-from proxy.addresses import format_address
+from proxy.addresses import UnixAddress, format_address
 from proxy.admin import AdminServer
 from proxy.errors import ConfigError
 from proxy.framing import set_pending_budget
@@ -94,6 +94,8 @@ class ProxyApp:
         self.framelog = None           # proxy.framelog.FrameLog when [framelog] is set
         self.runinfo = None            # proxy.runinfo.RunInfo beside the frame logs
         self.reserve = None            # descriptors kept for /metrics at the fd limit
+        self.api = None                # proxy.api.ApiServer when [toxiproxy] listen is set
+        self.disabled = {}             # route name -> its bound address, while disabled
 
     async def start(self):
         if self.config.framelog is not None:   # refused before anything is bound
@@ -121,6 +123,11 @@ class ProxyApp:
                                      lambda: self.ready, host, port, self.reserve,
                                      getattr(self.config, "admin_max_connections", 64))
             await self._bind(self.admin.start(), self._key("admin.listen"), (host, port))
+        if getattr(self.config, "toxiproxy_listen", None) is not None:
+            from proxy.api import ApiServer
+            self.api = ApiServer(self, *self.config.toxiproxy_listen)
+            await self._bind(self.api.start(), self._key("toxiproxy.listen"),
+                             self.config.toxiproxy_listen)
         for i, route in enumerate(self.routes):
             await self._bind(route.start(), self._key(f"routes[{i}].listen"), route.cfg.listen)
         self.ready = True
@@ -148,7 +155,8 @@ class ProxyApp:
         admin endpoint's (None without one), as bound (a port 0 is the chosen port)."""
         return {"pid": os.getpid(),
                 "routes": {r.cfg.name: format_address(r.address) for r in self.routes},
-                "admin": None if self.admin is None else format_address(self.admin.address)}
+                "admin": None if self.admin is None else format_address(self.admin.address),
+                "api": None if self.api is None else format_address(self.api.address)}
 
     async def _write_ready_file(self):
         from proxy.readyfile import write_ready_file
@@ -178,8 +186,81 @@ class ProxyApp:
             raise ConfigError(f"{key}{' ' if key.startswith('--') else ' = '}'{shown}': "
                               f"cannot listen: {exc.strerror or exc}") from None
 
+    # -- routes at run time (the Toxiproxy-compatible API, proxy/api.py) ---------------
+
+    def route_named(self, name):
+        """The running route called ``name``; KeyError otherwise."""
+        for route in self.routes:
+            if route.cfg.name == name:
+                return route
+        raise KeyError(name)
+
+    def route_enabled(self, route):
+        return route.cfg.name not in self.disabled
+
+    async def add_route(self, cfg):
+        """Start a route given a RouteConfig (its faults in ``cfg.faults``) and list it
+        once it listens. ValueError when the name is taken, OSError when it cannot
+        listen (nothing is left half started)."""
+        if any(r.cfg.name == cfg.name for r in self.routes):
+            raise ValueError(f"route {cfg.name!r} exists already")
+        route = Route(cfg, asyncio.get_running_loop(), self.reserve)
+        start_faults = getattr(route, "start_faults", None)    # the fault engine, when in
+        if start_faults is not None:
+            start_faults(getattr(self.config, "seed", None))
+        try:
+            await route.start()
+        except BaseException:
+            await self._stop_route(route)
+            raise
+        self.routes.append(route)
+        log.info("route %s: %s on %s -> %s (added through the API)", cfg.name, cfg.protocol,
+                 format_address(route.address), format_address(cfg.upstream))
+        return route
+
+    async def remove_route(self, name):
+        """Stop route ``name``: its listener, then its connections (closed, as Toxiproxy
+        closes a deleted proxy's). KeyError when there is none."""
+        route = self.route_named(name)
+        self.routes.remove(route)
+        self.disabled.pop(name, None)
+        await self._stop_route(route)
+        log.info("route %s: removed through the API", name)
+
+    async def set_route_enabled(self, name, enabled):
+        """Disable (stop listening, close its connections; Toxiproxy's enabled = false)
+        or enable route ``name`` again, on the address it had (a port 0 keeps the port it
+        got). OSError when it cannot listen again (it stays disabled)."""
+        route = self.route_named(name)
+        if enabled == self.route_enabled(route):
+            return
+        if not enabled:
+            self.disabled[name] = route.address
+            await self._stop_route(route)
+            log.info("route %s: disabled through the API", name)
+            return
+        listen = self.disabled[name]
+        if not isinstance(listen, UnixAddress):
+            route.cfg.listen = tuple(listen)
+        try:
+            await route.start()
+        except BaseException:
+            await self._stop_route(route)
+            raise
+        del self.disabled[name]
+        log.info("route %s: enabled through the API on %s", name, format_address(route.address))
+
+    async def _stop_route(self, route):
+        route.stop_accepting()
+        route.acceptors = []
+        for conn in list(route.connections):
+            conn._finish(abort=False, by="proxy", reason="disabled")
+        await route.drain(0)                  # the sweeper; aborts what did not close
+
     async def close_listeners(self):
         self.ready = False
+        if self.api is not None:           # no routes added or faults changed from here
+            await self.api.close()
         for route in self.routes:
             route.stop_accepting()
 

@@ -41,6 +41,9 @@ def _add_proxy(sub):
     p.add_argument("--admin", metavar="HOST:PORT",
                    help="admin HTTP address for /metrics, /healthz, /readyz")
     p.add_argument("--framelog", metavar="DIR", help="frame log directory")
+    p.add_argument("--api", metavar="HOST:PORT",
+                   help="serve the Toxiproxy-compatible fault API (and frametap's "
+                        "/api/v1/routes/ROUTE/faults) on HOST:PORT ([toxiproxy] listen)")
     p.add_argument("--run-id", metavar="ID",
                    help="frame-log run id (default: a new one per process)")
     p.add_argument("--name", default=None, help="route name (default: the protocol name)")
@@ -71,6 +74,7 @@ FLAG_NAMES = {
     "framelog.dir": "--framelog",
     "framelog.run_id": "--run-id",
     "proxy.shutdown_timeout": "--drain-timeout",
+    "toxiproxy.listen": "--api",
 }
 
 
@@ -88,6 +92,10 @@ def build_config(args):
             from proxy.addresses import parse_address
             cfg.admin_listen = parse_address(args.admin, "--admin", allow_port_zero=True)
             cfg.key_names["admin.listen"] = "--admin"
+        if args.api is not None:
+            from proxy.addresses import parse_address
+            cfg.toxiproxy_listen = parse_address(args.api, "--api", allow_port_zero=True)
+            cfg.key_names["toxiproxy.listen"] = "--api"
         if args.drain_timeout is not None:
             cfg.shutdown_timeout = RANGES["proxy.shutdown_timeout"].check(
                 args.drain_timeout, "--drain-timeout")
@@ -122,6 +130,8 @@ def build_config(args):
             data["framelog"]["run_id"] = args.run_id
     if args.drain_timeout is not None:
         data["proxy"] = {"shutdown_timeout": args.drain_timeout}
+    if args.api is not None:
+        data["toxiproxy"] = {"listen": args.api}
     return config_from_dict(data, FLAG_NAMES)
 
 
@@ -187,6 +197,8 @@ def make_parser():
     s.add_argument("args", nargs=argparse.REMAINDER, help="server options (see its --help)")
     s.set_defaults(func=cmd_serve)
     _add_analyze(sub)
+    from proxy.faultcli import add_parser as add_faults
+    add_faults(sub)
     ld = sub.add_parser("load", help="run Locust with the packaged locustfile",
                         description="Run Locust with frametap's locustfile; every option after "
                                     "'load' goes to Locust (e.g. --headless -u 10 -t 30s "

@@ -69,6 +69,7 @@ RANGES = {
     "admin.max_connections": Range(int, 1, 100_000),
     "proxy.shutdown_timeout": Range(float, 0, 3600, "s"),
     "proxy.max_pending_bytes": Range(int, 1 * MiB, 64 * GiB, "bytes"),
+    "proxy.seed": Range(int, 0, 2**64 - 1, "", "the fault rules' and toxics' random seed"),
     "framelog.rotate_bytes": Range(int, 1 * KiB, 1 * TiB, "bytes"),
     "framelog.rotate_seconds": Range(float, 1, 86400, "s"),
     "framelog.sample": Range(float, 0, 1, "", "fraction of connections logged"),
@@ -100,8 +101,18 @@ class RouteConfig:
     #: close a connection with no bytes either way for this long; 0: never
     idle_timeout: float = 3600.0
     options: dict = field(default_factory=dict)
+    #: fault rules and toxics (proxy.faultspec.FaultSet; [[routes.faults]], [[routes.toxics]])
+    faults: object = None
+
+    def __post_init__(self):
+        if self.faults is None:                # a route made in code: no faults yet
+            from proxy.faultspec import FaultSet
+            self.faults = FaultSet(self.protocol)
+
     #: false: this route writes no frame log
     framelog: bool = True
+    #: [routes.tls] (proxy.tls.TLSConfig), None: plain TCP on both sides
+    tls: object = None
 
 
 @dataclass
@@ -128,8 +139,14 @@ class Config:
     shutdown_timeout: float = 10.0
     #: bytes buffered towards slow readers, all connections together, before reads pause
     max_pending_bytes: int = 256 * MiB
+    #: [proxy] seed of the fault draws; None: a random one (logged)
+    seed: int | None = None
+    #: [toxiproxy] listen: the Toxiproxy-compatible and fault HTTP API (proxy/api.py)
+    toxiproxy_listen: tuple | None = None
     #: how errors name a key ("routes[0].listen" -> "--listen" for the CLI's one route)
     key_names: dict = field(default_factory=dict)
+    #: [proxy] tls_keylog: TLS session keys appended there (NSS key log format); None: off
+    tls_keylog: str | None = None
 
     def key_name(self, key):
         """The name the user gave ``key`` (a config path such as "routes[0].listen")."""
@@ -176,9 +193,10 @@ def _string(value, name, what="a non-empty string"):
 
 ROUTE_KEYS = {"name", "protocol", "listen", "upstream", "max_frame_bytes", "request_timeout",
               "connect_timeout", "max_connections", "half_close_timeout", "idle_timeout",
-              "options", "framelog"}
+              "options", "framelog", "tls"}
 _ROUTE_NUMBERS = {"max_frame_bytes": None, "request_timeout": 30.0, "connect_timeout": 5.0,
                   "max_connections": 10000, "half_close_timeout": 60.0, "idle_timeout": 3600.0}
+ROUTE_KEYS |= {"faults", "toxics"}     # [[routes.faults]], [[routes.toxics]]: proxy/faultspec.py
 
 
 def route_from_table(table, index, names=None):
@@ -213,19 +231,26 @@ def route_from_table(table, index, names=None):
     elif options:
         raise ConfigError(f"{where}.options: unknown key {next(iter(options))!r} "
                           f"({protocol} has no route options)")
+    from proxy.faultspec import load_route_faults
+    faults = load_route_faults(table, protocol, where)
     numbers = {key: _number(table, key, where, default, keys, f"routes.{key}")
                for key, default in _ROUTE_NUMBERS.items()}
     framelog = table.get("framelog", True)
     if not isinstance(framelog, bool):
         raise bad_value(keys(f"{where}.framelog"), framelog, "expected true or false")
+    upstream = parse_address(table["upstream"], keys(f"{where}.upstream"), allow_unix=True)
+    from proxy.tls import parse_tls          # docs/design.md, "Transports"
+    tls = parse_tls(table.get("tls"), f"{where}.tls", isinstance(upstream, UnixAddress))
     return RouteConfig(
         framelog=framelog,
+        faults=faults,
         name=name,
         protocol=protocol,
         listen=parse_address(table["listen"], keys(f"{where}.listen"), allow_port_zero=True,
                              allow_unix=True),
-        upstream=parse_address(table["upstream"], keys(f"{where}.upstream"), allow_unix=True),
+        upstream=upstream,
         options=options,
+        tls=tls,
         **numbers,
     )
 
@@ -239,16 +264,28 @@ def config_from_dict(data, names=None):
     keys = _Keys(names)
     if not isinstance(data, dict):
         raise bad_value("config", data, "expected a table")
-    _check_keys(data, {"admin", "framelog", "routes", "proxy"}, "config")
+    _check_keys(data, {"admin", "framelog", "routes", "proxy", "toxiproxy"}, "config")
     admin = _table(data, "admin", "admin", " ([admin] with listen = \"host:port\")")
     _check_keys(admin, {"listen", "max_connections"}, "admin")
     admin_listen = (parse_address(admin["listen"], keys("admin.listen"), allow_port_zero=True)
                     if "listen" in admin else None)
     admin_max_connections = _number(admin, "max_connections", "admin", 64, keys)
     proxy = _table(data, "proxy", "proxy", " ([proxy] with shutdown_timeout, max_pending_bytes)")
-    _check_keys(proxy, {"shutdown_timeout", "max_pending_bytes"}, "proxy")
+    _check_keys(proxy, {"shutdown_timeout", "max_pending_bytes", "seed", "tls_keylog"}, "proxy")
+    tls_keylog = proxy.get("tls_keylog")
+    if tls_keylog is not None:
+        tls_keylog = _string(tls_keylog, keys("proxy.tls_keylog"), "a file name")
+        if "\0" in tls_keylog:
+            raise bad_value(keys("proxy.tls_keylog"), tls_keylog, "a path cannot contain NUL")
     shutdown_timeout = _number(proxy, "shutdown_timeout", "proxy", 10.0, keys)
     max_pending_bytes = _number(proxy, "max_pending_bytes", "proxy", 256 * MiB, keys)
+    seed = _number(proxy, "seed", "proxy", None, keys)
+    toxiproxy = _table(data, "toxiproxy", "toxiproxy",
+                       " ([toxiproxy] with listen = \"127.0.0.1:8474\")")
+    _check_keys(toxiproxy, {"listen"}, "toxiproxy")
+    toxiproxy_listen = (parse_address(toxiproxy["listen"], keys("toxiproxy.listen"),
+                                      allow_port_zero=True)
+                        if "listen" in toxiproxy else None)
     framelog = None
     if "framelog" in data:
         fl = _table(data, "framelog", "framelog", " ([framelog] with dir = \"...\")")
@@ -281,6 +318,9 @@ def config_from_dict(data, names=None):
     if not isinstance(routes_raw, list):
         raise bad_value("routes", routes_raw, "expected an array of tables ([[routes]])")
     routes = [route_from_table(t, i, names) for i, t in enumerate(routes_raw)]
+    for r in routes:
+        if r.tls is not None:
+            r.tls.set_keylog(tls_keylog)
     seen_names, seen_listen = set(), set()
     for i, r in enumerate(routes):
         if r.name in seen_names:
@@ -291,9 +331,10 @@ def config_from_dict(data, names=None):
                             "another route listens there")
         seen_listen.add(r.listen)
     return Config(routes=routes, admin_listen=admin_listen,
+                  seed=seed, toxiproxy_listen=toxiproxy_listen,
                   admin_max_connections=admin_max_connections, framelog=framelog,
                   shutdown_timeout=shutdown_timeout, max_pending_bytes=max_pending_bytes,
-                  key_names=dict(names or {}))
+                  key_names=dict(names or {}), tls_keylog=tls_keylog)
 
 
 def load_config(path):

@@ -23,7 +23,6 @@ response and its frame-log row carries attrs.injected = "1".
 """
 
 import fnmatch
-import importlib
 import ipaddress
 import logging
 import random
@@ -88,11 +87,10 @@ class RuleState:
 
 
 def _rule_key(rule):
-    """Identity of a rule's trigger state across reloads: a rule changed by the API
-    starts counting afresh, one left alone keeps its count."""
-    return (rule.name, rule.trigger, getattr(rule, "probability", None),
-            getattr(rule, "n", None), rule.action, frozenset(rule.directions),
-            rule.opcodes, rule.resource, str(rule.peer))
+    """A rule's trigger state follows the Rule object (proxy.faultspec: immutable, an
+    update makes a new one): a rule changed through the API counts afresh, one left
+    alone keeps its count."""
+    return rule
 
 
 class RouteFaults:
@@ -133,7 +131,8 @@ class RouteFaults:
     @property
     def replies(self):
         if self._replies is None:
-            self._replies = importlib.import_module(self.route.protocol.package + ".faults")
+            from proxy.protocols.fault_replies import for_protocol
+            self._replies = for_protocol(self.route.cfg.protocol)
         return self._replies
 
     def reload(self):
@@ -163,15 +162,14 @@ class RouteFaults:
 
     def _modes(self):
         """Per direction (mode, slots, record): every frame when a rule names no
-        opcode; the parser records (frame kind, resource) only when a rule needs them
-        (a resource glob; error, which answers requests only)."""
+        opcode; the parser records (frame kind, resource) only when a rule matches on
+        a resource glob (error rules ask the protocol's is_request())."""
         if not self._modes_stale:
             return self.modes
         modes = []
         for d in (0, 1):
             states = self.rules[d]
-            record = any(st.rule.resource is not None or st.rule.action == "error"
-                         for st in states)
+            record = any(st.rule.resource is not None for st in states)
             if not states:
                 modes.append((0, (), False))
             elif any(st.rule.opcodes is None for st in states):
@@ -396,7 +394,8 @@ class ConnFaults:
                 continue
             if st.spent:
                 continue
-            if r.action == "error" and (d != 0 or kind != K_REQUEST):
+            if r.action == "error" and (d != 0 or (kind >= 0 and kind != K_REQUEST)
+                                        or not self.engine.replies.is_request(frame)):
                 continue                   # oneway, responses: delay, drop, close only
             # the first matching rule decides, by its trigger
             if not st.draw(eng.rng):

@@ -65,6 +65,7 @@ class NativeSource:
         self.run_id = run_id
         self.source = source
         self.peers = {}
+        self.conn_attrs = {}        # conn_id -> {key: value} of the connection (TLS)
         self._closing = []
         # wall clock = monotonic record time + this offset (one reading per process)
         self.wall_offset_ns = time.time_ns() - time.monotonic_ns()
@@ -72,8 +73,17 @@ class NativeSource:
         self.batch_chunks = 8       # chunks per table (columns() takes up to 64)
         self.lost = {}              # route -> rows taken but not turned into a table
 
-    def connection(self, conn_id, peer):
+    def connection(self, conn_id, peer, attrs=None):
+        """``attrs``: per-connection entries added to every row's ``attrs`` (a TLS
+        connection's version and cipher: proxy.tls.connection_attrs)."""
         self.peers[conn_id] = peer
+        if attrs:
+            self.conn_attrs[conn_id] = dict(attrs)
+
+    def add_attrs(self, conn_id, attrs):
+        """More per-connection attrs (the upstream side's TLS, known once connected)."""
+        if conn_id in self.peers:
+            self.conn_attrs[conn_id] = {**self.conn_attrs.get(conn_id, {}), **attrs}
 
     def forget(self, conn_id):
         self._closing.append(conn_id)
@@ -132,7 +142,35 @@ class NativeSource:
                     self.buffer.release(i)
         for conn_id in closing:
             self.peers.pop(conn_id, None)
+            self.conn_attrs.pop(conn_id, None)
         return tables
+
+    def _with_conn_attrs(self, attrs, conn_keys, conn_idx, n):
+        """``attrs`` (the frames' own) with each row's connection attrs appended, in
+        Arrow compute (no Python per row); unchanged when no connection has any."""
+        per_conn = [self.conn_attrs.get(k) for k in conn_keys]
+        if not any(per_conn):
+            return attrs
+        mtype = pa.map_(pa.string(), pa.string())
+        conn_map = pa.array([list(d.items()) if d else None for d in per_conn], mtype)
+        extra = conn_map.take(conn_idx)
+        if attrs.null_count == n:
+            return extra
+        # (the list kernels take no map arrays: lengths and parents from the offsets)
+        lens, parents = [], []
+        for m in (attrs, extra):
+            off = m.offsets
+            lens.append(pc.subtract(off[1:], off[:-1]))
+            parents.append(pc.list_parent_indices(pa.ListArray.from_arrays(
+                off, pa.nulls(len(m.keys), pa.int8()))))
+        offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cast(
+            pc.cumulative_sum(pc.add(lens[0], lens[1])), pa.int32())])
+        parents = pa.concat_arrays(parents)
+        order = pc.sort_indices(parents)            # stable: a row's own entries first
+        keys = pa.concat_arrays([attrs.keys, extra.keys]).take(order)
+        items = pa.concat_arrays([attrs.items, extra.items]).take(order)
+        mask = pc.and_(pc.is_null(attrs), pc.is_null(extra))
+        return pa.MapArray.from_arrays(offsets, keys, items, mask=mask)
 
     def table(self, c):
         """One chunk's columns as a pyarrow Table of framelog.SCHEMA's columns."""
@@ -182,6 +220,9 @@ class NativeSource:
             _strings(npairs, k_off, k_data, None),
             _strings(npairs, v_off, v_data, None),
             mask=pc.invert(_fixed(pa.bool_(), n, m_valid)) if n else None)
+        if self.conn_attrs and n:
+            attrs = self._with_conn_attrs(attrs, c["conn_keys"],
+                                          _fixed(pa.int32(), n, c["conn_idx"]), n)
         columns = {
             "ts_ns": _fixed(pa.int64(), n, c["ts_ns"]),
             "source": _dict(zero, [self.source]),
@@ -229,6 +270,9 @@ class TwinSource(NativeSource):
                 row = dict(r, source=self.source, run_id=self.run_id, route=stats.route,
                            protocol=stats.protocol, peer=self.peers.get(r["conn_id"]),
                            ts_ns=r["t_ns"] + self.wall_offset_ns)
+                extra = self.conn_attrs.get(r["conn_id"])
+                if extra:                    # the connection's attrs after the frame's own
+                    row["attrs"] = {**(row["attrs"] or {}), **extra}
                 del row["t_ns"]
                 if row["opcode"] is not None and row["opcode"] < 0:
                     row["opcode"] = None     # a name-only opcode (Thrift method), as columns()
@@ -243,4 +287,5 @@ class TwinSource(NativeSource):
                 self._lose(counts, exc)
         for conn_id in closing:
             self.peers.pop(conn_id, None)
+            self.conn_attrs.pop(conn_id, None)
         return tables

@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from proxy.framing_common import BUCKETS
+from proxy.tls import (metric_rows_client_hellos, metric_rows_durations,
+                       metric_rows_handshakes)
 
 #: lines per piece of :meth:`FrametapCollector.render` (~1 µs a line: a piece is ~0.1 ms)
 LINES_PER_PIECE = 100
@@ -205,6 +207,14 @@ FAMILIES = (
      _scalar("framelog_files")),
     ("frametap_framelog_write_errors", "counter", "Frame-log writes that failed (disk "
      "full, unwritable directory)", (), _scalar("framelog_write_errors")),
+    # [routes.tls] (proxy.tls): side "listen" (the clients') or "upstream"
+    ("frametap_tls_handshakes", "counter", "TLS handshakes by side and outcome (ok, timeout, "
+     "verify_failed, protocol_error)", ("route", "side", "outcome"), metric_rows_handshakes),
+    ("frametap_tls_handshake_duration_seconds", "histogram", "TLS handshake time, failed "
+     "ones included", ("route", "side"), metric_rows_durations),
+    ("frametap_tls_client_hellos", "counter", "passthrough routes: first client records "
+     "read, by what they held (sni, no_sni, not_tls, bad)", ("route", "outcome"),
+     metric_rows_client_hellos),
 )
 
 _METRIC_TYPES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
@@ -309,6 +319,8 @@ class FrametapCollector(Collector):
         snap["accept_errors"] = dict(getattr(route, "accept_errors", {}))
         faults = getattr(route, "faults", None)
         snap["faults"] = dict(faults.injected) if faults is not None else {}
+        tls = getattr(route, "tls", None)
+        snap["tls"] = tls.snapshot() if tls is not None else None
         return snap
 
     def _scrape_rest(self, sc):

@@ -9,9 +9,10 @@ half a document; it is removed when the process stops listening.
 
 ``frametap proxy`` writes::
 
-    {"pid": 4242, "routes": {"stream": "127.0.0.1:40123"}, "admin": "127.0.0.1:40124"}
+    {"pid": 4242, "routes": {"stream": "127.0.0.1:40123"}, "admin": "127.0.0.1:40124",
+     "api": "127.0.0.1:40125"}
 
-(``admin`` is null without an admin endpoint). ``frametap serve P`` writes::
+(``admin`` is null without an admin endpoint, ``api`` without the fault API). ``frametap serve P`` writes::
 
     {"pid": 4243, "server": "rocketmq", "listen": ["127.0.0.1:40125", "127.0.0.1:40126"],
      "roles": {"broker": "127.0.0.1:40125", "namesrv": "127.0.0.1:40126"}}

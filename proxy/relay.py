@@ -21,6 +21,7 @@ from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
 from proxy.addresses import UnixAddress, format_address, remove_unix_socket, unix_listener
 from proxy.framing import RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
+from proxy.tls import connection_attrs, route_tls
 
 _conn_ids = itertools.count(1)            # conn_id of the frame log (docs/design.md, "Frame log")
 
@@ -103,7 +104,11 @@ class Route:
         self.accept_errors = {}        # reason -> accepts that ran out of descriptors
         self._accept_logged = -1e9     # monotonic time of the last such log line
         self.loop = loop or asyncio.get_event_loop()
-        self.protocol = protocols.load(cfg.protocol)
+        if cfg.protocol == "tcp":   # undecoded: a Toxiproxy proxy made through the API
+            from proxy.passthrough import SPEC as undecoded
+            self.protocol = undecoded
+        else:
+            self.protocol = protocols.load(cfg.protocol)
         self.parser_class = self.protocol.load_parser()
         self.stats = RouteStats(cfg.name, cfg.protocol)
         self.max_frame_bytes = cfg.max_frame_bytes or self.protocol.max_frame_bytes
@@ -116,11 +121,16 @@ class Route:
         self.idle_timeout = getattr(cfg, "idle_timeout", 3600.0)   # 0: never
         self.unix_inode = None         # a unix: listener's socket file, removed on close
         self.setting_up = 0            # accepted, upstream not connected yet (SETUP_LIMIT)
+        # [routes.tls] (proxy.tls.RouteTLS) or None; passthrough relays without decoding
+        self.tls = route_tls(cfg, cfg.name, self.log.warning)
+        if self.tls is not None and self.tls.passthrough:
+            self.parser_class = self.tls.parser_class()
         self.faults = None             # proxy.faults.RouteFaults (start_faults)
 
     def start_faults(self, seed=None):
         """The route's fault engine, when its config has a FaultSet (docs/design.md,
-        "Faults"); connections are armed once their upstream is up."""
+        "Faults"); a connection's parser is armed when it is made, its pipes when its
+        upstream is up."""
         faultset = getattr(self.cfg, "faults", None)
         if faultset is not None:
             from proxy.faults import RouteFaults
@@ -171,9 +181,14 @@ class Route:
             made.append(ClientSide(self, spare.pop()))
             return made[0]
         try:
-            await self.loop.connect_accepted_socket(client, sock)
+            if self.tls is not None and self.tls.terminates:   # counted by proxy.tls
+                await self.tls.accept(self.loop, client, sock)
+            else:
+                await self.loop.connect_accepted_socket(client, sock)
         except Exception as exc:           # the client reset before it was set up
             log.debug("route %s: accepted connection lost: %s", self.cfg.name, exc)
+            if made and not made[0].setup_owned:   # a failed TLS handshake
+                made[0].drop_spare()
             sock.close()
         finally:
             while spare:
@@ -204,14 +219,26 @@ class Route:
         """Write frame logs of (a ``sample`` fraction of) this route's connections."""
         self.framelog = (buffer, index, source, sample)
 
-    def start_logging(self, parser, peer):
-        """Sampling is by connection: a sampled connection is logged whole."""
+    def start_logging(self, parser, peer, transport=None):
+        """Sampling is by connection: a sampled connection is logged whole.  A TLS
+        connection's version and cipher go to its rows' ``attrs``."""
         if self.framelog is None:
             return
         buffer, index, source, sample = self.framelog
         if sample >= 1.0 or (sample > 0 and random.random() < sample):
-            source.connection(parser.conn_id, peer)
+            if self.tls is not None:
+                source.connection(parser.conn_id, peer, connection_attrs(transport))
+            else:
+                source.connection(parser.conn_id, peer)
             parser.attach_log(buffer, index)
+
+    def upstream_attrs(self, parser, transport):
+        """The upstream side's TLS version and cipher (``upstream_tls_*``) in the rows'
+        ``attrs``, once that side is connected."""
+        if self.framelog is not None and parser.recording:
+            attrs = connection_attrs(transport, "upstream_")
+            if attrs:
+                self.framelog[2].add_attrs(parser.conn_id, attrs)
 
     def stop_logging(self, parser):
         if self.framelog is not None and parser.recording:
@@ -325,7 +352,7 @@ class ClientSide(asyncio.Protocol):
             route.setup_done()
             return
         self.parser = route.new_parser(transport.get_extra_info("sockname"))
-        route.start_logging(self.parser, self.peer)
+        route.start_logging(self.parser, self.peer, transport)
         if route.faults is not None:       # rules apply from the first byte (proxy.faults)
             route.faults.attach(self)
         route.connections.add(self)
@@ -359,17 +386,25 @@ class ClientSide(asyncio.Protocol):
         route = self.route
         target = route.cfg.upstream
         started = time.perf_counter()
+        hs = None                          # proxy.tls: the upstream handshake, when TLS
         try:
             if isinstance(target, UnixAddress):
                 self.drop_spare()              # the descriptor held since accept
                 connect = route.loop.create_unix_connection(lambda: UpstreamSide(self), target)
+            elif route.tls is not None and route.tls.originates:
+                hs = route.tls.upstream_handshake(lambda: UpstreamSide(self), target[0])
+                connect = connect_upstream(route.loop, hs.factory, *target, self.take_spare(),
+                                           **hs.kwargs)
             else:
                 connect = connect_upstream(route.loop, lambda: UpstreamSide(self), *target,
                                            self.take_spare())   # held since accept
-            _, upstream = await asyncio.wait_for(connect, route.cfg.connect_timeout)
+            _, upstream = await asyncio.wait_for(
+                connect, route.cfg.connect_timeout + (hs.timeout if hs is not None else 0))
         except asyncio.CancelledError:
             return
         except (OSError, asyncio.TimeoutError) as exc:
+            if hs is not None:
+                hs.failed(exc, self.peer)
             route.stats.connect_failures += 1
             why = "timed out" if isinstance(exc, asyncio.TimeoutError) else (
                 exc.strerror or exc.__class__.__name__)
@@ -378,6 +413,9 @@ class ClientSide(asyncio.Protocol):
             self.parser.abandon()          # never reached a server: not request timeouts
             self._finish(abort=False, by="proxy", reason="connect_failed")
             return
+        if hs is not None:
+            hs.done()
+            route.upstream_attrs(self.parser, upstream.transport)
         route.stats.observe_connect(time.perf_counter() - started)
         if self.closed:                    # client gone or broke the protocol meanwhile:
             if self.early:                 # its valid bytes still reach the server
@@ -394,7 +432,7 @@ class ClientSide(asyncio.Protocol):
             if self.closed:                # a fault rule closed it
                 return
         if self.client_eof:
-            upstream.transport.write_eof()
+            _pass_eof(upstream.transport)
         elif not self.paused_by_peer:
             self.transport.resume_reading()
 
@@ -478,13 +516,13 @@ class ClientSide(asyncio.Protocol):
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
         if self.upstream is None:
-            return True                    # _connect() passes the EOF on once connected
+            return _can_half_close(self.transport)  # _connect() passes the EOF on
         if not self.upstream.transport.is_closing():
-            self.upstream.transport.write_eof()
+            _pass_eof(self.upstream.transport)
         if self.upstream_eof:
             self._finish(abort=False, by="client", reason="eof")
             return False
-        return True                        # keep our write side open for the responses
+        return _can_half_close(self.transport)  # keep our write side open for the responses
 
     def connection_lost(self, exc):
         if self.closed:
@@ -509,11 +547,11 @@ class ClientSide(asyncio.Protocol):
         if self.half_closed_at is None:
             self.half_closed_at = time.monotonic()
         if not self.transport.is_closing():
-            self.transport.write_eof()
+            _pass_eof(self.transport)
         if self.client_eof:
             self._finish(abort=False, by="upstream", reason="eof")
             return False
-        return True
+        return _can_half_close(self.upstream.transport if self.upstream else None)
 
     def upstream_lost(self, exc):
         if self.closed:
@@ -591,6 +629,21 @@ class ClientSide(asyncio.Protocol):
                                        self.route.cfg.name, type(exc).__name__, exc)
             self.route.stop_logging(self.parser)
         self.route.forget(self)
+
+
+def _pass_eof(transport):
+    """A FIN from the other side: half-close ``transport``; a TLS transport cannot
+    (uvloop), so it is closed once its buffered bytes are written (proxy.tls)."""
+    if transport.can_write_eof():
+        transport.write_eof()
+    else:
+        transport.close()
+
+
+def _can_half_close(transport):
+    """What eof_received returns: keep the transport open for the other direction
+    (plain TCP); a TLS transport closes after close_notify whatever it returns."""
+    return transport is None or transport.can_write_eof()
 
 
 class UpstreamSide(asyncio.Protocol):

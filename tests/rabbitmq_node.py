@@ -82,7 +82,14 @@ class RabbitMQNode:
 
     host = "127.0.0.1"
 
-    def __init__(self, bin_dir: str = RABBITMQ_BIN, start_timeout: float | None = None):
+    def __init__(self, bin_dir: str = RABBITMQ_BIN, start_timeout: float | None = None,
+                 tls: dict | None = None):
+        #: ``{"ca", "cert", "key"}`` PEM paths: a stream TLS listener too
+        #: (``stream.listeners.ssl.1`` on :attr:`tls_port`); its advertised TLS port is
+        #: ``advertised_tls_port`` (default: :attr:`tls_port`)
+        self.tls = tls
+        self.tls_port = free_port() if tls else None
+        self.advertised_tls_port = self.tls_port
         self.bin_dir = bin_dir
         self.start_timeout = start_timeout if start_timeout is not None else float(
             os.environ.get("FRAMETAP_RABBITMQ_START_TIMEOUT", "") or 60.0)
@@ -95,6 +102,8 @@ class RabbitMQNode:
         self.dist_port = free_port()
         while len({self.amqp_port, self.stream_port, self.dist_port}) < 3:  # pragma: no cover
             self.dist_port = free_port()
+        while tls and self.tls_port in (self.amqp_port, self.stream_port, self.dist_port):
+            self.tls_port = self.advertised_tls_port = free_port()  # pragma: no cover
         self.base_dir: str | None = None
         self.home: str | None = None
         self.log_file: str | None = None
@@ -135,6 +144,16 @@ class RabbitMQNode:
                 # a test node on a busy CI box: don't block publishers on a small disk
                 "disk_free_limit.absolute = 1MB\n"
             )
+            if self.tls:
+                f.write(
+                    f"stream.listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+                    f"stream.advertised_tls_host = {self.host}\n"
+                    f"stream.advertised_tls_port = {self.advertised_tls_port}\n"
+                    f"ssl_options.cacertfile = {self.tls['ca']}\n"
+                    f"ssl_options.certfile = {self.tls['cert']}\n"
+                    f"ssl_options.keyfile = {self.tls['key']}\n"
+                    "ssl_options.verify = verify_none\n"
+                    "ssl_options.fail_if_no_peer_cert = false\n")
         plugins = os.path.join(base, "enabled_plugins")
         with open(plugins, "w") as f:
             f.write("[rabbitmq_stream].\n")
@@ -229,7 +248,8 @@ class RabbitMQNode:
                         + (f"; last rabbitmqctl await_startup: {last_ctl}" if last_ctl else ""))
                 # The stream listener opens late in the boot; then await_startup (which
                 # fails at once while the node is not yet reachable, hence the retries).
-                if _port_accepts(self.host, self.stream_port):
+                if _port_accepts(self.host, self.stream_port) and (
+                        not self.tls or _port_accepts(self.host, self.tls_port)):
                     proc = self.ctl("await_startup", "--timeout", str(max(1, int(remaining))),
                                     timeout=remaining + 10, check=False)
                     if proc.returncode == 0:

@@ -236,7 +236,7 @@ def test_a_master_without_workers_is_one_line(logs, tmp_path):
             time.sleep(0.5)
         started = time.monotonic()
         r = run_analyze([logs, "--out", str(tmp_path / "out"), "--master",
-                         f"spark://127.0.0.1:{port}", "--connect-timeout", "5", "--quiet"],
+                         f"spark://127.0.0.1:{port}", "--connect-timeout", "20", "--quiet"],
                         spark_env(), timeout=180)
         took = time.monotonic() - started
     finally:
@@ -244,7 +244,7 @@ def test_a_master_without_workers_is_one_line(logs, tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.splitlines()
     assert lines == [f"frametap: error: --master spark://127.0.0.1:{port}: no worker gave this "
-                     "application an executor within 5 s (--connect-timeout); do the master's "
+                     "application an executor within 20 s (--connect-timeout); do the master's "
                      "workers have free cores and memory? (its web UI, http://127.0.0.1:8080 "
                      "by default, lists them)"], r.stderr
     assert took < 90

@@ -11,7 +11,7 @@ import pytest
 from proxy.app import ProxyApp
 from proxy.config import config_from_dict
 from tests.conftest import LoopThread
-from tests.faultspec_standin import FaultSet, Rule, Toxic
+from tests._support.faults import FaultSet, Rule, Toxic
 from tests.rabbitmq_node import rabbitmq_node  # noqa: F401  (session fixture)
 from tests.stream_check import publish_and_consume
 from tests.support import sample

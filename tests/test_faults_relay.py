@@ -3,8 +3,8 @@ error) on FlyMQ and RocketMQ (the reference servers, the loadgen clients), Toxip
 toxics and their observable effects, rules changing under open connections, and
 Toxiproxy's TestNoDataDropped shape.
 
-Until proxy/faultspec.py and proxy/protocols/<name>/faults.py land, the FaultSet and
-FlyMQ's error reply come from tests/faultspec_standin.py."""
+Rules and toxics are proxy.faultspec's objects (tests/_support/faults.py); error replies
+come from proxy/protocols/<name>/faults.py."""
 
 import asyncio
 import socket
@@ -19,7 +19,7 @@ from loadgen.rocketmq.client import RocketMQClient, RocketMQServerError
 from proxy.app import ProxyApp
 from proxy.config import config_from_dict
 from tests._support.processes import host_port, server_process
-from tests.faultspec_standin import FaultSet, FlyMQReplies, Rule, Toxic
+from tests._support.faults import FaultSet, Rule, Toxic
 from tests.support import frame, read_frame, request, run, sample, wait_for
 
 R = {"route": "t", "protocol": "flymq"}
@@ -346,7 +346,6 @@ def test_error_flymq_in_fifo_place_counted_as_a_response(tmp_path):
         fs = FaultSet([Rule("busy", "error", opcodes=["PRODUCE"], trigger="nth", n=2,
                             message="injected busy")])
         app = await start(up.address, fs)
-        app.routes[0].faults._replies = FlyMQReplies      # stand-in until flymq/faults.py
         reader, writer = await connect(app)
         await wait_for(lambda: app.routes[0].connections, what="connection")
         conn = next(iter(app.routes[0].connections))
@@ -382,7 +381,6 @@ def test_error_flymq_seen_by_the_loadgen_client(tmp_path):
             fs = FaultSet([Rule("busy", "error", opcodes=["PRODUCE"], trigger="once",
                                 message="injected busy")])
             app = await start(srv.address, fs)
-            app.routes[0].faults._replies = FlyMQReplies  # stand-in until flymq/faults.py
             client = FlyMQClient("127.0.0.1", port(app), timeout=5)
             await asyncio.to_thread(client.create_topic, "faults")
             with pytest.raises(FlyMQServerError, match="injected busy") as info:

@@ -45,6 +45,7 @@ message with one data section (what ``rstream.AMQPMessage(body=...)`` produces a
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from collections import deque
@@ -290,12 +291,11 @@ class StreamClient(common.SocketClient):
         self._sequences: dict[int, int] = {}                # publisher -> last publishing id
         self._stage = "PeerProperties"
         try:
-            self._sock: socket.socket | None = socket.create_connection(
-                (host, self.port), timeout)
+            # TCP_NODELAY; TLS too when --tls (loadgen.tlsopts)
+            self._sock: socket.socket | None = common.connect_tcp(host, self.port, timeout)
         except OSError as exc:
             exc.command = "PeerProperties"
             raise
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._connected(self._sock)
         try:
             self._handshake(user, password, connection_name)
@@ -389,8 +389,8 @@ class StreamClient(common.SocketClient):
             attempted = True
             try:
                 chunk = sock.recv(max(want, 65536))
-            except (socket.timeout, BlockingIOError):
-                return None
+            except (socket.timeout, BlockingIOError, ssl.SSLWantReadError):
+                return None         # (a TLS socket's non-blocking read raises the latter)
             except OSError:
                 self.close()
                 raise

@@ -283,7 +283,7 @@ class RocketMQClient(common.SocketClient):
 
     def __init__(self, host: str, port: int, timeout: float = 10.0,
                  serialize: str = "json", language: str = "PYTHON",
-                 version: int = DEFAULT_VERSION):
+                 version: int = DEFAULT_VERSION, tls=common.DEFAULT_TLS):
         if serialize not in ("json", "rocketmq"):
             raise ValueError(f"serialize={serialize!r}: expected 'json' or 'rocketmq'")
         self.host, self.port = host, int(port)
@@ -296,11 +296,7 @@ class RocketMQClient(common.SocketClient):
         self._sock: socket.socket | None = None
         self.server_requests: list = []     # RemotingCommands the server sent us
         self.last_response_bytes = 0
-        sock = socket.create_connection((host, self.port), timeout=timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
+        sock = common.connect_tcp(host, self.port, timeout, tls)   # TLS: loadgen.tlsopts
         self._sock = sock
         self._connected(sock)   # conn_id, local_address (``ip:port``, ``[v6]:port``)
 
