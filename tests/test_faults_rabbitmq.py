@@ -26,7 +26,7 @@ def test_rstream_publish_delayed_and_downstream_latency(rabbitmq_node):
     config = config_from_dict({"routes": [{
         "name": "stream", "protocol": "rabbitmq-stream", "listen": "127.0.0.1:0",
         "upstream": rabbitmq_node.stream_address}]})
-    fs = FaultSet()
+    fs = FaultSet(protocol="rabbitmq-stream")
     config.routes[0].faults = fs
     config.seed = 1
     app = ProxyApp(config)
@@ -62,6 +62,26 @@ def test_rstream_publish_delayed_and_downstream_latency(rabbitmq_node):
         assert value("frametap_faults_injected_total", opcode="", fault="lat",
                      action="latency") >= 2
         assert value("frametap_unmatched_responses_total") == 0
+
+        # error: the proxy answers Create itself with STREAM_NOT_AVAILABLE; rstream
+        # raises the ServerError subclass for that code
+        from rstream import Producer
+        from rstream.exceptions import ServerError, StreamNotAvailable
+        lt.call(lambda: fs.set(rules=[Rule("no-stream", "error", opcodes=["Create"],
+                                           status="STREAM_NOT_AVAILABLE", trigger="once")],
+                               toxics=[]))
+
+        async def create():
+            async with Producer("127.0.0.1", port, username="guest",
+                                password="guest") as producer:
+                with pytest.raises(ServerError) as info:
+                    await producer.create_stream("frametap-faults-" + uuid.uuid4().hex[:8])
+                return info.value
+        err = asyncio.run(create())
+        print(f"rstream: {type(err).__name__}: {err}")
+        assert isinstance(err, StreamNotAvailable)
+        assert value("frametap_responses_total", opcode="Create",
+                     status="STREAM_NOT_AVAILABLE") == 1
     finally:
         lt.run(app.shutdown(0))
         lt.stop()

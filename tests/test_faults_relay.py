@@ -304,6 +304,19 @@ def test_rocketmq_delay_drop_close_through_the_reference_broker(tmp_path):
                 client.close()
             assert sample(app, "frametap_faults_injected_total", opcode="SEND_MESSAGE_V2",
                           fault="cut", action="close", **rq) == 2
+            # error: the proxy answers SYSTEM_BUSY in the request's serialisation; the
+            # loadgen client reports it with the code, and the next send goes through
+            fs.set(rules=[Rule("busy", "error", opcodes=["SEND_MESSAGE_V2"], trigger="once",
+                               status="SYSTEM_BUSY", message="injected busy")])
+            client = RocketMQClient(host, p, timeout=2.0)
+            with pytest.raises(RocketMQServerError) as info:
+                await asyncio.to_thread(send, client, 4)
+            print(f"\nrocketmq client: {type(info.value).__name__}: {info.value}")
+            assert info.value.code == 2 and "injected busy" in str(info.value)
+            await asyncio.to_thread(send, client, 5)
+            client.close()
+            assert sample(app, "frametap_responses_total", opcode="SEND_MESSAGE_V2",
+                          status="SYSTEM_BUSY", **rq) == 1
             await app.shutdown(0)
         run(scenario())
 
