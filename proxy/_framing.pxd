@@ -93,6 +93,16 @@ cdef enum:
     P_FIFO = 2               # from the FIFO (correlation id = sequence number)
     P_S2C = 4                # the request travelled server -> client
 
+# DirState.capture bits: why the current frame is held whole (docs/design.md, "Faults")
+cdef enum:
+    CAP_REWRITE = 1          # capture_frame(): rewrite() returns what to forward
+    CAP_FAULT = 2            # its opcode is armed: fault_hook(d, frame) decides
+    CAP_UNDECIDED = 4        # an armed direction holds every frame until its opcode slot
+                             # is known (begin()); then it is kept (CAP_FAULT) or let go
+    CAP_NEXT = 8             # armed, nothing held: the next frame is decided at its header
+                             # (set while a frame that was let go finishes, too)
+    FAULT_WORDS = 5          # fault_bits words: OPCODE_SLOTS bits
+
 # Longest probe an insert walks before the map is rehashed under a new seed: at most half
 # full, linear probing with a keyed hash makes a 128-slot chain vanishingly rare.
 cdef enum:
@@ -151,7 +161,7 @@ cdef struct DirState:
     Py_ssize_t skip          # stream_body(): body starts this many bytes into the frame
     Py_ssize_t ghave         # gather(): body bytes held in hbuf
     int body                 # 1: the rest of this frame goes to on_body()
-    int capture              # 1: hold this whole frame and forward rewrite()'s result
+    int capture              # CAP_* bits: hold this whole frame (rewrite() / fault_hook)
     int open                 # 1: rec holds a frame begun and not yet emitted
     int rows                 # entry(): rows this frame has produced
     uint8_t* hbuf            # split header / gathered body bytes (heap, <= header_limit)
@@ -364,10 +374,36 @@ cdef class FrameParser:
     # until first used.
     cdef CorrState* cs
 
+    # Faults (proxy/faults.py): an armed direction holds each frame until its opcode slot
+    # is known; a frame whose slot is armed goes whole to fault_hook, any other is
+    # forwarded without a Python call.  Unarmed directions never look at these fields.
+    cdef uint8_t fault_mode[2]          # 0 off; 1 slots in fault_bits; 2 every frame
+    cdef uint64_t fault_bits[2][FAULT_WORDS]   # armed opcode slots
+    cdef bint fault_hold[2]             # hold[d] was turned on by set_faults()
+    cdef bint fault_rec                 # recording forced on while armed (kind, resource)
+    cdef public object fault_hook       # callable(d, frame) -> bytes or a fault marker
+    # (last: the fields above keep the offsets the parsers were compiled against)
+    cdef bint fault_marking[2]          # frames fed now were made by the fault engine
+    cdef int64_t fault_marked[2]        # 1 + frame_start of the last frame so marked
+    cdef bint fault_record[2]           # rules of direction d need kind / resource: record
+    cdef int64_t fault_fifo_mark[2]     # fifo_seq when direction d's frame began (FIFO
+                                        # requests are known without recording)
+
     cpdef Py_ssize_t feed(self, int direction, object data) except -1
     cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
                           Py_ssize_t n) except -1
     cdef int _frame_end(self, int d, list out) except -1
+    cdef int _fault_decide(self, int d) noexcept
+    cdef void _fault_rearm(self, int d) noexcept
+    cdef void _mark_injected(self, int d) noexcept
+    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
+                        object mv, list out) except -1
+    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
+                                  Py_ssize_t n, const uint8_t* buf, object mv,
+                                  list out) except -2
+    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
+                                  Py_ssize_t take, object mv, Py_ssize_t emit) except -1
+    cdef bint _fault_wants(self, int d) noexcept
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
                           const uint8_t* h) except -1
     cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
@@ -438,7 +474,7 @@ cdef inline int capture_frame(FrameParser self, int d) except -1:
     """Hold this whole frame; rewrite() returns what to forward instead."""
     if not self.hold[d]:
         raise RuntimeError("capture_frame() needs set_hold(%d, True) first" % d)
-    self.st[d].capture = 1
+    self.st[d].capture |= CAP_REWRITE
     return 0
 
 

@@ -96,6 +96,25 @@ def now_ns():
     return monotonic_ns()
 
 
+cdef inline int _decide(FrameParser self, int d) noexcept:
+    """FrameParser._fault_decide(), inline where it runs per frame (_capture_head)."""
+    cdef DirState* s = &self.st[d]
+    cdef int slot, mode
+    if s.capture & CAP_NEXT:
+        s.capture = (s.capture & ~CAP_NEXT) | CAP_UNDECIDED
+    if s.rec.messages < 0:
+        return s.capture                   # not begun yet (begin() in on_body())
+    s.capture &= ~CAP_UNDECIDED
+    slot = s.rec.slot
+    mode = self.fault_mode[d]
+    if mode == 2 or (mode == 1 and 0 <= slot < OPCODE_SLOTS and
+                     (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1):
+        s.capture |= CAP_FAULT
+    else:
+        s.capture |= CAP_NEXT
+    return s.capture & ~CAP_NEXT
+
+
 cdef class RouteStats:
     """Every counter of one route, in C arrays (shared by all its connections)."""
 
@@ -424,8 +443,7 @@ cdef class FrameParser:
                 if take > s.remaining:
                     take = s.remaining
                 if s.capture:
-                    self.captured[d] += mv[pos:pos + take]
-                    emit = pos + take
+                    emit = self._capture_more(d, buf + pos, pos, take, mv, emit)
                 elif s.body:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
@@ -444,16 +462,11 @@ cdef class FrameParser:
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
                             return self._contract_error(d, r, asked, pos, emit, mv, out)
                         if s.capture:
-                            if emit < pos:
-                                out.append(bytes(mv[emit:pos]))
-                            take = r if r <= n - pos else n - pos
-                            self.captured[d] = bytearray(mv[pos:pos + take])
-                            s.remaining = r - take
-                            pos += take
-                            emit = pos
-                            if s.remaining == 0:
-                                self._frame_end(d, out)
-                        elif s.body:           # the body streams through on_body()
+                            take = self._capture_head(d, r, pos, emit, n, buf, mv, out)
+                            if take >= 0:      # held: the read goes on after its bytes
+                                pos = emit = take
+                                continue
+                        if s.body:           # the body streams through on_body()
                             pos += s.skip
                             s.remaining = r - s.skip
                             if s.remaining == 0:
@@ -497,8 +510,10 @@ cdef class FrameParser:
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
+                    if s.capture & (CAP_UNDECIDED | CAP_NEXT):
+                        self._fault_decide(d)
                     hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
-                    if s.capture:
+                    if s.capture & ~CAP_NEXT:
                         if hs > emit:
                             out.append(bytes(mv[emit:hs]))
                         self.captured[d] = bytearray(s.hbuf[:s.have])
@@ -513,8 +528,25 @@ cdef class FrameParser:
             elif r < 0:
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
         if hold and emit < n:
-            out.append(bytes(mv[emit:n]))
+            self._hold_tail(d, n, emit, data, mv, out)
         return n
+
+    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
+                        object mv, list out) except -1:
+        """End of a read with hold on: what is not yet placed in ``out`` goes there,
+        except a split header whose on_header() asked for more (want_header): that is
+        withheld like any incomplete header (out of line: the loop stays small)."""
+        cdef DirState* s = &self.st[d]
+        cdef Py_ssize_t hs
+        if s.have:
+            hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
+            if hs > emit:
+                out.append(bytes(mv[emit:hs]))
+        elif emit == 0 and PyBytes_Check(data):
+            out.append(data)                   # the whole read goes on: no copy
+        else:
+            out.append(bytes(mv[emit:n]))
+        return 0
 
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
                           const uint8_t* h) except -1:
@@ -526,7 +558,7 @@ cdef class FrameParser:
         s.have = 0
         s.need = self.header_size
         s.remaining = r - seen
-        if s.body and not s.capture and s.skip < seen:
+        if s.body and s.skip < seen:           # (a held frame streams its body too)
             rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
             self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
         if s.hcap > HBUF_KEEP:
@@ -598,24 +630,206 @@ cdef class FrameParser:
             s.hcap = 0
 
     cdef int _frame_end(self, int d, list out) except -1:
-        """The frame's last byte has passed: finish capture/body, emit its record."""
+        """The frame's last byte has passed: finish body/capture, emit its record."""
         cdef DirState* s = &self.st[d]
         cdef bytes frame
-        if s.capture:
-            s.capture = 0
-            frame = bytes(self.captured[d])
-            self.captured[d] = None
-            out.append(self.rewrite(d, frame))
-        elif s.body:
+        cdef int cap = s.capture
+        if s.body:
             s.body = 0
             self.on_body_end(d)
+        s.capture = 0
+        if cap & ~CAP_NEXT:                    # a held frame
+            if cap & CAP_UNDECIDED:
+                s.capture = cap
+                self._fault_decide(d)
+                cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
+                s.capture = 0
+            frame = bytes(self.captured[d])
+            self.captured[d] = None
+            if cap & CAP_REWRITE:
+                frame = self.rewrite(d, frame)
+            if cap & CAP_FAULT and self.fault_hook is not None:
+                out.append(self.fault_hook(d, frame))
+            else:
+                out.append(frame)
         s.ghave = 0
         if s.hcap > HBUF_KEEP:
             self._hbuf_release(d)
         if s.open:
             s.open = 0
             self._emit(&s.rec)
+        if self.fault_mode[d] and self.hold[d]:
+            self._fault_rearm(d)               # decide the next frame at its header
         return 0
+
+    cdef bint _fault_wants(self, int d) noexcept:
+        cdef int slot = self.st[d].rec.slot
+        if self.fault_mode[d] == 2:
+            return 1
+        return self.fault_mode[d] == 1 and 0 <= slot < OPCODE_SLOTS and \
+            (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
+
+    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
+                                  Py_ssize_t n, const uint8_t* buf, object mv,
+                                  list out) except -2:
+        """A frame whose header is whole in this read, with capture bits set: hold it
+        from its first byte (returns where the read goes on), or -1 when an armed
+        direction's frame turns out not to be armed (it passes as usual).  Out of line,
+        as _capture_more(): the feed loop stays as small as without captures."""
+        cdef DirState* s = &self.st[d]
+        cdef Py_ssize_t take
+        if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not _decide(self, d):
+            if not s.body and r <= n - pos and not s.open:
+                self._fault_rearm(d)           # it ends here and _frame_end() won't run
+            return -1
+        if emit < pos:
+            out.append(bytes(mv[emit:pos]))
+        take = r if r <= n - pos else n - pos
+        self.captured[d] = bytearray(mv[pos:pos + take])
+        if s.body and take > s.skip:           # held for faults: the body still streams
+            self.on_body(d, buf + pos + s.skip, take - s.skip)
+        s.remaining = r - take
+        if s.remaining == 0:
+            self._frame_end(d, out)
+        return pos + take
+
+    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
+                                  Py_ssize_t take, object mv, Py_ssize_t emit) except -1:
+        """More bytes of a held frame (and its body, for a frame held for faults);
+        returns where the bytes not yet placed in the output start."""
+        cdef DirState* s = &self.st[d]
+        if s.capture & ~CAP_NEXT:
+            self.captured[d] += mv[pos:pos + take]
+            emit = pos + take
+        if s.body:
+            self.on_body(d, p, take)
+        return emit
+
+    cdef void _mark_injected(self, int d) noexcept:
+        """A row of a frame the fault engine made: attrs.injected = "1", once per frame
+        (entry()'s later rows share the frame's attrs)."""
+        cdef DirState* s = &self.st[d]
+        if self.fault_marked[d] == s.frame_start + 1:
+            return
+        self.fault_marked[d] = s.frame_start + 1
+        add_attr(self, d, b"injected", 8, b"1", 1)
+
+    cdef int _fault_decide(self, int d) noexcept:
+        """At an armed frame's header (CAP_NEXT) or end: once begin() named its opcode
+        slot, keep it for the fault hook (CAP_FAULT) or let it go (CAP_NEXT: the next
+        frame is decided in turn); until then hold it (CAP_UNDECIDED).  Returns the bits
+        that hold the frame (0: it passes).  begin() always sets rec.messages = 0, over
+        the -1 _fault_rearm() left: that tells a begun frame without recording."""
+        return _decide(self, d)
+
+    cdef void _fault_rearm(self, int d) noexcept:
+        """Between two frames of an armed direction: decide the next at its header."""
+        self.st[d].capture = CAP_NEXT
+        self.st[d].rec.messages = -1
+        self.fault_fifo_mark[d] = self.fifo_seq
+
+    # ---- faults (proxy/faults.py; docs/design.md, "Faults") ------------------
+
+    def set_faults(self, int d, int mode, slots=(), bint record=True):
+        """Arm direction d: mode 0 off, 1 the opcode slots in ``slots``, 2 every frame.
+        Armed frames go whole to ``fault_hook(d, frame)``, whose result is forwarded in
+        their place.  Returns False when the change must wait for a frame boundary (a
+        header split across reads was forwarded, or a held frame is unfinished): call
+        again after the next read."""
+        cdef DirState* s = &self.st[d]
+        cdef int slot, w
+        if d != 0 and d != 1:
+            raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
+        for w in range(FAULT_WORDS):
+            self.fault_bits[d][w] = 0
+        for slot in slots:
+            if 0 <= slot < OPCODE_SLOTS:
+                self.fault_bits[d][slot >> 6] |= (<uint64_t>1) << (slot & 63)
+        self.fault_mode[d] = mode if 0 <= mode <= 2 else 2
+        self.fault_record[d] = record
+        self.fault_rec = (self.fault_mode[0] != 0 and self.fault_record[0]) or \
+            (self.fault_mode[1] != 0 and self.fault_record[1])
+        self.recording = self.log is not None or self._tracer is not None or self.fault_rec
+        if self.fault_mode[d]:
+            if not self.hold[d]:
+                if s.have:
+                    return False               # those header bytes were forwarded already
+                self.hold[d] = 1
+                self.fault_hold[d] = 1
+            if not s.capture & ~CAP_NEXT:
+                if s.have:
+                    return False               # mid-header: at the next boundary
+                if s.remaining == 0:
+                    self._fault_rearm(d)
+                else:                          # mid-frame: it passes, the next is decided
+                    s.capture = CAP_NEXT
+            return True
+        if s.capture & (CAP_NEXT | CAP_UNDECIDED) == s.capture and s.have == 0 \
+                and s.remaining == 0:
+            s.capture = 0                      # nothing held
+        if self.fault_hold[d]:
+            if s.capture or s.have:
+                return False                   # a held frame or header: at its end
+            self.hold[d] = 0
+            self.fault_hold[d] = 0
+        return True
+
+    def fault_armed(self, int d):
+        """(mode, hold) of direction d (tests)."""
+        return self.fault_mode[d], bool(self.hold[d])
+
+    def fault_info(self, int d):
+        """From fault_hook: (opcode slot, kind, correlation id, resource bytes or None,
+        whether the frame is the newest FIFO request) of the frame being handed over."""
+        cdef DirState* s = &self.st[d]
+        cdef FrameRecord* rec = &s.rec
+        cdef bint fifo = 0
+        res = None
+        if s.open and s.res_len >= 0:
+            res = (<const char*>&s.res[0])[:s.res_len]
+        if self.fifo_len and self.fifo_seq != self.fault_fifo_mark[d]:
+            # this frame pushed the newest FIFO entry: a request answered in order
+            fifo = self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)].key \
+                == self.fifo_seq
+        return (rec.slot, rec.kind if s.open else -1,
+                <uint64_t>self.fifo_seq if fifo else (<uint64_t>rec.corr if s.open else 0),
+                res, fifo)
+
+    def fault_attr(self, int d, bytes key, bytes value):
+        """An attrs entry on the frame being handed over (attrs.fault = rule name)."""
+        if self.st[d].open:
+            add_attr(self, d, <const uint8_t*>PyBytes_AS_STRING(key), len(key),
+                     <const uint8_t*>PyBytes_AS_STRING(value), len(value))
+
+    def fault_mark(self, int d, bint on):
+        """Frames fed while on were made by the proxy: attrs.injected = "1"."""
+        self.fault_marking[d] = on
+
+    def fault_forget(self):
+        """The FIFO request just handed over never reaches the server: take it out of
+        the FIFO (later answers pair with later requests) and count it as a timeout."""
+        cdef Pending* p
+        if self.fifo_len == 0:
+            return False
+        p = &self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)]
+        if p.key != self.fifo_seq or p.flags & P_EXPIRED:
+            return False
+        self._timeout(p, 0)
+        self.fifo_len -= 1
+        return True
+
+    def fault_step(self, int d):
+        """(at a frame boundary, bytes to feed before the next point where it may be)."""
+        cdef DirState* s = &self.st[d]
+        if s.remaining > 0:
+            return False, s.remaining
+        return s.have == 0, s.need - s.have
+
+    def fifo_first(self):
+        """Sequence number of the oldest request awaiting its answer in order, or -1."""
+        if self.fifo_len == 0:
+            return -1
+        return self.fifo[self.fifo_head].key
 
     def set_hold(self, int d, bint on):
         """Enable frame capture in direction ``d`` (see rewrite())."""
@@ -751,6 +965,8 @@ cdef class FrameParser:
         cdef Py_ssize_t res_len = -1, alen = 0, cid_len = -1
         cdef bint same_frame = 0
         if rec is &s.rec:                  # a frame's row (timeout events have neither)
+            if self.fault_marking[rec.direction & 1]:
+                self._mark_injected(rec.direction & 1)
             res = &s.res[0]
             res_len = s.res_len
             attrs = s.attrs
@@ -790,14 +1006,14 @@ cdef class FrameParser:
     @tracer.setter
     def tracer(self, fn):
         self._tracer = fn
-        self.recording = fn is not None or self.log is not None
+        self.recording = fn is not None or self.log is not None or self.fault_rec
 
     def attach_log(self, FrameLogBuffer log, int route):
         """Write this connection's records to ``log`` (as route index ``route``; see
         FrameLogBuffer.add_route), or stop with ``log=None``."""
         self.log = log
         self.log_route = route
-        self.recording = log is not None or self._tracer is not None
+        self.recording = log is not None or self._tracer is not None or self.fault_rec
 
     cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
                            const uint8_t* attrs, Py_ssize_t alen):
@@ -1027,6 +1243,13 @@ cdef class FrameParser:
         i = 0
         if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
             i = self.fifo_live - self.fifo[self.fifo_head].key
+            if i > self.fifo_len:
+                i = self.fifo_len
+            # a request the fault engine dropped left a gap in the sequence numbers:
+            # step back over entries not expired yet (one check when there is none)
+            while i > 0 and not self.fifo[(self.fifo_head + i - 1) & (self.fifo_cap - 1)].flags \
+                    & P_EXPIRED:
+                i -= 1
         while i < self.fifo_len and n < limit:
             p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
             if now - p.t_ns < self.timeout_ns:
@@ -1119,8 +1342,13 @@ cdef class FrameParser:
     def _fifo_first_live(self):
         """Offset of the first FIFO entry expire() has not counted (those before it are
         expired: close() and abandon() skip them)."""
+        cdef Py_ssize_t i
         if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
-            return min(self.fifo_live - self.fifo[self.fifo_head].key, self.fifo_len)
+            i = min(self.fifo_live - self.fifo[self.fifo_head].key, self.fifo_len)
+            while i > 0 and not self.fifo[(self.fifo_head + i - 1) & (self.fifo_cap - 1)].flags \
+                    & P_EXPIRED:
+                i -= 1                   # a gap the fault engine left (fault_forget)
+            return i
         return 0
 
     @property

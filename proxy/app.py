@@ -108,6 +108,8 @@ class ProxyApp:
         self.reserve = FdReserve()
         self.reserve.fill()
         self.routes = [Route(rc, loop, self.reserve) for rc in self.config.routes]
+        for route in self.routes:          # faults: one engine per route, [proxy] seed
+            route.start_faults(getattr(self.config, "seed", None))
         if fd_limit is not None:
             wanted = sum(rc.max_connections for rc in self.config.routes)
             capacity = connection_capacity(fd_limit)

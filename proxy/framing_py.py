@@ -20,6 +20,7 @@ from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
 CORR_NONE, CORR_INT, CORR_PAIR, CORR_SINT, CORR_STR = 0, 1, 2, 3, 4
+CAP_REWRITE, CAP_FAULT, CAP_UNDECIDED, CAP_NEXT = 1, 2, 4, 8   # _Dir.capture (_framing.pxd)
 _U64 = (1 << 64) - 1
 
 
@@ -254,7 +255,8 @@ class RouteStats:
 
 class _Dir:
     __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "skip", "gbuf",
-                 "body", "capture", "open", "rows", "rec", "taken", "slot", "hcap")
+                 "body", "capture", "open", "rows", "rec", "taken", "slot", "hcap", "mark",
+                 "begun")
 
     def __init__(self, need):
         self.remaining = 0
@@ -266,7 +268,9 @@ class _Dir:
         self.skip = 0
         self.gbuf = bytearray()      # gather()
         self.body = False
-        self.capture = False
+        self.capture = 0             # CAP_* bits (_framing.pxd)
+        self.mark = False            # frames the fault engine injects (attrs.injected)
+        self.begun = True            # begin() ran for the current frame (faults)
         self.open = False
         self.rows = 0
         self.rec = None
@@ -346,6 +350,13 @@ class FrameParser:
         self.hold = [False, False]
         self.captured = [None, None]
         self.output = None
+        self.fault_mode = [0, 0]     # faults: 0 off, 1 slots in fault_slots, 2 every frame
+        self.fault_slots = [frozenset(), frozenset()]
+        self.fault_hold = [False, False]
+        self.fault_rec = False
+        self.fault_record = [True, True]
+        self.fault_fifo_mark = [0, 0]
+        self.fault_hook = None
         self.now_ns = 0
         self.error = None
         self.closed = False
@@ -399,8 +410,11 @@ class FrameParser:
             if s.remaining > 0:
                 take = min(n - pos, s.remaining)
                 if s.capture:
-                    self.captured[d] += mv[pos:pos + take]
-                    emit = pos + take
+                    if s.capture & ~CAP_NEXT:
+                        self.captured[d] += mv[pos:pos + take]
+                        emit = pos + take
+                    if s.body:                # a frame held for faults still streams
+                        self.on_body(d, mv[pos:pos + take])
                 elif s.body:
                     self.on_body(d, mv[pos:pos + take])
                 s.remaining -= take
@@ -421,11 +435,15 @@ class FrameParser:
                             if hold and emit < pos:
                                 out.append(bytes(mv[emit:pos]))
                             return pos
-                        if s.capture:
+                        if s.capture and not (s.capture & (CAP_UNDECIDED | CAP_NEXT)
+                                              and not self._fault_decide(d)
+                                              and self._let_go(d, r, n - pos)):
                             if emit < pos:
                                 out.append(bytes(mv[emit:pos]))
                             take = min(r, n - pos)
                             self.captured[d] = bytearray(mv[pos:pos + take])
+                            if s.body and take > s.skip:   # held for faults: the body
+                                self.on_body(d, mv[pos + s.skip:pos + take])
                             s.remaining = r - take
                             pos += take
                             emit = pos
@@ -472,8 +490,10 @@ class FrameParser:
                     self._short_frame(d, r, asked)
                     return self._fatal_prefix(d, chunk_start, emit, mv, out)
                 if hold:
+                    if s.capture & (CAP_UNDECIDED | CAP_NEXT):
+                        self._fault_decide(d)
                     hs = s.frame_start - chunk_start
-                    if s.capture:
+                    if s.capture & ~CAP_NEXT:
                         if hs > emit:
                             out.append(bytes(mv[emit:hs]))
                         self.captured[d] = bytearray(s.hdr)
@@ -485,7 +505,7 @@ class FrameParser:
                 s.hdr = bytearray()
                 s.need = self.header_size
                 s.remaining = r - asked
-                if s.body and not s.capture and s.skip < asked:
+                if s.body and s.skip < asked:     # (a held frame streams its body too)
                     self.on_body(d, memoryview(hdr)[s.skip:])
                 if s.hcap > HBUF_KEEP:
                     self._hbuf_release(d)
@@ -494,7 +514,14 @@ class FrameParser:
             elif r < 0:
                 return self._fatal_prefix(d, chunk_start, emit, mv, out)
         if hold and emit < n:
-            out.append(bytes(mv[emit:n]))
+            if s.hdr:
+                # the read ended on a split header whose on_header() asked for more
+                # (want_header): it is withheld like any incomplete header
+                hs = s.frame_start - chunk_start
+                if hs > emit:
+                    out.append(bytes(mv[emit:hs]))
+            else:
+                out.append(bytes(mv[emit:n]))
         return n
 
     def _fatal_prefix(self, d, chunk_start, emit, mv, out):
@@ -536,20 +563,139 @@ class FrameParser:
 
     def _frame_end(self, d, out):
         s = self.st[d]
-        if s.capture:
-            s.capture = False
-            frame = bytes(self.captured[d])
-            self.captured[d] = None
-            out.append(self.rewrite(d, frame))
-        elif s.body:
+        cap = s.capture
+        if s.body:
             s.body = False
             self.on_body_end(d)
+        s.capture = 0
+        if cap & ~CAP_NEXT:
+            if cap & CAP_UNDECIDED:
+                s.capture = cap
+                self._fault_decide(d)
+                cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
+                s.capture = 0
+            frame = bytes(self.captured[d])
+            self.captured[d] = None
+            if cap & CAP_REWRITE:
+                frame = self.rewrite(d, frame)
+            if cap & CAP_FAULT and self.fault_hook is not None:
+                out.append(self.fault_hook(d, frame))
+            else:
+                out.append(frame)
         s.gbuf = bytearray()
         if s.hcap > HBUF_KEEP:
             self._hbuf_release(d)
         if s.open:
             s.open = False
             self._emit(s.rec)
+        if self.fault_mode[d] and self.hold[d]:
+            self._fault_rearm(d)          # decide the next frame at its header
+
+    def _fault_wants(self, d):
+        mode = self.fault_mode[d]
+        return mode == 2 or (mode == 1 and self.st[d].slot in self.fault_slots[d])
+
+    def _fault_decide(self, d):
+        s = self.st[d]
+        if s.capture & CAP_NEXT:
+            s.capture = (s.capture & ~CAP_NEXT) | CAP_UNDECIDED
+        if not s.begun:
+            return s.capture                  # not begun yet (begin() in on_body())
+        s.capture &= ~CAP_UNDECIDED
+        s.capture |= CAP_FAULT if self._fault_wants(d) else CAP_NEXT
+        return s.capture & ~CAP_NEXT
+
+    def _let_go(self, d, r, avail):
+        """An armed frame passes: when it ends in this read and _frame_end() won't run,
+        the next one is armed now (the compiled core's _capture_head)."""
+        s = self.st[d]
+        if not s.body and r <= avail and not s.open:
+            self._fault_rearm(d)
+        return True
+
+    def _fault_rearm(self, d):
+        s = self.st[d]
+        s.capture = CAP_NEXT
+        s.begun = False
+        self.fault_fifo_mark[d] = self.fifo_seq
+
+    # ---- faults (twin of the compiled core's; proxy/faults.py) -----------------
+
+    def set_faults(self, d, mode, slots=(), record=True):
+        if d not in (0, 1):
+            raise ValueError("direction must be 0 (c2s) or 1 (s2c)")
+        s = self.st[d]
+        self.fault_slots[d] = frozenset(x for x in slots if 0 <= x < OPCODE_SLOTS)
+        self.fault_mode[d] = mode if 0 <= mode <= 2 else 2
+        self.fault_record[d] = bool(record)
+        self.fault_rec = bool((self.fault_mode[0] and self.fault_record[0])
+                              or (self.fault_mode[1] and self.fault_record[1]))
+        self.recording = self.log is not None or self._tracer is not None or self.fault_rec
+        if self.fault_mode[d]:
+            if not self.hold[d]:
+                if s.hdr:
+                    return False
+                self.hold[d] = True
+                self.fault_hold[d] = True
+            if not s.capture & ~CAP_NEXT:
+                if s.hdr:
+                    return False
+                if s.remaining == 0:
+                    self._fault_rearm(d)
+                else:
+                    s.capture = CAP_NEXT
+            return True
+        if s.capture & (CAP_NEXT | CAP_UNDECIDED) == s.capture and not s.hdr \
+                and s.remaining == 0:
+            s.capture = 0
+        if self.fault_hold[d]:
+            if s.capture or s.hdr:
+                return False
+            self.hold[d] = False
+            self.fault_hold[d] = False
+        return True
+
+    def fault_armed(self, d):
+        return self.fault_mode[d], bool(self.hold[d])
+
+    def fault_info(self, d):
+        s = self.st[d]
+        rec = s.rec if s.open else None
+        res = None
+        if rec is not None and rec.resource is not None:
+            res = rec.resource.encode("utf-8")
+        fifo = False
+        if self.fifo_head < len(self.fifo) and self.fifo_seq != self.fault_fifo_mark[d]:
+            fifo = self.fifo[-1].key == self.fifo_seq
+        return (s.slot, rec.kind if rec is not None else -1,
+                self.fifo_seq if fifo else (rec.corr & _U64 if rec is not None else 0),
+                res, fifo)
+
+    def fault_attr(self, d, key, value):
+        if self.st[d].open:
+            self.add_attr(d, key, value)
+
+    def fault_mark(self, d, on):
+        self.st[d].mark = bool(on)
+
+    def fault_forget(self):
+        if self.fifo_head >= len(self.fifo):
+            return False
+        p = self.fifo[-1]
+        if p.key != self.fifo_seq or p.expired:
+            return False
+        self._timeout(p)
+        self.fifo.pop()
+        return True
+
+    def fault_step(self, d):
+        s = self.st[d]
+        if s.remaining > 0:
+            return False, s.remaining
+        return not s.hdr, s.need - len(s.hdr)
+
+    def fifo_first(self):
+        return self.fifo[self.fifo_head].key if self.fifo_head < len(self.fifo) else -1
 
     def rewrite(self, d, frame):
         return frame
@@ -582,7 +728,7 @@ class FrameParser:
     def capture_frame(self, d):
         if not self.hold[d]:
             raise RuntimeError("capture_frame() needs set_hold(%d, True) first" % d)
-        self.st[d].capture = True
+        self.st[d].capture |= CAP_REWRITE
         return 0
 
     def gather(self, d, p, want):
@@ -628,12 +774,15 @@ class FrameParser:
         st.frames[d][slot] += 1
         st.frame_bytes[d][slot] += frame_bytes
         s.slot = slot
+        s.begun = True
         if not self.recording:              # counters only: no record to fill
             return
         s.open = True
         s.rows = 0
         s.rec = Record(self.now_ns, d, slot, kind, st.slot_opcode(slot), frame_bytes,
                        header_bytes)
+        if s.mark:                          # a reply the fault engine made
+            self.add_attr(d, b"injected", b"1")
 
     def add_messages(self, d, n):
         s = self.st[d]
@@ -845,14 +994,14 @@ class FrameParser:
     @tracer.setter
     def tracer(self, fn):
         self._tracer = fn
-        self.recording = fn is not None or self.log is not None
+        self.recording = fn is not None or self.log is not None or self.fault_rec
 
     def attach_log(self, log, route):
         """Write this connection's records to ``log`` (a FrameLogBuffer, as route index
         ``route``), or stop with ``log=None``."""
         self.log = log
         self.log_route = route
-        self.recording = log is not None or self._tracer is not None
+        self.recording = log is not None or self._tracer is not None or self.fault_rec
 
     def _emit(self, rec):
         if self.log is None and self._tracer is None:
@@ -921,6 +1070,8 @@ class FrameParser:
         i = head
         if head < len(fifo) and self.fifo_live > fifo[head].key:
             i = min(head + self.fifo_live - fifo[head].key, len(fifo))
+            while i > head and not fifo[i - 1].expired:
+                i -= 1                          # a gap the fault engine left (fault_forget)
         yield from fifo[i:]
         yield from self.map.values()
 
@@ -932,7 +1083,9 @@ class FrameParser:
         fifo, head = self.fifo, self.fifo_head
         i = head
         if head < len(fifo) and self.fifo_live > fifo[head].key:
-            i = head + self.fifo_live - fifo[head].key
+            i = min(head + self.fifo_live - fifo[head].key, len(fifo))
+            while i > head and not fifo[i - 1].expired:
+                i -= 1                          # a gap the fault engine left (fault_forget)
         while i < len(fifo) and n < limit:
             p = fifo[i]
             if now - p.t_ns < self.timeout_ns:

@@ -98,6 +98,12 @@ def _per_opcode(key):
     return rows
 
 
+def _faults_injected(sc):
+    for s in sc.snaps:
+        for (op, fault, action), v in s.get("faults", {}).items():
+            yield (s["route"], s["protocol"], op, fault, action), v
+
+
 def _protocol_errors(sc):
     for s in sc.snaps:
         for (d, reason), v in s["errors"].items():
@@ -173,6 +179,9 @@ FAMILIES = (
      RP, _per_route_protocol("unmatched")),
     ("frametap_protocol_errors", "counter", "Protocol violations seen",
      RP + ("direction", "reason"), _protocol_errors),
+    ("frametap_faults_injected", "counter", "Faults the proxy injected: rules (by opcode) "
+     "and toxics (opcode \"\", action = the toxic's type)",
+     RP + ("opcode", "fault", "action"), _faults_injected),
     ("frametap_connections_active", "gauge", "Open client connections", ("route",),
      _per_route("conn_active")),
     ("frametap_connections", "counter", "Client connections accepted", ("route",),
@@ -308,6 +317,8 @@ class FrametapCollector(Collector):
         snap["connect_hist"] = (tuple(counts), total)
         snap["closed"] = dict(getattr(route, "closed_counts", {}))
         snap["accept_errors"] = dict(getattr(route, "accept_errors", {}))
+        faults = getattr(route, "faults", None)
+        snap["faults"] = dict(faults.injected) if faults is not None else {}
         tls = getattr(route, "tls", None)
         snap["tls"] = tls.snapshot() if tls is not None else None
         return snap

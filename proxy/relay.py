@@ -125,6 +125,16 @@ class Route:
         self.tls = route_tls(cfg, cfg.name, self.log.warning)
         if self.tls is not None and self.tls.passthrough:
             self.parser_class = self.tls.parser_class()
+        self.faults = None             # proxy.faults.RouteFaults (start_faults)
+
+    def start_faults(self, seed=None):
+        """The route's fault engine, when its config has a FaultSet (docs/design.md,
+        "Faults"); a connection's parser is armed when it is made, its pipes when its
+        upstream is up."""
+        faultset = getattr(self.cfg, "faults", None)
+        if faultset is not None:
+            from proxy.faults import RouteFaults
+            self.faults = RouteFaults(self, faultset, seed)
 
     @property
     def address(self):
@@ -349,6 +359,8 @@ class ClientSide(asyncio.Protocol):
             return
         self.parser = route.new_parser(transport.get_extra_info("sockname"), transport)
         route.start_logging(self.parser, self.peer, transport)
+        if route.faults is not None:       # rules apply from the first byte (proxy.faults)
+            route.faults.attach(self)
         route.connections.add(self)
         route.stats.conn_total += 1
         route.stats.conn_active += 1
@@ -413,13 +425,18 @@ class ClientSide(asyncio.Protocol):
         route.stats.observe_connect(time.perf_counter() - started)
         if self.closed:                    # client gone or broke the protocol meanwhile:
             if self.early:                 # its valid bytes still reach the server
-                upstream.transport.write(b"".join(self.early))
+                upstream.transport.write(b"".join(x for x in self.early
+                                                  if isinstance(x, bytes)))
             upstream.transport.close()
             return
         self.upstream = upstream
+        if route.faults is not None:       # toxics and held frames from here on
+            route.faults.connected(self)
         if self.early:
-            upstream.transport.write(b"".join(self.early))
+            upstream.transport.writelines(self.early)   # (with faults: markers too)
             self.early = None
+            if self.closed:                # a fault rule closed it
+                return
         if self.client_eof:
             _pass_eof(upstream.transport)
         elif not self.paused_by_peer:
