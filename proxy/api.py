@@ -56,6 +56,7 @@ from aiohttp import web
 
 from proxy.addresses import UnixAddress, format_address, parse_address
 from proxy.errors import ConfigError, show_value
+from proxy.relay import LogLimiter
 from proxy.faultspec import MAX_NAME_CHARS, UNDECODED, FaultSpecError
 
 log = logging.getLogger("frametap.api")
@@ -67,30 +68,6 @@ MAX_BODY = 1 << 20               # bytes of a request body
 MAX_ROUTES = 1024                # routes in all (each holds a listener)
 PROXY_KEYS = ("name", "listen", "upstream", "enabled", "toxics", "frametap_protocol")
 _SERVER = web.AppKey("frametap_api", object)       # the ApiServer, for the middleware
-
-
-class _LimitedLog:
-    """At most ``per_second`` lines a second; the rest are counted and summed up in one
-    line when the next second's first line comes (a client looping on a bad request
-    cannot flood the log; ``ApiServer.refused`` counts every one)."""
-
-    def __init__(self, per_second=10):
-        self.per_second = per_second
-        self.window = 0
-        self.used = 0
-        self.suppressed = 0
-
-    def info(self, msg, *args):
-        now = int(time.monotonic())
-        if now != self.window:
-            if self.suppressed:
-                log.info("api: %d similar lines suppressed", self.suppressed)
-            self.window, self.used, self.suppressed = now, 0, 0
-        if self.used < self.per_second:
-            self.used += 1
-            log.info(msg, *args)
-        else:
-            self.suppressed += 1
 
 
 class ApiError(Exception):
@@ -195,7 +172,8 @@ class ApiServer:
         self.runner = None
         self.lock = asyncio.Lock()      # one change at a time (a change may await a bind)
         self.refused = {}               # HTTP status -> requests answered with it (>= 400)
-        self.log = _LimitedLog()        # at most 10 lines a second, the rest summed up
+        # at most 10 lines a second, the rest summed up in one line
+        self.log = LogLimiter(logger=log, level=logging.INFO, prefix="api", what="lines")
 
     # -- life cycle -----------------------------------------------------------------
 

@@ -43,13 +43,20 @@ def format_peer(addr, local=None):
 
 
 class LogLimiter:
-    """At most ``per_second`` warnings per route; the rest are counted and reported in one
-    line naming the route, flushed by the route's sweeper even when no warning follows, so
-    a flood of bad connections cannot flood the log (the counters still count them all)."""
+    """At most ``per_second`` lines a second; the rest are counted and reported in one line
+    (``"<prefix>: N similar <what> suppressed"``), flushed by the next line's second or by
+    an explicit flush() (a route's sweeper calls it even when no warning follows), so a
+    flood of bad connections or requests cannot flood the log (the counters still count
+    them all).  A route's limiter warns on this module's logger; the API server's logs at
+    INFO on its own."""
 
-    def __init__(self, route="", per_second=10):
-        self.route = route
+    def __init__(self, route="", per_second=10, logger=None, level=logging.WARNING,
+                 prefix=None, what="warnings"):
+        self.prefix = prefix if prefix is not None else "route %s" % route
         self.per_second = per_second
+        self.logger = logger or log
+        self.level = level
+        self.what = what
         self.window = 0
         self.used = 0
         self.suppressed = 0
@@ -60,9 +67,11 @@ class LogLimiter:
             self.flush(now)
         if self.used < self.per_second:
             self.used += 1
-            log.warning(msg, *args)
+            self.logger.log(self.level, msg, *args)
         else:
             self.suppressed += 1
+
+    info = warning                         # the level is the limiter's, not the call's
 
     def flush(self, now=None):
         """Report what was suppressed in a finished one-second window."""
@@ -70,8 +79,8 @@ class LogLimiter:
         if now == self.window:
             return
         if self.suppressed:
-            log.warning("route %s: %d similar warnings suppressed", self.route,
-                        self.suppressed)
+            self.logger.log(self.level, "%s: %d similar %s suppressed", self.prefix,
+                            self.suppressed, self.what)
         self.window, self.used, self.suppressed = now, 0, 0
 
 
