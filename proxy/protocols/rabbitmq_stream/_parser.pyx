@@ -455,7 +455,7 @@ cdef class StreamParser(FrameParser):
         Stops (leaving the state machine exactly where _field() would) at the first
         entry that does not fit, at a Publish v2 filter value, or when done.
         """
-        cdef uint32_t mlen
+        cdef uint32_t mlen, sub
         cdef int32_t tag = TAG_PUBLISHER + b.pubid
         cdef uint64_t simple = 0
         if b.kind == K_PUBLISH:
@@ -463,17 +463,16 @@ cdef class StreamParser(FrameParser):
                 return self._field_at(d, b, p, i, n)
             while b.left and n - i >= 12:
                 mlen = be32(p + i + 8)
-                if mlen & (<uint32_t>SUB_BIT << 24):    # a sub-entry batch
-                    if n - i < 19:
-                        break                  # its header is split: the general path
-                    entry(self, d)
-                    expect(self, d, tag, be64(p + i), b.pubid)
+                sub = mlen & (<uint32_t>SUB_BIT << 24)     # a sub-entry batch
+                if sub and n - i < 19:
+                    break                      # its header is split: the general path
+                entry(self, d)
+                expect(self, d, tag, be64(p + i), b.pubid)
+                if sub:
                     self._messages(d, be16(p + i + 9))
                     mlen = be32(p + i + 15)
                     i += 19
                 else:
-                    entry(self, d)
-                    expect(self, d, tag, be64(p + i), b.pubid)
                     simple += 1                # rows already say 1: the counter at the end
                     i += 12
                 b.left -= 1
