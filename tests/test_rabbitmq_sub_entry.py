@@ -1,7 +1,9 @@
 """Publish sub-entry batches (rstream ``send_sub_entry``, uncompressed and gzip) through
 frametap to the REAL RabbitMQ server and to the reference broker: every batch is one
 publishing id with one confirm, carries its records, and the proxy counts frames,
-messages and confirms exactly; consuming the stream back counts the Deliver records."""
+messages and confirms exactly; consuming the stream back counts the Deliver records.
+Then the reference broker on raw sockets: batches mixed with simple messages, named
+publisher deduplication, and a v2 batch (which the real server does not take)."""
 
 import asyncio
 import uuid
@@ -9,11 +11,13 @@ import uuid
 import pytest
 
 from loadgen.rabbitmq_stream.server import StreamBrokerThread
+from proxy.protocols.rabbitmq_stream import constants as C
+from proxy.protocols.rabbitmq_stream.codec import PublishedMessage
+from proxy.protocols.rabbitmq_stream.conformance import sub_batch
 from tests.rabbitmq_node import rabbitmq_node  # noqa: F401  (session fixture)
 from tests.stream_check import StreamProxy
 
 pytest.importorskip("rstream")
-pytestmark = pytest.mark.slow
 
 #: records per batch: 1 (a batch of one), a few, and rstream's u16 Count near its top
 SIZES = [1, 2, 3, 5, 8, 13, 21, 34, 55, 100, 1000, 60000]
@@ -89,6 +93,7 @@ def test_rstream_sub_entries_through_proxy_to_real_rabbitmq(rabbitmq_node):
         proxy.close()
 
 
+@pytest.mark.slow
 def test_rstream_sub_entries_through_proxy_to_reference_broker():
     with StreamBrokerThread() as broker:
         proxy = StreamProxy(broker.address)
@@ -96,3 +101,71 @@ def test_rstream_sub_entries_through_proxy_to_reference_broker():
             _check(proxy, "reference broker")
         finally:
             proxy.close()
+
+
+# ---- the reference broker, raw sockets -----------------------------------------------
+
+@pytest.fixture
+def raw():
+    from tests.test_rabbitmq_stream_broker import RawClient
+    with StreamBrokerThread() as broker:
+        c = RawClient(broker.port)
+        assert c.request(C.CREATE, stream="s", arguments={}).code == C.OK
+        yield c
+        c.close()
+
+
+def test_broker_confirms_batches_and_stores_their_records(raw):
+    assert raw.request(C.DECLARE_PUBLISHER, publisher_id=0, reference="",
+                       stream="s").code == C.OK
+    raw.send(C.PUBLISH, publisher_id=0, messages=[
+        PublishedMessage(1, b"a"), PublishedMessage(2, sub_batch(3, size=2)),
+        PublishedMessage(3, sub_batch(2, size=1, gzipped=True)), PublishedMessage(4, b"b")])
+    confirm = raw.read()
+    assert (confirm.key, confirm.publishing_ids) == (C.PUBLISH_CONFIRM, [1, 2, 3, 4])
+    raw.send(C.PUBLISH, publisher_id=0, messages=[PublishedMessage(5, b"c")])
+    assert raw.read().publishing_ids == [5]
+    assert raw.request(C.SUBSCRIBE, subscription_id=1, stream="s",
+                       offset_type=C.OFFSET_FIRST, offset=None, credit=2,
+                       properties={}).code == C.OK
+    d1, d2 = raw.read(), raw.read()
+    assert (d1.chunk.num_entries, d1.chunk.num_records) == (4, 7)
+    assert d1.chunk.records() == [b"a", b"ss", b"ss", b"ss", b"s", b"s", b"b"]
+    assert (d2.chunk.first_offset, d2.chunk.records()) == (7, [b"c"])
+
+
+def test_broker_deduplicates_batches_of_a_named_publisher(raw):
+    assert raw.request(C.DECLARE_PUBLISHER, publisher_id=0, reference="app",
+                       stream="s").code == C.OK
+    for _ in range(2):                         # the second time: confirmed, not stored
+        raw.send(C.PUBLISH, publisher_id=0, messages=[PublishedMessage(5, sub_batch(4))])
+        assert raw.read().publishing_ids == [5]
+    assert raw.request(C.QUERY_PUBLISHER_SEQUENCE, reference="app",
+                       stream="s").sequence == 5
+    assert raw.request(C.STREAM_STATS, stream="s").stats["committed_chunk_id"] == 0
+    assert raw.request(C.SUBSCRIBE, subscription_id=1, stream="s",
+                       offset_type=C.OFFSET_FIRST, offset=None, credit=5,
+                       properties={}).code == C.OK
+    assert raw.read().chunk.num_records == 4
+    raw.send(C.PUBLISH, publisher_id=0, messages=[PublishedMessage(6, b"next")])
+    frames = [raw.read(), raw.read()]          # confirm + Deliver, in some order
+    assert [f.chunk.first_offset for f in frames if f.key == C.DELIVER] == [4]
+
+
+def test_broker_closes_on_a_v2_batch(raw):
+    """The real server reads a v2 entry as filter value + simple message only; its reader
+    dies on a batch and the connection drops. The broker closes with UNKNOWN_FRAME."""
+    from proxy.protocols.rabbitmq_stream.codec import encode_command
+    assert raw.request(C.DECLARE_PUBLISHER, publisher_id=0, reference="",
+                       stream="s").code == C.OK
+    raw.send(C.PUBLISH, version=2, publisher_id=0,
+             messages=[PublishedMessage(1, b"simple", "f")])
+    assert raw.read().publishing_ids == [1]    # a v2 simple message is fine
+    raw.send(C.PUBLISH, version=2, publisher_id=0,
+             messages=[PublishedMessage(2, sub_batch(2), "f")])
+    close = raw.read()
+    assert (close.key, close.response, close.code) == (C.CLOSE, False, C.UNKNOWN_FRAME)
+    assert "sub-entry batch in Publish v2" in close.reason
+    raw.sock.sendall(encode_command(C.CLOSE, response=True,
+                                    correlation_id=close.correlation_id, code=C.OK))
+    assert raw.closed_by_peer()
