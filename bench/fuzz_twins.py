@@ -22,9 +22,9 @@ struct fields and deep nesting, unframed and in framed EXCEPTIONs behind big inf
 sections; RocketMQ JSON and binary headers with thousands of fields, nested JSON, batch
 bodies, a route answer held for rewriting; fleximq MessagePack headers with thousands of
 routing targets or keys and deep nesting; FlyMQ runs of small frames; Stream Publish,
-PublishConfirm and a rewritten Metadata answer) fed whole, cut at every element
-boundary, and (up to --bytes-max) one byte a read: each must agree across twins and
-cuts and stay within the budget.  Floods: --flood requests whose correlation ids collide
+Publish v1/v2 mixing sub-entry batches, PublishConfirm and a rewritten Metadata answer)
+fed whole, cut at every element boundary, and (up to --bytes-max) one byte a read: each
+must agree across twins and cuts and stay within the budget.  Floods: --flood requests whose correlation ids collide
 in the compiled pending map's hash as it was unkeyed (``_mix`` of proxy/_framing.pxd on
 8d1b3c1: pending_mix) — Thrift seq ids, RocketMQ opaques, fleximq PING timestamps,
 Stream publishing and correlation ids (FlyMQ correlates FIFO: nothing to collide) — must
@@ -427,6 +427,17 @@ def rabbitmq_stream_attacks(size, flood=60_000, collide=True):
     body, cuts = _joined(b"\x01" + _be(4, k), ids)
     out.append(Attack("rabbitmq-stream", "PublishConfirm of %d ids" % k,
                       [(0, pub, []), (1, _stream(3, body), [8 + c for c in cuts])]))
+    # sub-entry batches (type 0x80 | gzip << 4, Count, Uncompressed, Size, data) between
+    # simple messages, v1 and v2 (filter value before each entry)
+    for version in (1, 2):
+        fv = _sstr(b"f") if version >= 2 else b""
+        k = n // (30 + len(fv))
+        msgs = [_be(8, i) + fv + (_be(1, 0x90) + _be(2, 3) + _be(4, 12) + _be(4, 5) + b"batch"
+                                  if i % 2 else _be(4, 5) + b"hello") for i in range(k)]
+        body, cuts = _joined(b"\x01" + _be(4, k), msgs)
+        out.append(Attack("rabbitmq-stream", "Publish v%d of %d simple messages and "
+                          "sub-entry batches" % (version, k),
+                          [(0, _stream(2, body, version), [8 + c for c in cuts])]))
     k = n // 40
     brokers = [_be(2, i) + _sstr(b"rabbit-%05d" % i) + _be(4, 5552) for i in range(k)]
     streams = [_sstr(b"stream-%05d" % i) + _be(2, 1) + _be(2, i) + _be(4, 1) + _be(2, i)

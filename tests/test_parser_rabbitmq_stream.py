@@ -272,3 +272,99 @@ def test_every_id_declared_many_times(impl):
     assert [(r["correlation_id"], r["resource"]) for r in pub] == [("200:1", "p2-200")]
     unsub = [r for r in recs if r["opcode_name"] == "Unsubscribe" and r["kind"] == "request"]
     assert unsub[0]["resource"] == "s" * 256
+
+
+# ---- Publish sub-entry batches (rstream send_sub_entry; the golden conversation
+# "sub-entries" in rabbitmq_stream/conformance.py is also fed at every split point) ----
+
+def _sub_frame(size_field, data_len, version=1, count=3, pubid=1, pid=1):
+    """Publish of one sub-entry batch whose Size field says size_field, carrying data_len
+    bytes of data (the frame's Size is right for what is there)."""
+    import struct
+    body = struct.pack(">BIQ", pubid, 1, pid)
+    if version >= 2:
+        body += struct.pack(">h", -1)
+    body += struct.pack(">BHII", 0x80, count, 4 * count, size_field) + b"d" * data_len
+    return encode_frame(K.PUBLISH, version, body)
+
+
+def test_sub_entry_is_one_id_and_count_messages(impl):
+    from proxy.protocols.rabbitmq_stream.conformance import publish_mixed
+    for version in (1, 2):
+        stats, p = make(impl)
+        f = publish_mixed(4, [(10, 7), (11, None), (12, 1)], version=version)
+        assert p.feed(C2S, f) == len(f) and p.error is None
+        s = stats.snapshot()
+        assert s["messages"] == {("c2s", "Publish"): 9} and s["in_flight"] == 3
+        assert s["errors"] == {}
+        p.feed(S2C, req(K.PUBLISH_CONFIRM, publisher_id=4, publishing_ids=[10, 11, 12]))
+        s = stats.snapshot()
+        assert s["in_flight"] == 0 and s["responses"] == {("Publish", "OK"): 3}
+        assert s["unmatched"] == 0
+
+
+def test_sub_entry_of_no_messages(impl):
+    stats, p = make(impl)
+    f = _sub_frame(0, 0, count=0) + req(K.HEARTBEAT)
+    assert p.feed(C2S, f) == len(f)
+    s = stats.snapshot()
+    assert s["messages"].get(("c2s", "Publish"), 0) == 0 and s["in_flight"] == 1
+    assert s["errors"] == {} and s["frames"][("c2s", "Heartbeat")] == 1
+
+
+def test_sub_entry_sizes_past_the_frame(impl):
+    """A batch whose Size runs past the frame, or whose header the frame cuts: bad_body,
+    its id still tracked, the next frame read in step; nothing is read past the frame."""
+    import struct
+    cases = [_sub_frame(50, 10), _sub_frame(0xFFFFFFFF, 3), _sub_frame(50, 10, version=2)]
+    whole = _sub_frame(4, 4)
+    for cut in range(1, 11):                   # frame ends inside the 11-byte header
+        short = whole[:len(whole) - 4 - 11 + cut]
+        cases.append(struct.pack(">I", len(short) - 4) + short[4:])
+    for f in cases:
+        for split in (len(f), 13, len(f) - 1):
+            stats, p = make(impl)
+            nxt = req(K.HEARTBEAT)
+            data = f + nxt
+            assert p.feed(C2S, data[:split]) + p.feed(C2S, data[split:]) == len(data)
+            s = stats.snapshot()
+            assert p.error is None
+            assert s["errors"] == {("c2s", "bad_body"): 1}, (f.hex(), split)
+            assert s["frames"] == {("c2s", "Publish"): 1, ("c2s", "Heartbeat"): 1}
+            assert s["in_flight"] == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(0, 2**64 - 1),
+                                  st.one_of(st.none(), st.integers(0, 70000))),
+                        max_size=6, unique_by=lambda e: e[0]),
+       version=st.sampled_from([1, 2]), cuts=st.lists(st.integers(0, 400), max_size=6))
+def test_sub_entry_mixes_any_split_both_twins(entries, version, cuts):
+    """Random mixes of simple messages and batches (Count 0..65535), cut anywhere: both
+    twins count every id once and exactly the messages the entries carry."""
+    from proxy.protocols.rabbitmq_stream.conformance import publish_mixed
+    entries = [(i, None if n is None else n % 65536) for i, n in entries]
+    f = publish_mixed(2, entries, version=version)
+    want = sum(1 if n is None else n for _, n in entries)
+    results = []
+    for impl in IMPLS.values():
+        stats, p = make(impl)
+        recs = []
+        p.tracer = recs.append
+        k = 0
+        for c in sorted(cuts) + [len(f)]:
+            c = min(c, len(f))
+            assert p.feed(C2S, f[k:c]) == c - k
+            k = max(k, c)
+        s = stats.snapshot()
+        assert s["errors"] == {} and s["in_flight"] == len(entries)
+        assert s["messages"].get(("c2s", "Publish"), 0) == want
+        p.feed(S2C, req(K.PUBLISH_CONFIRM, publisher_id=2,
+                        publishing_ids=[i for i, _ in entries]))
+        p.close()
+        rows = [(r["correlation_id"], r["messages"]) for r in recs
+                if r["opcode_name"] == "Publish"]
+        assert rows == [("2:%d" % i, 1 if n is None else n) for i, n in entries] or \
+            (not entries and rows == [(None, 0)])
+        results.append((stats.snapshot()["responses"], rows))
+    assert all(r == results[0] for r in results)

@@ -22,8 +22,13 @@ protocol of the real server (RabbitMQ 3.13 stream plugin, see
   taken on this connection, the reference is over 256 characters, or the reference is
   already used for that stream on this connection), QueryPublisherSequence,
   DeletePublisher (PUBLISHER_DOES_NOT_EXIST). Publish (v1 and v2 with filter values;
-  simple messages and sub-entry batches) appends one chunk per Publish frame (split every
+  simple messages, and in v1 sub-entry batches: one publishing id and one confirm each,
+  its records stored as one chunk entry) appends one chunk per Publish frame (split every
   ``max_chunk_entries`` entries) and answers PublishConfirm with every publishing id.
+  A sub-entry batch in Publish v2 closes the connection with UNKNOWN_FRAME: the real
+  server reads v2 entries as filter value + simple message only
+  (``rabbit_stream_utils:write_messages/…``), and its reader process dies on a v2 batch
+  and drops the connection (without a Close; this broker says why).
   Named publishers are deduplicated: an id not above the last one stored for (stream,
   reference) is confirmed but not stored. Unknown publisher ids get PublishError
   PUBLISHER_DOES_NOT_EXIST.
@@ -551,6 +556,9 @@ class _Connection(ServerConnection):
                      OK if found else PUBLISHER_DOES_NOT_EXIST)
 
     def _on_publish(self, cmd) -> None:
+        if cmd.version >= 2 and any(isinstance(m.data, codec.SubBatch) for m in cmd.messages):
+            raise _Fatal(UNKNOWN_FRAME, "a sub-entry batch in Publish v2 (batches are v1 "
+                                        "only: v2 entries are a filter value and a message)")
         publisher = self.publishers.get(cmd.publisher_id)
         stream = self.broker.streams.get(publisher.stream) if publisher else None
         if stream is None:

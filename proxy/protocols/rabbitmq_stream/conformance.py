@@ -1,11 +1,14 @@
 """RabbitMQ Stream conversations, garbage and random frames for the conformance suite."""
 
+import gzip
+
 from hypothesis import strategies as st
 
 from proxy.conformance import C2S, S2C, Conversation, Garbage, scheduled
 from proxy.protocols.rabbitmq_stream import constants as K
 from proxy.protocols.rabbitmq_stream.codec import (PublishedMessage, PublishingError,
-                                                   build_chunk, encode_command, encode_frame)
+                                                   SubBatch, build_chunk, encode_command,
+                                                   encode_frame)
 
 
 def req(key, **f):
@@ -18,6 +21,22 @@ def resp(key, **f):
 
 def publish(pubid, ids, size=100, version=1):
     msgs = [PublishedMessage(i, b"m" * size, "f" if version >= 2 else None) for i in ids]
+    return encode_command(K.PUBLISH, version=version, publisher_id=pubid, messages=msgs)
+
+
+def sub_batch(n, size=10, gzipped=False):
+    """A sub-entry batch of n records of size bytes (rstream send_sub_entry's layout)."""
+    sb = SubBatch.of([b"s" * size] * n)
+    if gzipped:
+        sb = SubBatch(1, n, sb.uncompressed_length, gzip.compress(sb.data, mtime=0))
+    return sb
+
+
+def publish_mixed(pubid, entries, version=1):
+    """Publish of entries: (publishing id, n): n = None a simple 100-byte message, else a
+    sub-entry batch of n records (gzip when n is odd)."""
+    msgs = [PublishedMessage(i, b"m" * 100 if n is None else sub_batch(n, gzipped=n % 2 == 1),
+                             "f" if version >= 2 else None) for i, n in entries]
     return encode_command(K.PUBLISH, version=version, publisher_id=pubid, messages=msgs)
 
 
@@ -104,7 +123,47 @@ def conversations():
                  {"opcode_name": "Deliver", "kind": "oneway", "messages": 3},
                  {"kind": "event", "opcode_name": "Publish", "correlation_id": "7:4"},
                  {"kind": "event", "opcode_name": "Publish", "correlation_id": "7:5"}])
-    return [full, rows, streams()]
+    return [full, rows, streams(), sub_entries()]
+
+
+# Publish v1 and v2 mixing simple messages and sub-entry batches (one publishing id and
+# one confirm per entry, Count messages), the confirms, and a chunk of batches.
+SUB_V1 = publish_mixed(7, [(1, None), (2, 3), (3, None), (4, 2), (5, 0)])
+SUB_V2 = publish_mixed(7, [(6, None), (7, 5)], version=2)
+SUB_ONLY = publish_mixed(9, [(1, 65535)])
+
+
+def sub_entries():
+    chunk = build_chunk([b"a", sub_batch(4), b"b", sub_batch(3, gzipped=True)],
+                        first_offset=0, timestamp=1700000000000)
+    pub_rows = [(1, 1, len(SUB_V1)), (2, 3, 0), (3, 1, 0), (4, 2, 0), (5, 0, 0),
+                (6, 1, len(SUB_V2)), (7, 5, 0)]
+    return Conversation(
+        "sub-entries",
+        [(C2S, SUB_V1), (C2S, SUB_V2), (C2S, SUB_ONLY),
+         (S2C, req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[1, 2, 3, 4, 5])),
+         (S2C, req(K.PUBLISH_ERROR, publisher_id=7,
+                   errors=[PublishingError(6, K.PRECONDITION_FAILED)])),
+         (S2C, req(K.PUBLISH_CONFIRM, publisher_id=7, publishing_ids=[7])),
+         (S2C, req(K.PUBLISH_CONFIRM, publisher_id=9, publishing_ids=[1])),
+         (S2C, encode_command(K.DELIVER, subscription_id=1, chunk=chunk))],
+        counters={"frames": {("c2s", "Publish"): 3, ("s2c", "PublishConfirm"): 3,
+                             ("s2c", "PublishError"): 1, ("s2c", "Deliver"): 1},
+                  "messages": {("c2s", "Publish"): 1 + 3 + 1 + 2 + 0 + 1 + 5 + 65535,
+                               ("s2c", "Deliver"): 9},
+                  "responses": {("Publish", "OK"): 7, ("Publish", "PRECONDITION_FAILED"): 1},
+                  "unmatched": 0, "in_flight": 0, "errors": {}, "timeouts": {}},
+        records=[{"opcode_name": "Publish", "kind": "request", "correlation_id": "7:%d" % i,
+                  "messages": m, "frame_bytes": fb} for i, m, fb in pub_rows]
+        + [{"opcode_name": "Publish", "correlation_id": "9:1", "messages": 65535,
+            "frame_bytes": len(SUB_ONLY)}]
+        + [{"opcode_name": "PublishConfirm", "correlation_id": "7:%d" % i, "status": "OK",
+            "request_opcode_name": "Publish", "messages": 1} for i in range(1, 6)]
+        + [{"opcode_name": "PublishError", "correlation_id": "7:6",
+            "status": "PRECONDITION_FAILED", "outcome": "error"},
+           {"opcode_name": "PublishConfirm", "correlation_id": "7:7", "outcome": "ok"},
+           {"opcode_name": "PublishConfirm", "correlation_id": "9:1", "outcome": "ok"},
+           {"opcode_name": "Deliver", "kind": "oneway", "messages": 9}])
 
 
 # Frame-log resources: the stream each request names; DeclarePublisher / Subscribe bind it
@@ -248,6 +307,12 @@ def _frame(draw):
     if kind == 6:
         return d, draw(_naming())
     if kind == 0:
+        if draw(st.booleans()):                # simple messages and sub-entry batches
+            entries = draw(st.lists(st.tuples(st.integers(0, 9),
+                                              st.one_of(st.none(), st.integers(0, 4))),
+                                    max_size=4))
+            return d, publish_mixed(draw(st.integers(0, 3)), entries,
+                                    version=draw(st.sampled_from([1, 2])))
         return d, publish(draw(st.integers(0, 3)), draw(st.lists(st.integers(0, 9), max_size=4)),
                           size=draw(st.integers(0, 20)), version=draw(st.sampled_from([1, 2])))
     if kind == 1:

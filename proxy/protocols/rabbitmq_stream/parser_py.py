@@ -1,4 +1,6 @@
-"""RabbitMQ Stream frame parser, pure-Python twin of _parser.pyx (same behaviour, same API)."""
+"""RabbitMQ Stream frame parser, pure-Python twin of _parser.pyx (same behaviour, same API).
+
+Publish entries, simple messages and sub-entry batches: see _parser.pyx's docstring."""
 
 from proxy.framing_common import (C2S, S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
                                   R_UNKNOWN, R_BAD_BODY, K_REQUEST, K_RESPONSE, K_ONEWAY,
@@ -17,7 +19,10 @@ LAST = 28
 ONE_WAY = (CREDIT, STORE_OFFSET, HEARTBEAT, METADATA_UPDATE)
 TAG_TUNE = 2
 TAG_PUBLISHER = 256
-B_PUBID, B_COUNT, B_PID, B_FILTER_LEN, B_MSG_LEN, B_CODE, B_DONE = range(7)
+# B_MSG_LEN: a simple message's Size u32, or a batch's type, Count and one more byte;
+# B_SUB: the batch's other 3 Uncompressed bytes and its Size u32
+B_PUBID, B_COUNT, B_PID, B_FILTER_LEN, B_MSG_LEN, B_CODE, B_SUB, B_DONE = range(8)
+SUB_BIT = 0x80                             # first bit of an entry: a sub-entry batch
 PH_FIELD, PH_SKIP, PH_NAME = range(3)      # resource reader phases
 SUB_SLOT = 256                             # names: publisher ids 0..255, then subscriptions
 _FIELD_SIZE = {"pub": 1, "sub": 1, "one": 4, "skip": 2, "skip2": 2, "stream": 2}
@@ -297,8 +302,6 @@ class StreamParser(FrameParser):
                 self._recall(d, b.pubid)
         elif b.state == B_COUNT:
             b.left = be(f, 0, 4)
-            if b.kind == PUBLISH:
-                self.add_messages(d, b.left)
             b.state, b.need = (B_PID if b.left else B_DONE), 8
         elif b.state == B_PID:
             b.pid = be(f, 0, 8)
@@ -317,12 +320,27 @@ class StreamParser(FrameParser):
                 b.skip = flen
             b.state, b.need = B_MSG_LEN, 4
         elif b.state == B_MSG_LEN:
-            b.skip = be(f, 0, 4)
+            if f[0] & SUB_BIT:
+                self._messages(d, be(f, 1, 2))
+                b.state, b.need = B_SUB, 7
+            else:
+                self._messages(d, 1)
+                b.skip = be(f, 0, 4)
+                self._next_entry(b)
+        elif b.state == B_SUB:
+            b.skip = be(f, 3, 4)
             self._next_entry(b)
         elif b.state == B_CODE:
             self._confirm(d, TAG_PUBLISHER + b.pubid, b.pid, b.pubid, be(f, 0, 2),
                           OUTCOME_ERROR)
             self._next_entry(b)
+
+    def _messages(self, d, n):
+        """The current Publish entry carries n messages: the counter, and its row."""
+        s = self.st[d]
+        self.stats.messages[d][s.slot] += n
+        if self.recording:
+            s.rec.messages = n
 
     @staticmethod
     def _next_entry(b):
