@@ -212,6 +212,8 @@ def analyze(spark, paths, out, slowest=100, progress=None, logs=None, warn=None)
         errors = _rows(tables.errors_of(counted)
                        .orderBy("source", "route", "protocol", "opcode", _desc("errors")))
         written["errors.csv"] = outdir.csv_rows(errors, tables.ERRORS_COLUMNS, "errors.csv")
+        faults = tables.attribute_faults(_rows(tables.faults_of(counted)))
+        written["faults.csv"] = outdir.csv_rows(faults, tables.FAULTS_COLUMNS, "faults.csv")
         totals = _rows(tables.totals_of(counted, latency))
         op_series = _rows(tables.op_series_of(counted, latency, op_bucket_s, hashed))
 
@@ -248,7 +250,7 @@ def analyze(spark, paths, out, slowest=100, progress=None, logs=None, warn=None)
         }
         data = {"meta": meta, "summary": summary, "series": series, "bucket_s": bucket_s,
                 "slowest": slow, "decomposition": decomposition, "legs": legs,
-                "errors": errors, "totals": totals, "op_series": op_series,
+                "errors": errors, "faults": faults, "totals": totals, "op_series": op_series,
                 "op_bucket_s": op_bucket_s, "runs": runs}
         page = report.render(data)
         written["report.html"] = outdir.write_text("report.html", page)
