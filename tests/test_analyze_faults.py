@@ -136,3 +136,12 @@ def test_a_run_without_faults_has_no_fault_section():
     from tests.test_analyze_report import tables
     page = report.render(tables())
     assert 'id="s-faults"' not in page and 'href="#s-faults"' not in page
+
+
+def test_the_terminal_names_each_fault(analysed):
+    from loadgen.analysis.job import fault_lines
+    _, result = analysed
+    assert fault_lines(result.tables["faults"]) == [
+        "fault slow: route broker PULL_MESSAGE: 5 rows touched",
+        "fault busy: route broker SEND_MESSAGE_V2: 4 rows touched, injected replies: "
+        "4 SYSTEM_BUSY"]

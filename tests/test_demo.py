@@ -280,6 +280,8 @@ def test_demo_faults_one_injected_fault_seen_everywhere(tmp_path):
     locust_failed = int(m.group(2).replace(",", ""))
     assert injected - 2 <= locust_failed <= injected, line
     assert "[demo]   expected (SEND_MESSAGE_V2 ×" in r.stdout and "NOT expected" not in r.stdout
+    assert f"fault busy: route rocketmq-broker SEND_MESSAGE_V2: {injected:,.0f} rows touched, " \
+           f"injected replies: {injected:,.0f} SYSTEM_BUSY" in r.stdout
     # the report: faults.csv from the frame log has every injected reply, named 'busy'
     with open(tmp_path / "analysis" / "faults.csv", newline="") as f:
         faults = list(csv.DictReader(f))
