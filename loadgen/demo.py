@@ -40,6 +40,42 @@ def expected_failures(protocol):
     return getattr(pkg, "DEMO_EXPECTED_FAILURES", ())
 
 
+#: ``frametap demo --faults``: one fault rule, armed from the proxy's config file on the
+#: route in front of the listener named here (issue 22 item 6).  The RocketMQ users send
+#: SEND_MESSAGE_V2 (loadgen/rocketmq/users.py: FRAMETAP_ROCKETMQ_SEND_V2=1, batch 1), so
+#: about 5 % of them get the proxy's SYSTEM_BUSY answer instead of the broker's.
+DEMO_FAULTS = {
+    "rocketmq": ("broker", {
+        "name": "busy",
+        "match": {"opcode": ["SEND_MESSAGE_V2"]},
+        "action": {"type": "error", "status": "SYSTEM_BUSY"},
+        "trigger": {"probability": 0.05},
+    }),
+}
+
+
+def fault_expectations(protocol, faults):
+    """The failures the ``--faults`` rules cause on purpose, in expected_failures()'s
+    shape: (Locust name, start of the error text, the status the proxy logs, why)."""
+    if not faults or protocol not in DEMO_FAULTS:
+        return ()
+    _listener, rule = DEMO_FAULTS[protocol]
+    why = (f"the demo's fault rule '{rule['name']}' (frametap demo --faults): the proxy "
+           f"answers {rule['trigger']['probability']:.0%} of "
+           f"{', '.join(rule['match']['opcode'])} {rule['action']['status']} itself")
+    return tuple((op, "", rule["action"]["status"], why)        # the text names the status
+                 for op in rule["match"]["opcode"])
+
+
+def fault_tables(protocol, listener, faults):
+    """The ``[[routes.faults]]`` tables of the route in front of ``listener``."""
+    if not faults or protocol not in DEMO_FAULTS or DEMO_FAULTS[protocol][0] != listener:
+        return ""
+    rule = DEMO_FAULTS[protocol][1]
+    return "[[routes.faults]]\n" + "".join(f"{toml_key(k)} = {toml_value(v)}\n"
+                                           for k, v in rule.items())
+
+
 def demo_protocols():
     """{name: ProtocolSpec} of the protocols the demo can run: every descriptor in
     proxy/protocols/ with demo settings, a reference server and Locust users."""
@@ -121,13 +157,14 @@ def tls_tables(tls):
             f'[routes.tls.upstream]\nca = {toml_value(tls["ca"])}\n')
 
 
-def route_plan(spec, servers, pick_port=None, tls=None):
+def route_plan(spec, servers, pick_port=None, tls=None, faults=False):
     """The proxy's route tables in front of ``servers`` ({listener: bound address}).
 
     A route listens on port 0 (the proxy's ``--ready-file`` says which port it got),
     unless a route option names its address (:func:`pinned_listeners`): that one gets a
     free port from ``pick_port`` now, which another process may take before the proxy
-    binds it — the caller starts the proxy again on new ports then.
+    binds it — the caller starts the proxy again on new ports then.  ``faults``: arm the
+    protocol's DEMO_FAULTS rule on its route.
 
     Returns (route tables, {listener: route name}, route names)."""
     names = {f"server_{listener}": address for listener, address in servers.items()}
@@ -147,6 +184,7 @@ def route_plan(spec, servers, pick_port=None, tls=None):
                 for k, v in _fill(dict(route.options), names).items())
         if tls is not None:
             table += tls_tables(tls)
+        table += fault_tables(spec.name, route.listener, faults)
         tables.append(table)
         route_names.append(name)
         by_listener.setdefault(route.listener, name)
@@ -332,7 +370,7 @@ def report(metrics_text, locust_rows, seconds, route=None, out=sys.stdout):
 
 
 def start_proxy(procs, frametap, out, cfg, logdir, run_id, specs, servers, attempts=3,
-                tls=None):
+                tls=None, faults=False):
     """The demo's one proxy: a route in front of every server listener, the admin
     endpoint and the frame log; its listeners on port 0, read back from its ready file.
     A route whose port had to be chosen in advance (:func:`route_plan`) may find it
@@ -345,7 +383,8 @@ def start_proxy(procs, frametap, out, cfg, logdir, run_id, specs, servers, attem
     for attempt in range(attempts):
         routes, route_names, locust_routes = [], {}, {}
         for proto, spec in specs.items():
-            tables, by_listener, names = route_plan(spec, servers[proto], tls=tls)
+            tables, by_listener, names = route_plan(spec, servers[proto], tls=tls,
+                                                    faults=faults)
             routes.extend(tables)
             route_names[proto] = names
             locust_routes[proto] = by_listener[spec.demo.locust_listener]
@@ -412,18 +451,23 @@ def locust_errors(logdir, protocol):
     return out
 
 
-def expected_why(protocol, name, error):
+def expected_why(protocol, name, error, extra=()):
     """Why a failure of ``protocol``'s Locust request ``name`` with error text ``error``
-    is deliberate, or None when it is not (expected_failures())."""
+    is deliberate, or None when it is not (expected_failures(), then ``extra``: the
+    --faults rules')."""
     for want_name, prefix, _status, why in expected_failures(protocol):
         if (want_name is None or want_name == name) and str(error).startswith(prefix):
+            return why
+    for want_name, prefix, status, why in extra:      # an injected error names its status
+        if want_name == name and str(error).startswith(prefix) and status in str(error):
             return why
     return None
 
 
-def explain_failures(protocol, rows, errors, out=sys.stdout):
+def explain_failures(protocol, rows, errors, out=sys.stdout, extra=()):
     """One line per kind of failure Locust counted for ``protocol``: which requests, how
-    many, the error, and whether the demo meant it.  Returns the count not expected."""
+    many, the error, and whether the demo meant it (``extra``: fault_expectations()).
+    Returns the count not expected."""
     failed = {name: r["failures"] for name, r in rows.items() if r["failures"]}
     if not failed:
         return 0
@@ -431,7 +475,7 @@ def explain_failures(protocol, rows, errors, out=sys.stdout):
     for e in errors:
         error = str(e.get("error", ""))
         what = error.split("(", 1)[0].strip() or error[:60]
-        why = expected_why(protocol, e.get("name"), error)
+        why = expected_why(protocol, e.get("name"), error, extra)
         key = (why is not None, what, why)
         entry = kinds.setdefault(key, {"names": {}, "count": 0, "sample": error})
         entry["names"][e.get("name")] = entry["names"].get(e.get("name"), 0) + \
@@ -459,13 +503,41 @@ def explain_failures(protocol, rows, errors, out=sys.stdout):
 
 def demo_section(args, chosen):
     """The ``demo`` section of the demo's run file (proxy.runinfo): its settings, and the
-    failures it causes on purpose (the report marks them)."""
-    return {"seconds": args.seconds, "users": args.users, "service_time": args.service_time,
-            "protocols": list(chosen),
-            "expected_failures": [
-                {"protocol": proto, "opcode": name, "status": status, "why": why}
-                for proto in chosen
-                for name, _prefix, status, why in expected_failures(proto)]}
+    failures it causes on purpose (the report marks them), --faults' included."""
+    faults = getattr(args, "faults", False)
+    section = {"seconds": args.seconds, "users": args.users,
+               "service_time": args.service_time, "protocols": list(chosen),
+               "expected_failures": [
+                   {"protocol": proto, "opcode": name, "status": status, "why": why}
+                   for proto in chosen
+                   for name, _prefix, status, why in (
+                       tuple(expected_failures(proto)) + fault_expectations(proto, faults))]}
+    if faults:
+        section["faults"] = [{"protocol": proto, "listener": DEMO_FAULTS[proto][0],
+                              "rule": DEMO_FAULTS[proto][1]}
+                             for proto in chosen if proto in DEMO_FAULTS]
+    return section
+
+
+def fault_report(metrics_text, rows, errors, route, protocol, out=sys.stdout):
+    """What ``--faults`` did, seen from both ends: the proxy's
+    frametap_faults_injected_total for the rule and the failures Locust counted with
+    the injected status.  Returns (injected, Locust's failures with that status)."""
+    _listener, rule = DEMO_FAULTS[protocol]
+    status = rule["action"]["status"]
+    injected = promread.sample_sum(metrics_text, "frametap_faults_injected_total",
+                                   route=route, fault=rule["name"])
+    failed, sent = 0, 0
+    for op in rule["match"]["opcode"]:
+        sent += (rows.get(op) or {}).get("requests", 0)
+        failed += sum(e.get("occurrences") or 0 for e in errors
+                      if e.get("name") == op and status in str(e.get("error", "")))
+    share = f" ({failed / sent:.1%} of {sent:,})" if sent else ""
+    print(f"[demo] fault '{rule['name']}' on route {route}: {status} for "
+          f"{rule['trigger']['probability']:.0%} of {', '.join(rule['match']['opcode'])}"
+          f" - the proxy injected {injected:,.0f} (frametap_faults_injected_total), "
+          f"Locust counted {failed:,} {status} failures{share}", file=out)
+    return injected, failed
 
 
 def build_parser():
@@ -484,6 +556,11 @@ def build_parser():
                    help="skip the Spark analysis of the run's frame logs at the end")
     p.add_argument("--out", default=None, help="directory for the proxy config and the final metrics "
                    "scrape (default: a temporary directory)")
+    p.add_argument("--faults", action="store_true",
+                   help="arm one fault rule from the proxy's config: the proxy answers 5 %% "
+                        "of RocketMQ SEND_MESSAGE_V2 with SYSTEM_BUSY itself; the demo then "
+                        "shows it in Locust's failures, the proxy's metrics and the report "
+                        "(needs rocketmq among --protocols)")
     p.add_argument("--tls", action="store_true",
                    help="TLS on both sides of every route: the demo makes a throwaway CA "
                         "(with the openssl program) whose certificates the servers and the "
@@ -510,6 +587,10 @@ def main(argv=None):
                 return 2
             print(f"[demo] leaving {p} out: {what}", flush=True)
             chosen.remove(p)
+    if args.faults and not any(p in DEMO_FAULTS for p in chosen):
+        print(f"frametap demo: --faults: the demo's fault rule is on "
+              f"{', '.join(DEMO_FAULTS)}, which --protocols leaves out", file=sys.stderr)
+        return 2
     if args.seconds < 1 or args.users < 1:
         print("frametap demo: --seconds and --users must be >= 1", file=sys.stderr)
         return 2
@@ -547,7 +628,16 @@ def main(argv=None):
         run_id = new_run_id()
         proxy, bound, route_names, locust_routes = start_proxy(
             procs, frametap, out, cfg, logdir, run_id,
-            {proto: available[proto] for proto in chosen}, servers, tls=tls)
+            {proto: available[proto] for proto in chosen}, servers, tls=tls,
+            faults=args.faults)
+        if args.faults:
+            for proto in chosen:
+                if proto in DEMO_FAULTS:
+                    rule = DEMO_FAULTS[proto][1]
+                    print(f"[demo] fault rule '{rule['name']}' armed ([[routes.faults]] in "
+                          f"{cfg}): {rule['action']['status']} for "
+                          f"{rule['trigger']['probability']:.0%} of "
+                          f"{', '.join(rule['match']['opcode'])}", flush=True)
         metrics_url = f"http://{bound['admin']}/metrics"
         hosts = {proto: bound["routes"][locust_routes[proto]] for proto in chosen}
         wait_ready(f"http://{bound['admin']}/readyz", proxy)
@@ -605,7 +695,17 @@ def main(argv=None):
                 total += sum(v["requests"] for v in ops.values())
                 print()
         for proto in chosen:
-            explain_failures(proto, rows.get(proto, {}), locust_errors(logdir, proto))
+            explain_failures(proto, rows.get(proto, {}), locust_errors(logdir, proto),
+                             extra=fault_expectations(proto, args.faults))
+        if args.faults:
+            for proto in chosen:
+                if proto in DEMO_FAULTS:
+                    listener = DEMO_FAULTS[proto][0]
+                    route = next(n for n, r in zip(route_names[proto],
+                                                   available[proto].demo.routes)
+                                 if r.listener == listener)
+                    fault_report(text, rows.get(proto, {}), locust_errors(logdir, proto),
+                                 route, proto)
         runinfo.finish()
         errs = promread.sample_sum(text, "frametap_protocol_errors_total")
         unmatched = promread.sample_sum(text, "frametap_unmatched_responses_total")

@@ -252,3 +252,53 @@ def test_a_crashed_locust_is_named_by_its_error_not_its_table():
     assert locust_exit_reason(stderr) == ("ValueError: FRAMETAP_FLYMQ_KEYS='x': expected an "
                                           "integer >= 1")
     assert locust_exit_reason("") == "no message (see its output above)"
+
+
+def test_demo_faults_one_injected_fault_seen_everywhere(tmp_path):
+    """``frametap demo --faults``: 5 % of RocketMQ SEND_MESSAGE_V2 answered SYSTEM_BUSY by
+    the proxy, the same count in the proxy's frametap_faults_injected_total, its frame log
+    (the report's faults.csv and fault view) and - up to requests Locust cut off at its
+    stop - Locust's failures, which the demo calls expected."""
+    import csv
+    from loadgen import promread
+    r = subprocess.run([sys.executable, "-m", "proxy", "demo", "--protocols", "rocketmq",
+                        "--faults", "--seconds", "8", "--users", "2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[[routes.faults]]" in (tmp_path / "frametap.toml").read_text()
+    metrics = (tmp_path / "metrics.txt").read_text()
+    injected = promread.sample_sum(metrics, "frametap_faults_injected_total",
+                                   route="rocketmq-broker", opcode="SEND_MESSAGE_V2",
+                                   fault="busy", action="error")
+    sends = promread.sample_sum(metrics, "frametap_frames_total", route="rocketmq-broker",
+                                opcode="SEND_MESSAGE_V2", direction="c2s")
+    assert sends > 200 and 0.01 < injected / sends < 0.10, (injected, sends)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("[demo] fault 'busy'")]
+    assert len(line) == 1, r.stdout
+    m = re.search(r"the proxy injected ([\d,]+) .* Locust counted ([\d,]+) SYSTEM_BUSY", line[0])
+    assert m and int(m.group(1).replace(",", "")) == injected, line
+    locust_failed = int(m.group(2).replace(",", ""))
+    assert injected - 2 <= locust_failed <= injected, line
+    assert "[demo]   expected (SEND_MESSAGE_V2 ×" in r.stdout and "NOT expected" not in r.stdout
+    assert f"fault busy: route rocketmq-broker SEND_MESSAGE_V2: {injected:,.0f} rows touched, " \
+           f"injected replies: {injected:,.0f} SYSTEM_BUSY" in r.stdout
+    # the report: faults.csv from the frame log has every injected reply, named 'busy'
+    with open(tmp_path / "analysis" / "faults.csv", newline="") as f:
+        faults = list(csv.DictReader(f))
+    replies = [x for x in faults if x["status"] == "SYSTEM_BUSY"]
+    assert [(x["route"], x["opcode"], x["fault"]) for x in replies] == [
+        ("rocketmq-broker", "SEND_MESSAGE_V2", "busy")]
+    assert int(replies[0]["injected"]) == injected == int(replies[0]["injected_errors"])
+    touched = [x for x in faults if x["fault"] == "busy" and not x["status"]]
+    assert int(touched[0]["touched"]) == injected
+    page = (tmp_path / "analysis" / "report.html").read_text()
+    assert 'id="s-faults"' in page and "SYSTEM_BUSY (injected: busy)" in page
+
+
+def test_demo_faults_needs_rocketmq():
+    r = subprocess.run([sys.executable, "-m", "proxy", "demo", "--protocols", "flymq",
+                        "--faults"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines == ["frametap demo: --faults: the demo's fault rule is on rocketmq, which "
+                     "--protocols leaves out"]

@@ -44,6 +44,7 @@ from proxy.framing_common import BUCKETS
 from tests._support.locust import (json_stats, locust_env, start_locust, start_locust_master,
                                    start_locust_worker)
 from tests._support.processes import host_port, proxy_process, server_process, stop_process
+from tests.support import request
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
                                 http_get, metric_names, promtool_binary, start_prometheus,
                                 substitute, variable_queries)
@@ -124,6 +125,18 @@ class SilentUpstream:
                 return
             self.conns.append(conn)     # kept open, never read: requests go unanswered
 
+    def drop_next(self, before, timeout=5.0):
+        """Close the first connection accepted after the first ``before``, once bytes have
+        arrived on it (the proxy forwarded a request): its request is cut off."""
+        deadline = time.monotonic() + timeout
+        while len(self.conns) <= before:
+            assert time.monotonic() < deadline, "the proxy did not connect upstream"
+            time.sleep(0.01)
+        conn = self.conns[before]
+        conn.settimeout(timeout)
+        assert conn.recv(1, socket.MSG_PEEK), "the upstream connection closed first"
+        conn.close()
+
     def close(self):
         self.sock.close()
         for c in self.conns:
@@ -156,6 +169,12 @@ name = "fly"
 protocol = "flymq"
 listen = "127.0.0.1:0"
 upstream = "{server.address}"
+
+[[routes.faults]]                  # the fault panel's series: a delay on a fifth of PRODUCE
+name = "slow-produce"
+match = {{opcode = ["PRODUCE"]}}
+action = {{type = "delay", ms = 1}}
+trigger = {{probability = 0.2}}
 
 [[routes]]
 name = "stall"
@@ -193,8 +212,16 @@ request_timeout = 0.5
                     c.produce("stalled", b"x")
             except OSError:
                 pass                 # no answer: the client gives up, the proxy times out
+        # a request whose upstream connection closes before request_timeout: a cut-off,
+        # not a timeout (the silent upstream drops the connection once the request is in)
+        before = len(silent.conns)
+        with socket.create_connection(("127.0.0.1", stall)) as s:
+            s.sendall(request(1))
+            silent.drop_next(before)
         prom.wait_value('sum(frametap_request_timeouts_total{route="stall"})',
                         lambda v: v >= 1, "the stall route's timeouts")
+        prom.wait_value('sum(frametap_request_cutoffs_total{route="stall"})',
+                        lambda v: v >= 1, "the stall route's cut-off")
         prom.wait_value('sum(frametap_protocol_errors_total{route="fly"})',
                         lambda v: v >= 1, "the fly route's protocol error")
 
@@ -247,9 +274,15 @@ request_timeout = 0.5
         stats = json_stats(out)
         for p in procs[-2:]:
             p.wait(30)
+        # the load is over: the proxy's counters hold still; Prometheus scrapes them once
+        # more (every second), so a query at ``end`` sees what /metrics says now
+        time.sleep(1.0)                  # the workers' closed connections counted
+        end_text = http_get(f"http://127.0.0.1:{admin}/metrics", timeout=5)[1]
+        time.sleep(2.5)
+        end = time.time()
         yield {"prom": prom, "at": at, "variables": variables, "labels": labels,
                "proxy_text": proxy_text, "locust_text": locust_text, "stats": stats,
-               "alerts": alerts, "master_err": err}
+               "alerts": alerts, "master_err": err, "end": end, "end_text": end_text}
     finally:
         silent.close()
         for p in reversed(procs):
@@ -316,6 +349,49 @@ def test_every_dashboard_query_returns_series(run, uid):
             empty.append(f"{title} [{ref}]: {q}")
     assert not failed, "rejected by Prometheus:\n" + "\n".join(failed)
     assert not empty, "no series:\n" + "\n".join(empty)
+
+
+def _counter_expr(expr):
+    """A panel's ``sum by (...) (rate(METRIC{...}[$__rate_interval]))`` as the same sum of
+    the counter itself: what /metrics says, grouped and filtered as the panel is."""
+    out = re.sub(r"rate\(([a-z_]+\{[^}]*\})\[\$__rate_interval\]\)", r"\1", expr)
+    assert out != expr and "rate(" not in out, expr
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("title,metric,by", [
+    ("Injected faults/s by fault and action", "frametap_faults_injected_total",
+     ("fault", "action")),
+    ("Cut-off requests/s by opcode", "frametap_request_cutoffs_total", ("opcode",))])
+def test_fault_panels_agree_with_the_proxys_metrics(run, title, metric, by):
+    """The proxy dashboard's fault panels show the proxy's counters: mid-run the rate is
+    positive for what the run caused (the fly route's delay rule, the stall route's
+    cut-off); once the load is over, the panel's sum of the counter itself equals the
+    proxy's /metrics, series by series."""
+    from prometheus_client.parser import text_string_to_metric_families
+    prom, variables = run["prom"], run["variables"]
+    panels = {p["title"]: p for p in all_panels(load_dashboard("frametap-proxy"))}
+    (target,) = panels[title]["targets"]
+    expr = substitute(target["expr"], variables)
+    rates = {tuple(s["metric"][k] for k in by): float(s["value"][1])
+             for s in prom.query(expr, run["at"])["data"]["result"]}
+    want = {}
+    for fam in text_string_to_metric_families(run["end_text"]):
+        for s in fam.samples:
+            if s.name == metric and s.value:
+                key = tuple(s.labels[k] for k in by)
+                want[key] = want.get(key, 0) + s.value
+    if metric == "frametap_faults_injected_total":
+        assert set(want) == {("slow-produce", "delay")}, want
+        assert rates[("slow-produce", "delay")] > 0, rates
+    else:
+        assert sum(want.values()) >= 1, want        # the stall route's cut-off at least
+    got = {tuple(s["metric"][k] for k in by): float(s["value"][1])
+           for s in prom.query(substitute(_counter_expr(target["expr"]), variables),
+                               run["end"])["data"]["result"]}
+    print(f"\n{title}: panel at the end {got}, /metrics {want}, mid-run rate {rates}")
+    assert {k: v for k, v in got.items() if v} == want
 
 
 @pytest.mark.slow

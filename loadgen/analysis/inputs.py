@@ -25,11 +25,14 @@ from loadgen.analysis.session import first_line
 
 SUFFIXES = (".parquet", ".jsonl")
 
-#: The columns the analysis reads (Parquet reads only these; ``attrs`` and the byte
-#: split are never needed).
+#: The columns the analysis reads (Parquet reads only these, and ``attrs``: see
+#: FRAME_COLUMNS; the byte split is never needed).
 READ_COLUMNS = ("ts_ns", "source", "run_id", "route", "protocol", "conn_id", "peer",
                 "direction", "opcode_name", "kind", "correlation_id", "status", "outcome",
                 "frame_bytes", "messages", "latency_ns", "request_opcode_name")
+#: What ``read_frames`` reads: READ_COLUMNS and ``attrs``, for the fault view (a row a
+#: fault rule touched has ``attrs.fault``, a reply the proxy made ``attrs.injected``).
+FRAME_COLUMNS = READ_COLUMNS + ("attrs",)
 
 #: Parquet physical type of each SCHEMA column ("MAP": a group).
 _PARQUET_TYPES = {"int64": "INT64", "int32": "INT32", "string": "BINARY"}
@@ -343,8 +346,8 @@ def _same_columns(actual, expected):
 
 
 def read_frames(spark, logs):
-    """One DataFrame of READ_COLUMNS over every file (Parquet and JSON Lines)."""
-    schema = spark_schema(READ_COLUMNS)
+    """One DataFrame of FRAME_COLUMNS over every file (Parquet and JSON Lines)."""
+    schema = spark_schema(FRAME_COLUMNS)
     parts = []
     if logs.parquet:
         parts.append(spark.read.schema(schema).parquet(*logs.parquet))

@@ -212,6 +212,8 @@ def analyze(spark, paths, out, slowest=100, progress=None, logs=None, warn=None)
         errors = _rows(tables.errors_of(counted)
                        .orderBy("source", "route", "protocol", "opcode", _desc("errors")))
         written["errors.csv"] = outdir.csv_rows(errors, tables.ERRORS_COLUMNS, "errors.csv")
+        faults = tables.attribute_faults(_rows(tables.faults_of(counted)))
+        written["faults.csv"] = outdir.csv_rows(faults, tables.FAULTS_COLUMNS, "faults.csv")
         totals = _rows(tables.totals_of(counted, latency))
         op_series = _rows(tables.op_series_of(counted, latency, op_bucket_s, hashed))
 
@@ -248,7 +250,7 @@ def analyze(spark, paths, out, slowest=100, progress=None, logs=None, warn=None)
         }
         data = {"meta": meta, "summary": summary, "series": series, "bucket_s": bucket_s,
                 "slowest": slow, "decomposition": decomposition, "legs": legs,
-                "errors": errors, "totals": totals, "op_series": op_series,
+                "errors": errors, "faults": faults, "totals": totals, "op_series": op_series,
                 "op_bucket_s": op_bucket_s, "runs": runs}
         page = report.render(data)
         written["report.html"] = outdir.write_text("report.html", page)
@@ -317,6 +319,24 @@ def headline(totals):
     return out
 
 
+def fault_lines(faults):
+    """The fault view for the terminal: per route, opcode and fault, the rows it touched
+    and the replies the proxy injected (faults.csv)."""
+    out = {}
+    for f in faults:
+        key = (f["route"], f["opcode"], f.get("fault") or "(rule not named)")
+        entry = out.setdefault(key, [0, {}])
+        entry[0] += f.get("touched") or 0
+        if f.get("injected"):
+            entry[1][f["status"]] = entry[1].get(f["status"], 0) + f["injected"]
+    lines = []
+    for (route, opcode, fault), (touched, injected) in sorted(out.items()):
+        replies = ", ".join(f"{n:,} {status}" for status, n in sorted(injected.items()))
+        lines.append(f"fault {fault}: route {route} {opcode}: {touched:,} rows touched"
+                     + (f", injected replies: {replies}" if replies else ""))
+    return lines
+
+
 def run(args, stdout=None):
     """The command: a session, the job, the table and where the report is; returns 0.
     Raises AnalysisError (exit 2) or JobFailed (exit 1)."""
@@ -350,6 +370,8 @@ def run(args, stdout=None):
         meta = result.meta
         stdout.write(summary_table(result.summary) + "\n\n")
         for line in headline(result.tables.get("totals") or []):
+            stdout.write(line + "\n")
+        for line in fault_lines(result.tables.get("faults") or []):
             stdout.write(line + "\n")
         stdout.write(f"{meta['records']:,} records in {result.files:,} file(s); percentiles "
                      f"by Spark percentile_approx, rank error <= {RANK_ERROR * 100:g} %\n")

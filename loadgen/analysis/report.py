@@ -14,7 +14,9 @@ What a performance engineer brings to a run's report, in the order the page answ
    fleximq REQ crosses the proxy twice; a RabbitMQ Stream Publish is one request per
    batch for Locust and one per message on the wire).
 4. **Errors** by status / exception per opcode, timeouts and cut-offs apart (a request
-   whose connection closed first is not a timeout), Locust's error messages.
+   whose connection closed first is not a timeout), Locust's error messages; then, when
+   a fault rule acted, the **injected faults**: rows each rule touched and the replies
+   the proxy made itself, per route and opcode, apart from the real answers.
 5. Latency percentiles per opcode, throughput / p99 / error ratio per route over time,
    the latency decomposition, the slowest requests, the summary table.
 
@@ -217,6 +219,7 @@ class View:
         self.decomposition = data.get("decomposition") or []
         self.legs = data.get("legs") or []
         self.errors = data.get("errors") or []
+        self.faults = data.get("faults") or []
         self.totals = data.get("totals") or []
         self.op_series = data.get("op_series") or []
         self.op_bucket_s = data.get("op_bucket_s") or self.bucket_s
@@ -647,6 +650,14 @@ def error_rows(view):
     for e in view.errors:
         key = (e["source"], e["protocol"], e["opcode"], e["status"])
         out[key] = out.get(key, 0) + e["errors"]
+    injected = {}                 # the proxy's error answers that it made itself, apart
+    for f in view.faults:
+        if f.get("injected_errors"):
+            key = ("proxy", f["protocol"], f["opcode"], f["status"])
+            if key in out:
+                out[key] -= f["injected_errors"]
+            ikey = key + (f.get("fault") or "?",)
+            injected[ikey] = injected.get(ikey, 0) + f["injected_errors"]
     for r in view.legs:
         for col, status in (("timeouts", "timeout"), ("cut_off", "closed")):
             if r.get(col):
@@ -654,9 +665,16 @@ def error_rows(view):
                 out[key] = out.get(key, 0) + r[col]
     rows = []
     for (source, proto, opcode, status), n in out.items():
+        if n <= 0:
+            continue
         rows.append({"source": source, "protocol": proto, "opcode": opcode, "status": status,
                      "count": n, "answers": answers.get((source, proto, opcode), 0),
                      "expected": view.expected_why(proto, opcode, status)})
+    for (source, proto, opcode, status, fault), n in injected.items():
+        rows.append({"source": source, "protocol": proto, "opcode": opcode,
+                     "status": f"{status} (injected: {fault})", "count": n,
+                     "answers": answers.get((source, proto, opcode), 0),
+                     "expected": f"the proxy answered these itself (fault rule {fault})"})
     rows.sort(key=lambda r: (r["protocol"] or "", r["opcode"] or "", r["source"] or "",
                              -r["count"]))
     return rows
@@ -739,6 +757,102 @@ def errors_section(view):
             "never a timeout." + (" Grey rows are failures the run caused on purpose."
                                   if view.expected else ""))
     return _section("errors", "Errors, timeouts and cut-offs", "".join(body), note)
+
+
+# ---- 4b. injected faults -------------------------------------------------------------------
+
+def fault_rows(view):
+    """One row per (route, protocol, opcode, fault) of the fault view: the rows the rule
+    touched, the replies the proxy injected (by status) and, apart from them, the real
+    answers and real errors of that opcode on that route (the proxy's summary less the
+    injected ones)."""
+    real = {}
+    for r in view.summary:
+        if r.get("source") == "proxy":
+            real[(r["route"], r["protocol"], r["opcode"])] = r
+    out = {}
+    for f in view.faults:
+        key = (f["route"], f["protocol"], f["opcode"], f.get("fault"))
+        row = out.setdefault(key, {"route": f["route"], "protocol": f["protocol"],
+                                   "opcode": f["opcode"], "fault": f.get("fault"),
+                                   "touched": 0, "injected": 0, "injected_errors": 0,
+                                   "statuses": {}})
+        row["touched"] += f.get("touched") or 0
+        row["injected"] += f.get("injected") or 0
+        row["injected_errors"] += f.get("injected_errors") or 0
+        if f.get("injected") and f.get("status") is not None:
+            row["statuses"][f["status"]] = row["statuses"].get(f["status"], 0) + f["injected"]
+    rows = []
+    for (route, proto, opcode, _fault), row in sorted(
+            out.items(), key=lambda kv: tuple(x or "" for x in kv[0])):
+        s = real.get((route, proto, opcode)) or {}
+        injected = sum(r["injected"] for k, r in out.items() if k[:3] == (route, proto, opcode))
+        inj_err = sum(r["injected_errors"] for k, r in out.items()
+                      if k[:3] == (route, proto, opcode))
+        row["real_answers"] = max(0, (s.get("responses") or 0) - injected) if s else None
+        row["real_errors"] = max(0, (s.get("errors") or 0) - inj_err) if s else None
+        row["status"] = ", ".join(f"{k} ×{v:,}" for k, v in sorted(row["statuses"].items()))
+        rows.append(row)
+    return rows
+
+
+def faults_figure(rows):
+    """Per route and opcode a fault touched: real answers and, stacked on them, the
+    replies the proxy injected, one colour per fault and status."""
+    if not any(r["touched"] or r["injected"] for r in rows):
+        return None
+    labels = []
+    for r in rows:
+        label = f"{r['route']} {r['opcode']}"
+        if label not in labels:
+            labels.append(label)
+    fig = go.Figure()
+    real = {}
+    for r in rows:
+        if r.get("real_answers") is not None:
+            real[f"{r['route']} {r['opcode']}"] = r["real_answers"]
+    fig.add_trace(go.Bar(y=labels, x=[real.get(label, 0) for label in labels],
+                         name="real answers", orientation="h",
+                         marker={"color": SIDE_COLOURS["proxy"]},
+                         hovertemplate="%{y}<br>real answers: %{x:,}<extra></extra>"))
+    colour_no = 0
+    for r in rows:
+        for status, n in sorted(r["statuses"].items()):
+            name = f"injected {status} ({r['fault'] or 'rule not named'})"
+            fig.add_trace(go.Bar(
+                y=[f"{r['route']} {r['opcode']}"], x=[n], name=name, orientation="h",
+                marker={"color": STATUS_COLOURS["timeout"] if colour_no == 0
+                        else PALETTE[colour_no % len(PALETTE)]},
+                hovertemplate="%{y}<br>" + _esc(name) + ": %{x:,}<extra></extra>"))
+            colour_no += 1
+    _layout(fig, "Answers per route and opcode a fault touched: real, and injected by the "
+                 "proxy", "", barmode="stack", height=max(300, 140 + 28 * len(labels)))
+    fig.update_layout(margin={"l": 260, "t": 90})
+    fig.update_xaxes(title_text="answers")
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def faults_section(view):
+    """The fault view, or '' when no fault touched the run (the section is left out)."""
+    rows = fault_rows(view)
+    if not rows:
+        return "", None
+    fig = faults_figure(rows)
+    table = html_table(rows, ["route", "protocol", "opcode", "fault", "touched", "injected",
+                              "status", "real_answers", "real_errors"],
+                       ["route", "protocol", "opcode", "fault rule", "rows touched",
+                        "injected replies", "injected status", "real answers",
+                        "real errors"])
+    note = ("Rows touched: frame-log rows with attrs.fault (the requests a rule delayed, "
+            "dropped, closed or answered). Injected replies: rows with attrs.injected = "
+            "\"1\" - answers the proxy made itself, counted by the proxy as answers with "
+            "the injected status; real answers and real errors are the proxy's answers "
+            "of that opcode on that route less the injected ones (faults.csv). An injected "
+            "reply's row does not name its rule: it is the rule that touched that opcode "
+            "when only one did.")
+    return _section("faults", "Injected faults", _chart_or(fig, "faults", "") + table,
+                    note), fig
 
 
 # ---- 5. per-opcode percentiles, per-route time series -----------------------------------
@@ -941,6 +1055,7 @@ def render(data):
     opcode_html, opcode_script = opcode_section(view)
     latency_html, latency_script = latency_section(view)
     errors_html = errors_section(view)
+    faults_html, faults_fig = faults_section(view)
     pickers = [p for p in (opcode_script, latency_script) if p]
 
     slow_cols = ["ts", "source", "route", "protocol", "opcode", "conn_id", "peer",
@@ -956,6 +1071,7 @@ def render(data):
         opcode_html,
         compare_section(view),
         errors_html,
+        faults_html,
         latency_html,
         _section("time", "Throughput, p99 and error ratio per route",
                  _chart_or(throughput, "throughput", "No requests in these frame logs.") +
@@ -990,6 +1106,8 @@ def render(data):
         charts.append("opcode")
     if any(r["count"] for r in error_rows(view)):
         charts.append("errors-by-status")
+    if faults_fig is not None:
+        charts.append("faults")
     if latency_script:
         charts.append("latency")
     charts += [k for k, f in (("throughput", throughput), ("p99", p99), ("errors", errors),
@@ -1006,7 +1124,8 @@ def render(data):
                           if x)
     nav = "".join(f'<a href="#s-{a}">{_esc(t)}</a>' for a, t in (
         ("headline", "Headline"), ("ran", "What ran"), ("opcode", "Per opcode"),
-        ("compare", "Client vs. proxy"), ("errors", "Errors"), ("latency", "Percentiles"),
+        ("compare", "Client vs. proxy"), ("errors", "Errors"),
+        *((("faults", "Faults"),) if faults_html else ()), ("latency", "Percentiles"),
         ("time", "Over time"), ("decomposition", "Decomposition"), ("slowest", "Slowest"),
         ("summary", "Summary")))
     return "\n".join([

@@ -54,6 +54,12 @@ ERRORS_COLUMNS = ("source", "route", "protocol", "opcode", "status", "errors")
 LEGS_COLUMNS = ("source", "protocol", "opcode", "leg", "requests", "responses", "errors",
                 "timeouts", "cut_off", "p50_ms", "p99_ms")
 
+#: faults.csv: the fault view - per (route, protocol, opcode, fault): the frame-log rows a
+#: fault rule touched (``attrs.fault``), and per injected status the replies the proxy
+#: made itself (``attrs.injected = "1"``), apart from the real answers
+FAULTS_COLUMNS = ("route", "protocol", "opcode", "fault", "status", "touched", "injected",
+                  "injected_errors")
+
 #: event statuses: a request that got no answer in time / whose connection closed first
 TIMEOUT, CLOSED = "timeout", "closed"
 
@@ -93,6 +99,8 @@ def classify(frames):
                  F.when(direction == "s2c", F.lit("c2s")).otherwise(F.lit("s2c")))
            .otherwise(direction))
     is_frame = ~is_event
+    attrs = F.col("attrs") if "attrs" in frames.columns else F.lit(None).cast("map<string,string>")
+    is_inj = answered & source.eqNullSafe("proxy") & attrs["injected"].eqNullSafe("1")
     return frames.select(
         "ts_ns", "source", "run_id", "route", "protocol", "conn_id", "peer",
         "correlation_id", "status", "kind",
@@ -106,7 +114,9 @@ def classify(frames):
         is_cut.alias("is_cut"),
         is_unmatched.alias("is_un"),
         leg.alias("leg"),
-        F.when(is_err, F.coalesce(status, F.lit("(no status)"))).alias("err_status"),
+        F.when(is_err | is_inj, F.coalesce(status, F.lit("(no status)"))).alias("err_status"),
+        attrs["fault"].alias("fault"),
+        is_inj.alias("is_inj"),
         F.when(is_frame, F.coalesce(F.col("frame_bytes"), F.lit(0))).otherwise(0).alias("fb"),
         F.when(is_frame, F.coalesce(F.col("messages"), F.lit(0))).otherwise(0).alias("msgs"),
     )
@@ -147,7 +157,7 @@ def counts(rows):
     their extra groupings cost nothing like another pass."""
     return (rows.select("*", _second().alias("sec"))
             .groupBy("sec", "source", "route", "protocol", "op", "run_id", "leg",
-                     "err_status")
+                     "err_status", "fault")
             .agg(F.count(F.lit(1)).alias("records"),
                  _count("is_req").alias("requests"),
                  _count("is_resp").alias("responses"),
@@ -155,6 +165,8 @@ def counts(rows):
                  _count("is_to").alias("timeouts"),
                  _count("is_cut").alias("cut_off"),
                  _count("is_un").alias("unmatched"),
+                 _count("is_inj").alias("injected"),
+                 F.sum((F.col("is_inj") & F.col("is_err")).cast("long")).alias("injected_errors"),
                  F.min("ts_ns").alias("first_ns"),
                  F.max("ts_ns").alias("last_ns"),
                  F.min(F.when(F.col("is_req"), F.col("ts_ns"))).alias("first_req_ns"),
@@ -374,8 +386,55 @@ def errors_of(counted):
     return (counted.where(F.col("err_status").isNotNull())
             .groupBy("source", "route", "protocol", "op", "err_status")
             .agg(F.sum("errors").alias("errors"))
+            .where(F.col("errors") > 0)              # an injected answer that is no error
             .select("source", "route", "protocol", F.col("op").alias("opcode"),
                     F.col("err_status").alias("status"), "errors"))
+
+
+def faults_of(counted):
+    """The fault view, FAULTS_COLUMNS: rows a fault rule touched per (route, protocol,
+    opcode, fault) - ``status`` null - and replies the proxy injected per (route,
+    protocol, opcode, status) - ``fault`` null: an injected reply's row does not name
+    its rule (``attribute_faults`` names it when one rule touched that opcode)."""
+    touched = (counted.where(F.col("fault").isNotNull())
+               .groupBy("route", "protocol", "op", "fault")
+               .agg(F.sum("records").alias("touched"))
+               .select("route", "protocol", "op", "fault",
+                       F.lit(None).cast("string").alias("status"), "touched",
+                       F.lit(0).cast("long").alias("injected"),
+                       F.lit(0).cast("long").alias("injected_errors")))
+    injected = (counted.where(F.col("injected") > 0)
+                .groupBy("route", "protocol", "op", "err_status")
+                .agg(F.sum("injected").alias("injected"),
+                     F.sum("injected_errors").alias("injected_errors"))
+                .select("route", "protocol", "op", F.lit(None).cast("string").alias("fault"),
+                        F.col("err_status").alias("status"),
+                        F.lit(0).cast("long").alias("touched"), "injected",
+                        "injected_errors"))
+    return (touched.unionByName(injected)
+            .select("route", "protocol", F.col("op").alias("opcode"), "fault", "status",
+                    "touched", "injected", "injected_errors"))
+
+
+def attribute_faults(rows):
+    """``faults_of``'s collected rows with each injected reply's ``fault`` named: the rule
+    that touched that (route, protocol, opcode), when exactly one did (at most one rule
+    acts on a frame, but several may share an opcode: then it stays null)."""
+    rules = {}
+    for r in rows:
+        if r.get("fault") is not None:
+            rules.setdefault((r["route"], r["protocol"], r["opcode"]), set()).add(r["fault"])
+    out = []
+    for r in rows:
+        r = dict(r)
+        if r.get("fault") is None:
+            named = rules.get((r["route"], r["protocol"], r["opcode"])) or set()
+            if len(named) == 1:
+                r["fault"] = next(iter(named))
+        out.append(r)
+    return sorted(out, key=lambda r: (r["route"] or "", r["protocol"] or "",
+                                      r["opcode"] or "", r["fault"] or "",
+                                      r["status"] or ""))
 
 
 def slowest_threshold(summary, n):
