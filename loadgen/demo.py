@@ -30,28 +30,27 @@ def expected_failures(protocol):
     status the proxy gives the answer, why), from ``DEMO_EXPECTED_FAILURES`` in the
     package beside its users module (a package that imports no Locust).  Everything else
     is not expected."""
+    return getattr(_users_package(protocol), "DEMO_EXPECTED_FAILURES", ())
+
+
+def _users_package(protocol):
+    """The package beside ``protocol``'s Locust users module (it imports no Locust), or
+    None: where a protocol keeps what the demo does with it."""
     spec = protocols.load(protocol)
     if not spec.users:
-        return ()
+        return None
     try:
-        pkg = importlib.import_module(spec.users.rsplit(".", 1)[0])
+        return importlib.import_module(spec.users.rsplit(".", 1)[0])
     except ImportError:
-        return ()
-    return getattr(pkg, "DEMO_EXPECTED_FAILURES", ())
+        return None
 
 
-#: ``frametap demo --faults``: one fault rule, armed from the proxy's config file on the
-#: route in front of the listener named here (issue 22 item 6).  The RocketMQ users send
-#: SEND_MESSAGE_V2 (loadgen/rocketmq/users.py: FRAMETAP_ROCKETMQ_SEND_V2=1, batch 1), so
-#: about 5 % of them get the proxy's SYSTEM_BUSY answer instead of the broker's.
-DEMO_FAULTS = {
-    "rocketmq": ("broker", {
-        "name": "busy",
-        "match": {"opcode": ["SEND_MESSAGE_V2"]},
-        "action": {"type": "error", "status": "SYSTEM_BUSY"},
-        "trigger": {"probability": 0.05},
-    }),
-}
+#: ``frametap demo --faults``: per protocol, the fault rule armed from the proxy's config
+#: file on the route in front of the named listener (issue 22 item 6): ``DEMO_FAULT =
+#: (listener, rule)`` in the protocol's users package (loadgen/rocketmq: 5 % SYSTEM_BUSY on
+#: SEND_MESSAGE_V2), so shared code names no protocol.
+DEMO_FAULTS = {name: fault for name in protocols.names()
+               if (fault := getattr(_users_package(name), "DEMO_FAULT", None)) is not None}
 
 
 def fault_expectations(protocol, faults):

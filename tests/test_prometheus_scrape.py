@@ -46,9 +46,14 @@ CONTRACT = {
     "frametap_upstream_connect_failures_total", "frametap_upstream_connect_duration_seconds",
     "frametap_framelog_records_total", "frametap_framelog_dropped_total",
     "frametap_connections_rejected_total",
+    # the shared design's "Faults" section
+    "frametap_faults_injected_total",
+    # docs/design.md's own: requests whose connection closed before their answer (kept
+    # apart from frametap_request_timeouts_total, which counts only real timeouts)
+    "frametap_request_cutoffs_total",
 }
 CONTRACT_LABELS = {"route", "protocol", "direction", "opcode", "outcome", "status", "reason",
-                   "le", "job", "instance"}
+                   "le", "job", "instance", "fault", "action"}
 
 # Grafana variables -> what they expand to for a single route/protocol.
 VARIABLES = {

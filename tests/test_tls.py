@@ -338,6 +338,11 @@ def test_passthrough_relays_undecoded_and_reads_sni(certs, client_tls, caplog):
                 produce(proxy.port(), True, n=5)
                 with socket.create_connection(("127.0.0.1", proxy.port()), 5) as s:
                     s.sendall(b"\xaf\x01 not a ClientHello")
+                # the proxy may not have accepted that connection yet (active reads 0
+                # before it does): wait until it has seen its first bytes, then until
+                # it is gone
+                proxy.wait("frametap_tls_client_hellos_total", 1, route="pass",
+                           outcome="not_tls")
                 proxy.wait("frametap_connections_active", 0, route="pass")
             assert proxy.value("frametap_tls_client_hellos_total", route="pass",
                                outcome="sni") == 1
