@@ -397,20 +397,19 @@ cdef class FrameParser:
     cdef void _fault_rearm(self, int d) noexcept
     cdef void _mark_injected(self, int d) noexcept
     cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
-                        object mv, list out) except -1
+                        const uint8_t* buf, list out) except -1
     cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
-                                  Py_ssize_t n, const uint8_t* buf, object mv,
-                                  list out) except -2
+                                  Py_ssize_t n, const uint8_t* buf, list out) except -2
     cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
-                                  Py_ssize_t take, object mv, Py_ssize_t emit) except -1
+                                  Py_ssize_t take, Py_ssize_t emit) except -1
     cdef bint _fault_wants(self, int d) noexcept
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
                           const uint8_t* h) except -1
     cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
-                                  object mv, list out) except -1
+                                  const uint8_t* buf, list out) except -1
     cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1
     cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
-                                    Py_ssize_t emit, object mv, list out) except -1
+                                    Py_ssize_t emit, const uint8_t* buf, list out) except -1
     cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
                            const uint8_t* attrs, Py_ssize_t alen)
     cdef int _map_grow(self) except -1

@@ -8,6 +8,8 @@ behaviour (selected by FRAMETAP_NO_EXTENSIONS=1).
 
 from cpython.bytes cimport (PyBytes_Check, PyBytes_AS_STRING, PyBytes_GET_SIZE,
                             PyBytes_FromStringAndSize)
+from cpython.bytearray cimport (PyByteArray_FromStringAndSize, PyByteArray_Resize,
+                                PyByteArray_AS_STRING, PyByteArray_GET_SIZE)
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from libc.string cimport memcpy, memset, memcmp, memmove
@@ -113,6 +115,35 @@ cdef inline int _decide(FrameParser self, int d) noexcept:
     else:
         s.capture |= CAP_NEXT
     return s.capture & ~CAP_NEXT
+
+
+cdef inline bytes _span(const uint8_t* buf, Py_ssize_t a, Py_ssize_t b):
+    """buf[a:b] as bytes (a read's bytes, held or placed in ``output``)."""
+    return PyBytes_FromStringAndSize(<const char*>buf + a, b - a)
+
+
+cdef inline int _extend(bytearray ba, const uint8_t* p, Py_ssize_t n) except -1:
+    """ba += p[:n] without a temporary object."""
+    cdef Py_ssize_t old = PyByteArray_GET_SIZE(ba)
+    if PyByteArray_Resize(ba, old + n) < 0:
+        return -1
+    memcpy(PyByteArray_AS_STRING(ba) + old, p, n)
+    return 0
+
+
+cdef inline bint _passes(FrameParser self, int d, int64_t r, Py_ssize_t avail) noexcept:
+    """An armed direction's frame (capture == CAP_NEXT) whose opcode slot is known at
+    its header and not armed: it passes as usual, decided here without a call (what
+    _decide() and _capture_head() would do for it); 0 leaves it to _capture_head()."""
+    cdef DirState* s = &self.st[d]
+    cdef int slot = s.rec.slot
+    cdef int mode = self.fault_mode[d]
+    if s.rec.messages < 0 or mode == 2 or (mode == 1 and 0 <= slot < OPCODE_SLOTS and
+                                           (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1):
+        return 0
+    if not s.body and r <= avail and not s.open:
+        self._fault_rearm(d)               # it ends here and _frame_end() won't run
+    return 1
 
 
 cdef class RouteStats:
@@ -424,11 +455,9 @@ cdef class FrameParser:
         cdef int64_t r, chunk_start = s.offset
         cdef bint hold = self.hold[d]
         cdef list out = None
-        cdef object mv = None
         if hold:
             out = []
             self.output = out
-            mv = memoryview(data).cast("B")
             held = s.have                      # header bytes withheld from earlier reads
         if self.error is not None or self.closed:
             return 0
@@ -443,7 +472,7 @@ cdef class FrameParser:
                 if take > s.remaining:
                     take = s.remaining
                 if s.capture:
-                    emit = self._capture_more(d, buf + pos, pos, take, mv, emit)
+                    emit = self._capture_more(d, buf + pos, pos, take, emit)
                 elif s.body:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
@@ -460,9 +489,10 @@ cdef class FrameParser:
                         self.feed_frames += 1
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
-                            return self._contract_error(d, r, asked, pos, emit, mv, out)
-                        if s.capture:
-                            take = self._capture_head(d, r, pos, emit, n, buf, mv, out)
+                            return self._contract_error(d, r, asked, pos, emit, buf, out)
+                        if s.capture and not (s.capture == CAP_NEXT and
+                                              _passes(self, d, r, n - pos)):
+                            take = self._capture_head(d, r, pos, emit, n, buf, out)
                             if take >= 0:      # held: the read goes on after its bytes
                                 pos = emit = take
                                 continue
@@ -482,11 +512,11 @@ cdef class FrameParser:
                     if r == 0:
                         continue               # want_header() raised need: retry or copy
                     if hold and emit < pos:
-                        out.append(bytes(mv[emit:pos]))
+                        out.append(_span(buf, emit, pos))
                     return pos                 # fatal: the valid prefix ends here
             # header split across reads: copy just the header bytes
             if s.need > s.hcap and self._hbuf_reserve(d, s.need) < 0:
-                return self._fatal_prefix(d, chunk_start, emit, mv, out)
+                return self._fatal_prefix(d, chunk_start, emit, buf, out)
             take = s.need - s.have
             if take > n - pos:
                 take = n - pos
@@ -499,7 +529,7 @@ cdef class FrameParser:
                     if hs < 0:
                         hs = 0
                     if emit < hs:
-                        out.append(bytes(mv[emit:hs]))
+                        out.append(_span(buf, emit, hs))
                     emit = n
                 break
             asked = s.have
@@ -508,14 +538,14 @@ cdef class FrameParser:
                 self.feed_frames += 1
                 if r < asked or (s.body and (s.skip > asked or s.skip > r)):
                     self._short_frame(d, r, asked)
-                    return self._fatal_prefix(d, chunk_start, emit, mv, out)
+                    return self._fatal_prefix(d, chunk_start, emit, buf, out)
                 if hold:
                     if s.capture & (CAP_UNDECIDED | CAP_NEXT):
                         self._fault_decide(d)
                     hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
                     if s.capture & ~CAP_NEXT:
                         if hs > emit:
-                            out.append(bytes(mv[emit:hs]))
+                            out.append(_span(buf, emit, hs))
                         self.captured[d] = bytearray(s.hbuf[:s.have])
                         emit = pos
                     elif held:
@@ -526,13 +556,13 @@ cdef class FrameParser:
                 if s.remaining == 0 and (s.capture or s.body or s.open):
                     self._frame_end(d, out)
             elif r < 0:
-                return self._fatal_prefix(d, chunk_start, emit, mv, out)
+                return self._fatal_prefix(d, chunk_start, emit, buf, out)
         if hold and emit < n:
-            self._hold_tail(d, n, emit, data, mv, out)
+            self._hold_tail(d, n, emit, data, buf, out)
         return n
 
     cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
-                        object mv, list out) except -1:
+                        const uint8_t* buf, list out) except -1:
         """End of a read with hold on: what is not yet placed in ``out`` goes there,
         except a split header whose on_header() asked for more (want_header): that is
         withheld like any incomplete header (out of line: the loop stays small)."""
@@ -541,11 +571,14 @@ cdef class FrameParser:
         if s.have:
             hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
             if hs > emit:
-                out.append(bytes(mv[emit:hs]))
+                out.append(_span(buf, emit, hs))
         elif emit == 0 and PyBytes_Check(data):
-            out.append(data)                   # the whole read goes on: no copy
+            if out:
+                out.append(data)               # the whole read goes on: no copy
+            else:
+                self.output = None             # as it came: the relay writes it itself
         else:
-            out.append(bytes(mv[emit:n]))
+            out.append(_span(buf, emit, n))
         return 0
 
     cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
@@ -566,19 +599,19 @@ cdef class FrameParser:
         return 0
 
     cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
-                                  object mv, list out) except -1:
+                                  const uint8_t* buf, list out) except -1:
         cdef Py_ssize_t take = <Py_ssize_t>(self.st[d].frame_start - chunk_start)
         if take < 0:
             take = 0
         if out is not None and emit < take:
-            out.append(bytes(mv[emit:take]))
+            out.append(_span(buf, emit, take))
         return take
 
     cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
-                                    Py_ssize_t emit, object mv, list out) except -1:
+                                    Py_ssize_t emit, const uint8_t* buf, list out) except -1:
         self._short_frame(d, r, asked)
         if out is not None and emit < pos:
-            out.append(bytes(mv[emit:pos]))
+            out.append(_span(buf, emit, pos))
         return pos
 
     cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1:
@@ -670,8 +703,7 @@ cdef class FrameParser:
             (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
 
     cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
-                                  Py_ssize_t n, const uint8_t* buf, object mv,
-                                  list out) except -2:
+                                  Py_ssize_t n, const uint8_t* buf, list out) except -2:
         """A frame whose header is whole in this read, with capture bits set: hold it
         from its first byte (returns where the read goes on), or -1 when an armed
         direction's frame turns out not to be armed (it passes as usual).  Out of line,
@@ -683,9 +715,9 @@ cdef class FrameParser:
                 self._fault_rearm(d)           # it ends here and _frame_end() won't run
             return -1
         if emit < pos:
-            out.append(bytes(mv[emit:pos]))
+            out.append(_span(buf, emit, pos))
         take = r if r <= n - pos else n - pos
-        self.captured[d] = bytearray(mv[pos:pos + take])
+        self.captured[d] = PyByteArray_FromStringAndSize(<const char*>buf + pos, take)
         if s.body and take > s.skip:           # held for faults: the body still streams
             self.on_body(d, buf + pos + s.skip, take - s.skip)
         s.remaining = r - take
@@ -694,12 +726,12 @@ cdef class FrameParser:
         return pos + take
 
     cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
-                                  Py_ssize_t take, object mv, Py_ssize_t emit) except -1:
+                                  Py_ssize_t take, Py_ssize_t emit) except -1:
         """More bytes of a held frame (and its body, for a frame held for faults);
         returns where the bytes not yet placed in the output start."""
         cdef DirState* s = &self.st[d]
         if s.capture & ~CAP_NEXT:
-            self.captured[d] += mv[pos:pos + take]
+            _extend(self.captured[d], p, take)
             emit = pos + take
         if s.body:
             self.on_body(d, p, take)

@@ -144,7 +144,7 @@ def test_metadata_rewriting_split_everywhere(impl):
         out = []
         for a, b in ([(0, len(stream))] if cut is None else [(0, cut), (cut, len(stream))]):
             p.feed(S2C, stream[a:b])
-            out.extend(p.output)
+            out.extend(p.output if p.output is not None else [stream[a:b]])   # None: forwarded as fed
         got = b"".join(out)
         if expected is None:
             expected = got

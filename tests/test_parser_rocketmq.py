@@ -97,7 +97,7 @@ def test_rewrites_route_data(impl):
         stream = frame + other
         for a, b in ([(0, len(stream))] if cut is None else [(0, cut), (cut, len(stream))]):
             p.feed(S2C, stream[a:b])
-            out.extend(p.output)
+            out.extend(p.output if p.output is not None else [stream[a:b]])   # None: forwarded as fed
         got = b"".join(out)
         length = struct.unpack(">I", got[:4])[0]
         first = got[:4 + length]
