@@ -156,3 +156,44 @@ def test_design_layout_names_every_module():
     stale = sorted(p for p in _repo_paths(layout) if not (ROOT / "docs" / p).exists()
                    and not (ROOT / p).exists() and "benchmarks-loadgen" not in p)
     assert not stale, f"docs/design.md's layout names paths that do not exist: {stale}"
+
+
+def _bench_commands():
+    """(script, subcommand or None, flags) for every benchmark command the docs show:
+    `bench/x.py ...`, `x.py ...` naming a script in bench/, and make's BENCH_ARGS /
+    GUARD_ARGS (run_bench.py, guard.py)."""
+    out = []
+    for text in (README, BENCHMARKS.read_text()):
+        spans = re.findall(r"`([^`]+)`", text) + _shell_commands(text)
+        for span in spans:
+            span = " ".join(span.split())
+            for var, script in (("BENCH_ARGS", "run_bench"), ("GUARD_ARGS", "guard")):
+                for args in re.findall(rf'{var}="([^"]*)"', span):
+                    out.append((script, None, args))
+            m = re.match(r"(?:python )?(?:bench/)?(\w+)\.py(?: (flood|blackhole|proxyfuzz)\b)?(.*)",
+                         span)
+            if m and (ROOT / "bench" / f"{m.group(1)}.py").exists():
+                out.append((m.group(1), m.group(2), m.group(3)))
+    return out
+
+
+def test_every_benchmark_option_shown_exists():
+    commands = _bench_commands()
+    assert {"run_bench", "guard", "soak", "ws_bench"} <= {c[0] for c in commands}, commands
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    helps, wrong = {}, []
+    for script, sub, args in commands:
+        flags = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", args)) - {"--help"}
+        if not flags:
+            continue
+        key = (script, sub)
+        if key not in helps:
+            r = subprocess.run([sys.executable, f"bench/{script}.py", *([sub] if sub else []),
+                                "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == 0, f"bench/{script}.py --help: {r.stderr[-500:]}"
+            helps[key] = r.stdout
+        for flag in sorted(flags):
+            if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[key]):
+                wrong.append(f"bench/{script}.py {sub or ''} has no {flag}")
+    assert not wrong, "\n".join(wrong)
