@@ -12,7 +12,7 @@ machine's load average is printed too: on a shared machine it explains slow runs
     python bench/analyze_bench.py --records 2000000 --runs 3 --json out.json
     python bench/analyze_bench.py --client-share 0.3      # + client rows: the join too
 
-Target (README): 10 M records in <= 60 s on a 2-core machine.
+Target (docs/benchmarks.md, "Analysis"): 10 M records in <= 60 s on a 2-core machine.
 """
 
 import argparse

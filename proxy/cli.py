@@ -56,7 +56,8 @@ def _add_proxy(sub):
     p.add_argument("--ready-file", metavar="PATH",
                    help="once every listener is bound, write JSON naming them to PATH "
                         "(atomically; removed on exit): {\"pid\": N, \"routes\": {ROUTE "
-                        "NAME: ADDR}, \"admin\": ADDR or null}. With port 0 in a listen "
+                        "NAME: ADDR}, \"admin\": ADDR or null, \"api\": ADDR or null}. "
+                        "With port 0 in a listen "
                         "address the kernel picks a free port and this file says which")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_proxy)

@@ -395,8 +395,8 @@ DESCRIPTION = textwrap.fill(
     "Needs Java 17+.", 79)
 EPILOG = """\
 outputs in DIR: summary.csv + summary/, timeline.csv + timeline/, slowest.csv,
-decomposition.csv + decomposition/ (Parquet directories), report.html
-(docs/analysis.md describes every column).
+decomposition.csv + decomposition/ (Parquet directories), legs.csv, errors.csv,
+faults.csv, report.html (docs/analysis.md describes every column).
 
 examples:
   frametap analyze framelogs/ --out analysis/
