@@ -19,6 +19,11 @@ reads the proxy's CPU seconds (/proc/PID/stat) over the load plus a 1.5 s settle
 the frame-log ratios are printed both by rps (the target) and by that CPU cost,
 which other work on the machine disturbs far less.
 
+Scenario a also runs three variants of frametap against plain frametap: ``framelog``
+and ``framelog1pct`` (a frame log of every / 1% of connections) and ``armed`` (one
+fault rule armed on an opcode the load never sends: the cost of checking every
+frame's opcode, issue 22's target >= 0.90).
+
 Results go to bench/results/latest.json (and a bar chart PNG when matplotlib
 is importable).  Also runs bench/parser_bench.py unless --skip-parser.
 
@@ -60,6 +65,8 @@ PREVIOUS = "previous"      # frametap from another checkout (--previous DIR), th
 PREVIOUS_TOLERANCE = 0.03  # a change to the hot path may cost at most 3% against it
 FRAMELOG = "framelog"      # frametap writing a Parquet frame log of every connection
 FRAMELOG_SAMPLED = "framelog1pct"   # ... of 1% of connections ([framelog] sample = 0.01)
+ARMED = "armed"            # frametap with one fault rule armed that never fires (issue 22)
+ARMED_TARGET = 0.90        # ... at >= 0.90x plain frametap's rps (scenario "a" only)
 SETTLE_S = 1.5             # after the load: the frame-log writer's flush interval is 1 s
 #: frame-log variants: (sample, min rps ratio against plain frametap, scenario "a" only)
 #: full logging on one core (the proxy pinned to one cpu, writer and loop sharing it) is
@@ -67,6 +74,8 @@ SETTLE_S = 1.5             # after the load: the frame-log writer's flush interv
 FRAMELOG_TARGETS = {FRAMELOG: (1.0, 0.50), FRAMELOG_SAMPLED: (0.01, 0.95)}
 #: the event loop's CPU per request without / with full logging (the writer on its own core)
 FRAMELOG_TWO_CORE = {FRAMELOG: 0.85}
+#: the variants measured in scenario "a" only, against plain frametap
+A_ONLY = {*FRAMELOG_TARGETS, ARMED}
 
 
 @dataclass(frozen=True)
@@ -300,6 +309,18 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
         argv = [sys.executable, str(BENCH_DIR / "passthrough.py"),
                 "--listen", f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{env.server_port}"]
         cwd = BENCH_DIR
+    elif which == ARMED:
+        # a delay rule on CONSUME, which the load never sends: the direction is armed
+        # (every frame's opcode is checked at its header) and nothing fires
+        admin = free_port()
+        cfg = env.logdir / f"{run_id}-{which}.toml"
+        cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n[[routes]]\nname = "flymq"\n'
+                       f'protocol = "flymq"\nlisten = "127.0.0.1:{listen}"\n'
+                       f'upstream = "127.0.0.1:{env.server_port}"\n[[routes.faults]]\n'
+                       f'name = "never"\nmatch = {{opcode = ["CONSUME"]}}\n'
+                       f'action = {{type = "delay", ms = 10}}\n')
+        argv = [sys.executable, "-m", "proxy", "proxy", "-c", str(cfg)]
+        cwd = env.frametap_cwd
     elif which in FRAMELOG_TARGETS:
         admin = free_port()
         logs = env.logdir / f"{run_id}-{which}-framelogs"
@@ -553,6 +574,14 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
                 "ratio": r2, "target": f">= {two_core}", "pass": r2 >= two_core,
                 "spread": (spread(ft, "loop_cpu_ns_per_req", runs, FRAMETAP),
                            spread(fl, "loop_cpu_ns_per_req", runs, which))}
+    if ARMED in out["proxies"] and FRAMETAP in out["proxies"] and sc.key == "a":
+        ar, ft = out["proxies"][ARMED], out["proxies"][FRAMETAP]
+        ratio = ar["median_rps"] / ft["median_rps"] if ft["median_rps"] else float("nan")
+        cpu = (ft["median_cpu_ns_per_req"] / ar["median_cpu_ns_per_req"]
+               if ft.get("median_cpu_ns_per_req") and ar.get("median_cpu_ns_per_req") else None)
+        out.setdefault("checks", {})["armed_rps"] = {
+            "ratio": ratio, "target": f">= {ARMED_TARGET}", "pass": ratio >= ARMED_TARGET,
+            "spread": (min(ar["rps"]), max(ar["rps"])), "cpu_ratio": cpu}
     if PREVIOUS in out["proxies"] and FRAMETAP in out["proxies"]:
         prev, ft = out["proxies"][PREVIOUS], out["proxies"][FRAMETAP]
         checks = out.setdefault("checks", {})
@@ -603,6 +632,11 @@ def print_summary(summaries: list[dict]) -> list[str]:
                 log(f"    frametap/passthrough proxy CPU per request ratio {c['ratio']:.3f} "
                     f"(information; pass-through {b0:.0f}-{b1:.0f} ns, frametap "
                     f"{f0:.0f}-{f1:.0f} ns)")
+            elif name == "armed_rps":
+                cpu = ("" if c["cpu_ratio"] is None
+                       else f", by CPU per request {c['cpu_ratio']:.3f}")
+                log(f"    armed/frametap (one fault rule armed, never firing) rps ratio "
+                    f"{c['ratio']:.3f} (target {c['target']}): {verdict}{cpu}")
             elif name.endswith("_two_core"):
                 (a0, a1), (b0, b1) = c["spread"]
                 log(f"    {name[:-9]}/frametap with a second core (event loop CPU per request "
@@ -714,10 +748,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="smoke check: defaults become 1 repeat x 2 s, 0.5 s warmup")
     ap.add_argument("--scenarios", default="a,d,b,e,c",
                     help="comma list of scenarios to run (default a,d,b,e,c)")
-    ap.add_argument("--proxies", default=f"{PASSTHROUGH},{FRAMETAP},{FRAMELOG},{FRAMELOG_SAMPLED}",
-                    help="comma list from passthrough,frametap,framelog,framelog1pct (default "
-                         "all; the framelog variants are frametap writing a frame log of every "
-                         "/ 1%% of connections, run in scenario a only)")
+    ap.add_argument("--proxies",
+                    default=f"{PASSTHROUGH},{FRAMETAP},{FRAMELOG},{FRAMELOG_SAMPLED},{ARMED}",
+                    help="comma list from passthrough,frametap,framelog,framelog1pct,armed "
+                         "(default all; the framelog variants are frametap writing a frame log "
+                         "of every / 1%% of connections, armed is frametap with one fault rule "
+                         "armed that never fires; those three run in scenario a only)")
     ap.add_argument("--framelog-format", choices=["parquet", "jsonl"], default="parquet",
                     help="[framelog] format of the framelog variants (default parquet)")
     ap.add_argument("--previous", type=Path, metavar="DIR",
@@ -742,10 +778,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--previous {args.previous}: not a frametap checkout")
         args.previous = args.previous.resolve()
         proxies.append(PREVIOUS)
-    bad = set(proxies) - {PASSTHROUGH, FRAMETAP, PREVIOUS, *FRAMELOG_TARGETS}
+    bad = set(proxies) - {PASSTHROUGH, FRAMETAP, PREVIOUS, *A_ONLY}
     if bad or not proxies:
         ap.error(f"--proxies: unknown {sorted(bad)}; choose from passthrough,frametap,"
-                 f"{','.join(FRAMELOG_TARGETS)}")
+                 f"{','.join(FRAMELOG_TARGETS)},{ARMED}")
     keys = [k.strip() for k in args.scenarios.split(",") if k.strip()]
     scenarios = [s for s in SCENARIOS if s.key in keys]
     if len(scenarios) != len(keys):
@@ -767,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario]) -> int:
     frametap_cwd, framing_file = None, None
-    if set(proxies) & {FRAMETAP, *FRAMELOG_TARGETS}:
+    if set(proxies) & {FRAMETAP, *A_ONLY}:
         frametap_cwd, framing_file = locate_frametap()
     if PASSTHROUGH in proxies:
         try:
@@ -805,7 +841,7 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
             log(f"({sc.key}) {sc.title}")
             for rep in range(args.repeat):
                 # alternate who goes first so slow drift hits both sides alike
-                mine = [p for p in proxies if sc.key == "a" or p not in FRAMELOG_TARGETS]
+                mine = [p for p in proxies if sc.key == "a" or p not in A_ONLY]
                 order = mine if rep % 2 == 0 else list(reversed(mine))
                 for which in order:
                     r = one_run(env, sc, which, rep)
@@ -815,7 +851,7 @@ def run(args: argparse.Namespace, proxies: list[str], scenarios: list[Scenario])
         stop(server)
 
     summaries = [summarize(sc, [r for r in runs if r["scenario"] == sc.key],
-                           [p for p in proxies if sc.key == "a" or p not in FRAMELOG_TARGETS])
+                           [p for p in proxies if sc.key == "a" or p not in A_ONLY])
                  for sc in scenarios]
     failed = print_summary(summaries)
 
