@@ -385,6 +385,7 @@ cdef class FrameParser:
     # (last: the fields above keep the offsets the parsers were compiled against)
     cdef bint fault_marking[2]          # frames fed now were made by the fault engine
     cdef int64_t fault_marked[2]        # 1 + frame_start of the last frame so marked
+    cdef list fault_names               # per direction: the rule (bytes) of marked frames, or None
     cdef bint fault_record[2]           # rules of direction d need kind / resource: record
     cdef int64_t fault_fifo_mark[2]     # fifo_seq when direction d's frame began (FIFO
                                         # requests are known without recording)

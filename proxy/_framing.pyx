@@ -738,13 +738,17 @@ cdef class FrameParser:
         return emit
 
     cdef void _mark_injected(self, int d) noexcept:
-        """A row of a frame the fault engine made: attrs.injected = "1", once per frame
-        (entry()'s later rows share the frame's attrs)."""
+        """A row of a frame the fault engine made: attrs.injected = "1" and attrs.fault =
+        its rule, once per frame (entry()'s later rows share the frame's attrs)."""
         cdef DirState* s = &self.st[d]
+        cdef bytes name
         if self.fault_marked[d] == s.frame_start + 1:
             return
         self.fault_marked[d] = s.frame_start + 1
         add_attr(self, d, b"injected", 8, b"1", 1)
+        name = self.fault_names[d] if self.fault_names is not None else None
+        if name is not None:               # the rule that made it (attrs.fault)
+            add_attr(self, d, b"fault", 5, <const uint8_t*>PyBytes_AS_STRING(name), len(name))
 
     cdef int _fault_decide(self, int d) noexcept:
         """At an armed frame's header (CAP_NEXT) or end: once begin() named its opcode
@@ -833,9 +837,13 @@ cdef class FrameParser:
             add_attr(self, d, <const uint8_t*>PyBytes_AS_STRING(key), len(key),
                      <const uint8_t*>PyBytes_AS_STRING(value), len(value))
 
-    def fault_mark(self, int d, bint on):
-        """Frames fed while on were made by the proxy: attrs.injected = "1"."""
+    def fault_mark(self, int d, bint on, bytes rule=None):
+        """Frames fed while on were made by the proxy: attrs.injected = "1" (and
+        attrs.fault = ``rule``, the rule that made them)."""
         self.fault_marking[d] = on
+        if self.fault_names is None:
+            self.fault_names = [None, None]
+        self.fault_names[d] = rule if on else None
 
     def fault_forget(self):
         """The FIFO request just handed over never reaches the server: take it out of

@@ -260,7 +260,7 @@ class ConnFaults:
         self.pipes = [None, None]
         self.want_pipe = [False, False]   # a delay/close marker waits for its pipe
         self.pending = [None, None]    # set_faults() that must wait for a frame boundary
-        self.inject_q = deque()        # (reply bytes, FIFO sequence number or None)
+        self.inject_q = deque()        # (reply bytes, FIFO sequence number or None, rule)
         self.injecting = False
         self.retry = None
         self.backoff = 0.002
@@ -424,7 +424,8 @@ class ConnFaults:
             if reply is None:
                 st.fired -= 1              # not applicable: the trigger is not used up
                 return frame
-            self.inject_q.append((reply, corr if fifo else None))
+            self.inject_q.append((reply, corr if fifo else None,
+                                  r.name.encode("utf-8", "replace")))
             if "_relay" not in self.conn.__dict__:
                 self.conn._relay = self.relay   # server reads now pass through relay()
             eng.loop.call_soon(self.try_inject)
@@ -495,7 +496,7 @@ class ConnFaults:
             return
         while self.inject_q and not conn.closed and conn.parser is not None:
             parser = conn.parser
-            reply, seq = self.inject_q[0]
+            reply, seq, rule = self.inject_q[0]
             at_boundary, _ = parser.fault_step(1)
             if not at_boundary:
                 return
@@ -505,7 +506,7 @@ class ConnFaults:
                     return                 # earlier requests still await their answers
             self.inject_q.popleft()
             self.injecting = True
-            parser.fault_mark(1, True)
+            parser.fault_mark(1, True, rule)
             try:
                 ClientSide._relay(conn, 1, reply)
             finally:

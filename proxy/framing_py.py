@@ -256,7 +256,7 @@ class RouteStats:
 class _Dir:
     __slots__ = ("remaining", "frame_start", "offset", "hdr", "need", "skip", "gbuf",
                  "body", "capture", "open", "rows", "rec", "taken", "slot", "hcap", "mark",
-                 "begun")
+                 "mark_rule", "begun")
 
     def __init__(self, need):
         self.remaining = 0
@@ -270,6 +270,7 @@ class _Dir:
         self.body = False
         self.capture = 0             # CAP_* bits (_framing.pxd)
         self.mark = False            # frames the fault engine injects (attrs.injected)
+        self.mark_rule = None        # ... and the rule that made them (attrs.fault)
         self.begun = True            # begin() ran for the current frame (faults)
         self.open = False
         self.rows = 0
@@ -677,8 +678,9 @@ class FrameParser:
         if self.st[d].open:
             self.add_attr(d, key, value)
 
-    def fault_mark(self, d, on):
+    def fault_mark(self, d, on, rule=None):
         self.st[d].mark = bool(on)
+        self.st[d].mark_rule = rule if on else None
 
     def fault_forget(self):
         if self.fifo_head >= len(self.fifo):
@@ -785,6 +787,8 @@ class FrameParser:
                        header_bytes)
         if s.mark:                          # a reply the fault engine made
             self.add_attr(d, b"injected", b"1")
+            if s.mark_rule is not None:     # and the rule that made it
+                self.add_attr(d, b"fault", s.mark_rule)
 
     def add_messages(self, d, n):
         s = self.st[d]

@@ -198,11 +198,16 @@ def test_injected_mark_and_fault_attr_reach_the_rows():
         parser.feed(1, responses[0])
         parser.fault_mark(1, False)
         parser.feed(1, responses[1])
+        parser.feed(0, requests[0])
+        parser.fault_mark(1, True, b"busy")         # the engine names the rule
+        parser.feed(1, responses[0])
+        parser.fault_mark(1, False)
         c2s = [r for r in rows if r["direction"] == "c2s"]
         s2c = [r for r in rows if r["direction"] == "s2c"]
         assert c2s[0]["attrs"] == {"fault": "busy"}, name
         assert s2c[0]["attrs"] == {"injected": "1"}, name
         assert not s2c[1]["attrs"], name
+        assert s2c[2]["attrs"] == {"injected": "1", "fault": "busy"}, name
 
 
 def test_fifo_forget_counts_a_timeout_and_keeps_the_pairing():
