@@ -161,6 +161,86 @@ def _parse_listen(text, key="listen"):
     return parse_address(text, key, allow_port_zero=True)
 
 
+#: open API connections at once; one more is answered 503 and closed (a test suite's
+#: Toxiproxy client keeps one or a few; the cap stops a flood from holding the loop's
+#: memory and descriptors that the relay needs)
+MAX_CONNECTIONS = 128
+#: a connection that sends nothing for this long is closed (aiohttp has a keep-alive
+#: timeout between requests but none while a request's head trickles in)
+IDLE_TIMEOUT = 30.0
+_BUSY = json.dumps({"error": "too many API connections (%d open)" % MAX_CONNECTIONS,
+                    "status": 503}).encode()
+_BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(_BUSY)) + _BUSY
+
+
+class _Capped(asyncio.Protocol):
+    """One API connection: aiohttp's request handler behind a connection cap and an
+    idle timeout, both counted and logged through the API's rate-limited log."""
+
+    def __init__(self, api, handler_factory):
+        self.api = api
+        self.factory = handler_factory
+        self.inner = None
+        self.transport = None
+        self.timer = None
+        self.seen = 0.0
+
+    def connection_made(self, transport):
+        api = self.api
+        if api.active >= MAX_CONNECTIONS:
+            api.over_cap += 1
+            api.log.info("api: connection refused: %d connections open (the cap); %d "
+                         "refused so far", api.active, api.over_cap)
+            transport.write(_BUSY_RESPONSE)
+            transport.close()
+            return
+        api.active += 1
+        self.transport = transport
+        self.inner = self.factory()
+        self.inner.connection_made(transport)
+        self.seen = time.monotonic()
+        self.timer = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, self._idle)
+
+    def _idle(self):
+        self.timer = None
+        if self.inner is None:
+            return
+        quiet = time.monotonic() - self.seen
+        if quiet < IDLE_TIMEOUT:
+            self.timer = asyncio.get_running_loop().call_later(IDLE_TIMEOUT - quiet,
+                                                               self._idle)
+            return
+        self.api.idle_closed += 1
+        self.transport.abort()
+
+    def connection_lost(self, exc):
+        if self.inner is None:
+            return
+        inner, self.inner = self.inner, None
+        self.api.active -= 1
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        inner.connection_lost(exc)
+
+    def data_received(self, data):
+        if self.inner is not None:
+            self.seen = time.monotonic()
+            self.inner.data_received(data)
+
+    def eof_received(self):
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def pause_writing(self):
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self):
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+
 class ApiServer:
     """The API of one running :class:`proxy.app.ProxyApp` (``app``): reads its routes
     and changes them through ``app.add_route`` / ``remove_route`` /
@@ -172,6 +252,10 @@ class ApiServer:
         self.runner = None
         self.lock = asyncio.Lock()      # one change at a time (a change may await a bind)
         self.refused = {}               # HTTP status -> requests answered with it (>= 400)
+        self.listener = None            # the asyncio Server (start())
+        self.active = 0                 # open API connections (_Capped)
+        self.over_cap = 0               # connections refused at the cap (503)
+        self.idle_closed = 0            # connections closed after IDLE_TIMEOUT silent
         # at most 10 lines a second, the rest summed up in one line
         self.log = LogLimiter(logger=log, level=logging.INFO, prefix="api", what="lines")
 
@@ -208,13 +292,17 @@ class ApiServer:
         return a
 
     async def start(self):
-        """Listen (OSError when it cannot: the app turns that into one line, exit 2)."""
+        """Listen (OSError when it cannot: the app turns that into one line, exit 2).
+        aiohttp serves each connection; :class:`_Capped` in front of it holds the
+        connection cap and the idle timeout that aiohttp does not have."""
         self.runner = web.AppRunner(self.make_app(), handle_signals=False, access_log=None,
                                     shutdown_timeout=1.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port)
+        handler = self.runner.server
         try:
-            await site.start()
+            self.listener = await asyncio.get_running_loop().create_server(
+                lambda: _Capped(self, handler), self.host, self.port, reuse_address=True,
+                backlog=MAX_CONNECTIONS)
         except BaseException:
             await self.runner.cleanup()
             self.runner = None
@@ -225,9 +313,11 @@ class ApiServer:
     @property
     def address(self):
         """(host, port) bound (port 0 in the config picks a free one)."""
-        return tuple(self.runner.addresses[0][:2])
+        return tuple(self.listener.sockets[0].getsockname()[:2])
 
     async def close(self):
+        if self.listener is not None:
+            self.listener.close()
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()

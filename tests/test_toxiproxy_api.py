@@ -624,3 +624,43 @@ def test_app_hooks_in_process_with_the_api_on_the_proxys_loop():
             echo.close()
         assert app.api.runner is None            # the API closed with the listeners
     run(scenario())
+
+
+def test_connection_cap_answers_503_and_the_relay_goes_on(proxy, api):
+    """A flood of idle API connections: the ones over the cap get one 503 line and are
+    closed, the relay goes on serving, and the API serves again once they go."""
+    from proxy.api import MAX_CONNECTIONS
+    address = proxy.ready["api"]
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            held.append(socket.create_connection(host_port(address), timeout=10))
+        # the last one in is served (the cap counts from connection_made): prove it
+        held[-1].sendall(b"GET /version HTTP/1.1\r\nHost: x\r\nUser-Agent: t\r\n\r\n")
+        assert held[-1].recv(65536).startswith(b"HTTP/1.1 200")
+        with socket.create_connection(host_port(address), timeout=10) as extra:
+            got = b""
+            while True:
+                chunk = extra.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 503"), got[:200]
+        assert b"too many API connections" in got
+        # the proxy's loop is not held up by the flood: its admin endpoint answers
+        with urllib.request.urlopen("http://%s/metrics" % proxy.ready["admin"],
+                                    timeout=10) as resp:
+            assert resp.status == 200 and b"frametap_" in resp.read()
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            status, body, _ = http("GET", api + "/version")
+            break
+        except (OSError, urllib.error.URLError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    assert status == 200 and body["version"]
