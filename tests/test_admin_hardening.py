@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from loadgen.flymq.client import FlyMQClient
-from tests.conftest import free_port
-from tests.prom_support import stop, wait_port
+from tests._support import server_process
+from tests.prom_support import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -169,12 +169,10 @@ class ProxyProcess:
         self.env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.server = self.proxy = None
         self.log_path = tmp_path / "proxy.log"
-        up = free_port()
-        self.server = subprocess.Popen([PY, "-m", "proxy", "serve", "flymq", "--listen",
-                                        f"127.0.0.1:{up}"], cwd=ROOT, env=self.env,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_port(up, self.server, "flymq server")
+            # the reference server on port 0: its ready file says which port it got
+            self.server = server_process(tmp_path / "server", "flymq")
+            up = self.server.port
             self.proxy = subprocess.Popen(
                 [PY, "-c", PROXY_SCRIPT,
                  json.dumps({"upstream": up, "tables": tables, "methods": methods})],
@@ -201,7 +199,8 @@ class ProxyProcess:
 
     def close(self):
         stop(self.proxy)
-        stop(self.server)
+        if self.server is not None:
+            self.server.stop()
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ from loadgen.rabbitmq_stream.server import StreamBrokerThread
 from loadgen.rocketmq.server import RocketMQServerThread
 from proxy import _framing, protocols
 from proxy.framelog import SCHEMA
-from tests.conftest import free_port, locust_processes_args
+from tests._support import start_locust_master, start_locust_worker
+from tests.conftest import locust_processes_args
 
 pytestmark = pytest.mark.slow
 
@@ -397,34 +398,31 @@ def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
 
 def test_distributed_workers_write_master_writes_nothing(tmp_path):
     """A master and two workers: worker 1 has its own --frametap-framelog and run id
-    (they win), worker 2 has none and takes the master's (sent with the spawn message)."""
+    (they win), worker 2 has none and takes the master's (sent with the spawn message).
+    The master binds port 0 and tells its workers the port through its ready file."""
     master_dir, own_dir = tmp_path / "master-dir", tmp_path / "worker1-dir"
-    port = free_port()
     with FlyMQServerThread() as srv:
-        env = locust_env("flymq")
-        master = subprocess.Popen(
-            locust_cmd(f"127.0.0.1:{srv.port}", [
-                "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
-                "--expect-workers", "2", "--frametap-framelog", str(master_dir),
-                "--frametap-run-id", "master-run"], users=4, duration="4s"),
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        worker_cmd = [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--worker",
-                      "--master-host", "127.0.0.1", "--master-port", str(port),
-                      "--loglevel", "WARNING", "--skip-log"]
-        w1 = subprocess.Popen(worker_cmd + ["--frametap-framelog", str(own_dir)], cwd=ROOT,
-                              env=locust_env("flymq", {"FRAMETAP_RUN_ID": "worker1-run"}),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        w2 = subprocess.Popen(worker_cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-        out, err = master.communicate(timeout=120)
-        for w in (w1, w2):
-            try:
-                w.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                raise
-    assert master.returncode == 0, err[-3000:]
-    assert w1.returncode == 0 and w2.returncode == 0
+        master = start_locust_master(
+            tmp_path, "flymq", f"127.0.0.1:{srv.port}", expect_workers=2, users=4,
+            duration="4s", args=["--frametap-framelog", str(master_dir),
+                                 "--frametap-run-id", "master-run"])
+        w1 = start_locust_worker(master, "flymq", env={"FRAMETAP_RUN_ID": "worker1-run"},
+                                 log=tmp_path / "w1.log",
+                                 args=["--frametap-framelog", str(own_dir)])
+        w2 = start_locust_worker(master, "flymq", log=tmp_path / "w2.log")
+        try:
+            out, err = master.communicate(timeout=120)
+            for w in (w1, w2):
+                w.wait(timeout=30)
+        finally:
+            for w in (w1, w2):
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
+            master.stop()
+    assert master.proc.returncode == 0, err[-3000:]
+    assert w1.returncode == 0 and w2.returncode == 0, (
+        (tmp_path / "w1.log").read_text()[-2000:] + (tmp_path / "w2.log").read_text()[-2000:])
     assert set(file_pids(own_dir)) == {w1.pid}
     assert set(file_pids(master_dir)) == {w2.pid}      # the master itself wrote nothing
     own, given = read_rows(own_dir), read_rows(master_dir)

@@ -9,13 +9,8 @@ response row for the same request on (peer, correlation_id), whose
 latency can never exceed what the client measured around it.
 """
 
-import os
 import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 
 import pytest
@@ -23,19 +18,16 @@ import pytest
 from loadgen.flymq.server import FlyMQServerThread
 from loadgen.rabbitmq_stream.server import StreamBrokerThread
 from loadgen.rocketmq.server import RocketMQServerThread
-from tests.test_clientlog_locust import (ROOT, check_rows, locust_stats, read_rows,
-                                         request_count, run_locust)
+from tests._support import (PortCollision, collided, free_port, host_port, proxy_process,
+                            retry_on_collision)
+from tests.test_clientlog_locust import (check_rows, locust_stats, read_rows, request_count,
+                                         run_locust)
 
 pytestmark = pytest.mark.slow
 
-FRAMETAP = [sys.executable, "-m", "proxy"]
-
-
-def free_port(host="127.0.0.1"):
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def _ipv6_free():
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
 
 
 def toml_address(host, port):
@@ -43,63 +35,72 @@ def toml_address(host, port):
 
 
 class Proxy:
-    """``frametap proxy -c FILE`` in a subprocess. ``routes``: (name, protocol, upstream
-    (host, port), options) where options is TOML text, or a function of this Proxy (its
-    ``address(name)`` of every route is known by then) returning it."""
+    """``frametap proxy -c FILE --ready-file`` in a subprocess. ``routes``: (name,
+    protocol, upstream (host, port), options) where options is TOML text, or a function of
+    this Proxy (its ``address(name)`` of every route is known by then) returning it.
+
+    Routes listen on port 0 and the addresses come from the ready file, unless an
+    option names a route's address before the start (RocketMQ's advertise): then the
+    ports are picked first, and a start that lost one to another process is retried on
+    fresh ones (tests/_support/ports.py)."""
 
     def __init__(self, tmp_path, routes, run_id, listen_host="127.0.0.1"):
+        self.tmp = tmp_path
         self.log = tmp_path / "proxy-log"
-        self.admin = free_port()
-        self.listen = {name: (listen_host, free_port(listen_host)) for name, *_ in routes}
-        lines = [f'[admin]\nlisten = "127.0.0.1:{self.admin}"\n',
-                 f'[framelog]\ndir = "{self.log}"\nrun_id = "{run_id}"\n'
+        self.routes = routes
+        self.run_id = run_id
+        self.host = listen_host
+        self.prepicked = any(callable(o) for *_, o in routes)
+        self.listen = {}
+        self.proc = None
+
+    def _config(self):
+        lines = ['[admin]\nlisten = "127.0.0.1:0"\n',
+                 f'[framelog]\ndir = "{self.log}"\nrun_id = "{self.run_id}"\n'
                  f"rotate_seconds = 3600\n"]
-        for name, protocol, upstream, options in routes:
+        for name, protocol, upstream, options in self.routes:
             if callable(options):
                 options = options(self)
             lines.append(f'[[routes]]\nname = "{name}"\nprotocol = "{protocol}"\n'
                          f"listen = {toml_address(*self.listen[name])}\n"
                          f'upstream = "{upstream[0]}:{upstream[1]}"\n{options}\n')
-        self.config = tmp_path / "frametap.toml"
-        self.config.write_text("\n".join(lines))
-        self.proc = None
+        return "\n".join(lines)
 
     def address(self, name):
         host, port = self.listen[name]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+    def _start(self, port):
+        self.listen = {name: (self.host, port if i == 0 else free_port(self.host))
+                       for i, (name, *_) in enumerate(self.routes)}
+        try:
+            self.proc = proxy_process(self.tmp, config=self._config(), log_level="warning")
+        except AssertionError as exc:          # exited before it was ready
+            if collided(str(exc)):
+                raise PortCollision(str(exc)) from None
+            raise
+        return self
+
     def __enter__(self):
-        env = dict(os.environ, PYTHONPATH=ROOT)
-        self.proc = subprocess.Popen(FRAMETAP + ["proxy", "-c", str(self.config),
-                                                 "--log-level", "warning"],
-                                     cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/readyz",
-                                            timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                out, err = self.proc.communicate(timeout=5)
-                raise RuntimeError(f"proxy did not start: {err[-2000:]}")
-            time.sleep(0.1)
+        if self.prepicked:
+            return retry_on_collision(self._start)
+        self.listen = {name: (self.host, 0) for name, *_ in self.routes}
+        self.proc = proxy_process(self.tmp, config=self._config(), log_level="warning")
+        self.listen = {name: host_port(self.proc.address(name)) for name, *_ in self.routes}
+        return self
 
     def stop(self):
         """SIGTERM: the proxy drains, then writes and closes its frame log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=60)
-        assert self.proc.returncode == 0, err[-3000:]
+        rc = self.proc.wait(timeout=60)
+        assert rc == 0, self.proc.log_text()[-3000:]
         return read_rows(self.log)
 
     def __exit__(self, *exc):
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+            self.proc.wait(timeout=10)
 
 
 def join_responses(client_rows, proxy_rows):
@@ -202,7 +203,7 @@ def test_rocketmq_client_rows_join_the_proxys_responses_on_both_routes(tmp_path)
 
 def _ipv6_loopback():
     try:
-        free_port("::1")
+        _ipv6_free()
         return True
     except OSError:
         return False

@@ -19,7 +19,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import free_port
+from tests._support import server_process
 
 pytestmark = pytest.mark.slow
 
@@ -28,28 +28,10 @@ BUFFER_LIMIT = 65536          # ClientLog's RowBuffer limit per process
 
 
 @pytest.fixture
-def flymq_server():
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "flymq", "--listen",
-                             f"127.0.0.1:{port}", "--retention-messages", "1000"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    import socket
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.1)
-    yield f"127.0.0.1:{port}"
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def flymq_server(tmp_path):
+    """The reference FlyMQ server in a process of its own, on port 0 (its ready file)."""
+    with server_process(tmp_path / "server", "flymq", "--retention-messages", "1000") as srv:
+        yield srv.address
 
 
 def locust(host, framelog, duration, fmt="parquet", users=16, stop_after=0):

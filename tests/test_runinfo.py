@@ -4,16 +4,11 @@ the Locust plugin and the demo, and read by ``frametap analyze`` for its headlin
 import glob
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 
 from loadgen.analysis.runs import Runs
 from proxy.runinfo import RunInfo, is_run_file
-from tests.conftest import free_port
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._support import proxy_process
 
 
 def test_written_atomically_then_finished(tmp_path):
@@ -40,13 +35,12 @@ def test_a_run_file_that_cannot_be_written_is_not_fatal(tmp_path, caplog):
 
 
 def test_the_proxy_writes_its_routes_and_when_it_stopped(tmp_path):
-    port = free_port()
     logs = tmp_path / "logs"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "proxy", "--protocol", "flymq", "--listen",
-         f"127.0.0.1:{port}", "--upstream", "127.0.0.1:1", "--framelog", str(logs),
-         "--run-id", "r9", "--request-timeout", "7", "--log-level", "warning"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    proc = proxy_process(tmp_path, ["--protocol", "flymq", "--listen", "127.0.0.1:0",
+                                    "--upstream", "127.0.0.1:1", "--framelog", str(logs),
+                                    "--run-id", "r9", "--request-timeout", "7"],
+                         log_level="warning")
+    port = proc.port()                     # the one port 0 became (its ready file)
     try:
         deadline = time.monotonic() + 30
         files = []
@@ -57,9 +51,8 @@ def test_the_proxy_writes_its_routes_and_when_it_stopped(tmp_path):
         started = json.loads(open(files[0]).read())
         assert started["ended"] is None
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
+        status = proc.stop(timeout=30)
+    assert status == 0, proc.log_text()[-3000:]
     data = json.loads(open(files[0]).read())
     assert data["source"] == "proxy" and data["run_id"] == "r9" and data["ended"]
     assert data["proxy"]["routes"] == [{
