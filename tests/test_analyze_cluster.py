@@ -21,7 +21,6 @@ import urllib.request
 
 import pytest
 
-from tests._support import free_port
 from tests.test_analyze import known_rows, need, require_java, write_known
 
 pytestmark = pytest.mark.slow
@@ -117,6 +116,34 @@ MASTER_URL_RE = re.compile(r"Starting Spark master at (spark://\S+)")
 MASTER_UI_RE = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
 
 
+def start_master(work, timeout=90):
+    """A standalone master on port 0 (RPC and web UI; the REST server off): (Daemon,
+    its ``spark://`` URL, its web UI port), read from what it logs once bound."""
+    env = spark_env()
+    env["SPARK_MASTER_OPTS"] = (env.get("SPARK_MASTER_OPTS", "") +
+                                " -Dspark.master.rest.enabled=false").strip()
+    master = Daemon(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", "0", "--webui-port", "0"], work / "master.log", env)
+    master.env = env
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = (work / "master.log").read_text(errors="replace")
+            url, ui = MASTER_URL_RE.search(text), MASTER_UI_RE.search(text)
+            if url and ui:
+                return master, url.group(1), int(ui.group(1))
+            if master.proc.poll() is not None:
+                need(f"spark master exited ({master.proc.returncode}): "
+                     f"see {work / 'master.log'}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"spark master did not report its ports in "
+                                     f"{timeout} s (see {work / 'master.log'})")
+            time.sleep(0.2)
+    except BaseException:
+        master.stop()
+        raise
+
+
 class Cluster:
     """A standalone master and one worker, started; ``wait()`` returns the master URL
     once the worker has registered (the worker boots while the local run works).
@@ -126,28 +153,11 @@ class Cluster:
     submission server (a fixed 6066) is off."""
 
     def __init__(self, work, timeout=90):
-        env = spark_env()
-        env["SPARK_MASTER_OPTS"] = (env.get("SPARK_MASTER_OPTS", "") +
-                                    " -Dspark.master.rest.enabled=false").strip()
         self.work = work
         self.worker = None
-        self.master = Daemon(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                              "--port", "0", "--webui-port", "0"], work / "master.log", env)
+        self.master, self.url, self.ui = start_master(work, timeout)
+        env = self.master.env
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                text = (work / "master.log").read_text(errors="replace")
-                url, ui = MASTER_URL_RE.search(text), MASTER_UI_RE.search(text)
-                if url and ui:
-                    break
-                if self.master.proc.poll() is not None:
-                    need(f"spark master exited ({self.master.proc.returncode}): "
-                         f"see {work / 'master.log'}")
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"spark master did not report its ports in "
-                                         f"{timeout} s (see {work / 'master.log'})")
-                time.sleep(0.2)
-            self.url, self.ui = url.group(1), int(ui.group(1))
             self.worker = Daemon(["org.apache.spark.deploy.worker.Worker", self.url,
                                   "--host", "127.0.0.1", "-c", "1", "-m", "1g",
                                   "--webui-port", "0",
@@ -218,10 +228,7 @@ def test_a_master_without_workers_is_one_line(logs, tmp_path):
     executor: every job would wait for ever ("Initial job has not accepted any
     resources"); the command gives up after --connect-timeout, in one line."""
     require_java()
-    port, ui = free_port(), free_port()
-    master = Daemon(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                     "--port", str(port), "--webui-port", str(ui)], tmp_path / "master.log",
-                    spark_env())
+    master, url, ui = start_master(tmp_path)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -235,15 +242,15 @@ def test_a_master_without_workers_is_one_line(logs, tmp_path):
                 need(f"spark master exited ({master.proc.returncode})")
             time.sleep(0.5)
         started = time.monotonic()
-        r = run_analyze([logs, "--out", str(tmp_path / "out"), "--master",
-                         f"spark://127.0.0.1:{port}", "--connect-timeout", "20", "--quiet"],
+        r = run_analyze([logs, "--out", str(tmp_path / "out"), "--master", url,
+                         "--connect-timeout", "20", "--quiet"],
                         spark_env(), timeout=180)
         took = time.monotonic() - started
     finally:
         master.stop()
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.splitlines()
-    assert lines == [f"frametap: error: --master spark://127.0.0.1:{port}: no worker gave this "
+    assert lines == [f"frametap: error: --master {url}: no worker gave this "
                      "application an executor within 20 s (--connect-timeout); do the master's "
                      "workers have free cores and memory? (its web UI, http://127.0.0.1:8080 "
                      "by default, lists them)"], r.stderr
