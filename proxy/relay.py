@@ -100,6 +100,8 @@ FULL_READ = 256000
 # big frames (16 KiB, 1 MiB) costs what the pass-through pays and never yields, while 32
 # reads of 64 frames in a row stay under a millisecond of parsing
 YIELD_FRAMES = 64
+#: how often a half-closed client's TLS upstream checks for its last answers
+EOF_POLL = 0.01
 SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
 
 
@@ -447,7 +449,7 @@ class ClientSide(asyncio.Protocol):
             if self.closed:                # a fault rule closed it
                 return
         if self.client_eof:
-            _pass_eof(upstream.transport)
+            self._pass_client_eof()
         elif not self.paused_by_peer:
             self.transport.resume_reading()
 
@@ -533,11 +535,31 @@ class ClientSide(asyncio.Protocol):
         if self.upstream is None:
             return _can_half_close(self.transport)  # _connect() passes the EOF on
         if not self.upstream.transport.is_closing():
-            _pass_eof(self.upstream.transport)
+            self._pass_client_eof()
         if self.upstream_eof:
             self._finish(abort=False, by="client", reason="eof")
             return False
         return _can_half_close(self.transport)  # keep our write side open for the responses
+
+    def _pass_client_eof(self):
+        """The client's FIN, passed upstream.  A TLS upstream cannot half-close (uvloop's
+        SSL transport has no write_eof), and closing it at once would lose the answers
+        to the requests already sent: it is closed once they are answered, or after the
+        route's request_timeout."""
+        transport = self.upstream.transport
+        if transport.can_write_eof() or not self.parser.pending:
+            _pass_eof(transport)
+            return
+        self.eof_deadline = time.monotonic() + self.route.cfg.request_timeout
+        self.route.loop.call_later(EOF_POLL, self._deferred_eof)
+
+    def _deferred_eof(self):
+        if self.closed or self.upstream is None or self.upstream.transport.is_closing():
+            return
+        if self.parser.pending and time.monotonic() < self.eof_deadline:
+            self.route.loop.call_later(EOF_POLL, self._deferred_eof)
+            return
+        _pass_eof(self.upstream.transport)
 
     def connection_lost(self, exc):
         if self.closed:

@@ -231,6 +231,42 @@ def test_both_counts_and_frame_log_attrs(certs, tmp_path, client_tls, caplog):
     assert "CLIENT_HANDSHAKE_TRAFFIC_SECRET" in text     # both sides' sessions
 
 
+def test_half_close_waits_for_the_answers_on_a_tls_upstream(certs):
+    """A plain client writes its requests, then its FIN (shutdown SHUT_WR), then reads.
+    A TLS upstream cannot half-close, so the proxy closes it once the requests already
+    sent are answered: every answer reaches the client, then the EOF."""
+    from proxy.protocols.flymq.codec import ProduceRequest, decode_frame
+    n = 50
+    with fly_server(certs.cert, certs.key) as srv:
+        proxy = Proxy([fly_route("fly", srv.address, {"mode": "originate",
+                                                      "upstream": {"ca": certs.ca}})])
+        try:
+            with FlyMQClient("127.0.0.1", proxy.port(), timeout=10) as c:
+                c.create_topic("half", 1)
+            with socket.create_connection(("127.0.0.1", proxy.port()), timeout=10) as s:
+                s.sendall(b"".join(ProduceRequest("half", b"v%d" % i).to_frame()
+                                   for i in range(n)))
+                s.shutdown(socket.SHUT_WR)
+                got = b""
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    got += chunk
+            answers = 0
+            buf = memoryview(got)
+            while buf:
+                frame = decode_frame(buf)
+                assert frame is not None, "a truncated answer"
+                answers += 1
+                buf = buf[frame.size:]
+            assert answers == n
+            assert proxy.value("frametap_responses_total", route="fly", protocol="flymq",
+                               opcode="PRODUCE", status="OK") == n
+        finally:
+            proxy.close()
+
+
 # ---- handshake failures: counted by outcome, other connections unaffected -------------------
 
 def test_handshake_failures_counted(certs, client_tls):
