@@ -51,9 +51,11 @@ CONTRACT = {
     # docs/design.md's own: requests whose connection closed before their answer (kept
     # apart from frametap_request_timeouts_total, which counts only real timeouts)
     "frametap_request_cutoffs_total",
+    # the shared design's "Transports" section
+    "frametap_tls_handshakes_total", "frametap_tls_handshake_duration_seconds",
 }
 CONTRACT_LABELS = {"route", "protocol", "direction", "opcode", "outcome", "status", "reason",
-                   "le", "job", "instance", "fault", "action"}
+                   "le", "job", "instance", "fault", "action", "side"}
 
 # Grafana variables -> what they expand to for a single route/protocol.
 VARIABLES = {
@@ -194,7 +196,8 @@ def test_dashboard_uses_only_exposed_contract_metrics(proxy_stack):
                           if n not in CONTRACT and not any(f in CONTRACT for f in family_of(n)))
     assert not off_contract, f"dashboard metrics outside docs/design.md's contract: {off_contract}"
     for n in names:
-        if n.startswith(("frametap_request_duration_seconds", "frametap_upstream_connect_duration")):
+        if n.startswith(("frametap_request_duration_seconds", "frametap_upstream_connect_duration",
+                         "frametap_tls_handshake_duration")):
             assert n.endswith(("_bucket", "_count", "_sum")), f"histogram used bare: {n}"
 
 
