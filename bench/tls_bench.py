@@ -19,8 +19,9 @@ relayed request (median window, less an empty window), every thread of the proce
 OpenSSL included. frametap/bare instructions per request is the cost ratio; its inverse
 is the throughput ratio a CPU-bound relay would reach.
 
-``--method timed``: every relay started once; rounds of ``--seconds`` each, relays
-interleaved in rotated order, ``--rounds`` times; per size requests/s of the lockstep
+``--method timed``: every relay started once, pinned to cpu 0 (the client, the TLS
+terminator and the backend on cpu 1, as bench/run_bench.py pins); rounds of ``--seconds``
+each, relays interleaved in rotated order, ``--rounds`` times; per size requests/s of the lockstep
 client (one connection) and the p50 of its batch round trips; medians and the spread
 (min-max) over the rounds. Indicative only on a busy machine; the client is Python, so its
 own cost is in every figure and the ratios come out closer to 1 than the relays' own.
@@ -142,13 +143,25 @@ def measure_callgrind(which, shapes, tls_port, fly_port, certs, ctx, work):
     return out
 
 
+def pin(cpu):
+    """argv -> argv pinned to ``cpu`` (taskset), or unchanged without taskset."""
+    if shutil.which("taskset") is None:
+        return None
+    return lambda argv: ["taskset", "-c", str(cpu), *argv]
+
+
 def measure_timed(shapes, tls_port, fly_port, certs, ctx, work, rounds, seconds):
+    # the relays measured on cpu 0 (one at a time carries load), this client, the TLS
+    # terminator and the backend on cpu 1: what run_bench does, so a relay is not moved
+    # between cores or made to share one with its own client mid-run
     procs, ports = {}, {}
+    if shutil.which("taskset") is not None and (os.cpu_count() or 1) >= 2:
+        os.sched_setaffinity(0, {1})
     try:
         for which in RELAYS:
             ports[which] = free_port()
             procs[which] = start(relay_argv(which, ports[which], tls_port, fly_port, certs,
-                                            work), ports[which], work, which)
+                                            work), ports[which], work, which, pin(0))
         for which in RELAYS:
             wait_listening(ports[which], procs[which], 30, which)
         res = {s.name: {w: {"rps": [], "p50_ms": []} for w in RELAYS} for s in shapes}
@@ -229,13 +242,15 @@ def main(argv=None):
             ctx = ssl.create_default_context(cafile=certs["ca"])
             flyload = guard.build_flyload(work)
             fly_port, tls_port = free_port(), free_port()
-            backend = subprocess.Popen([str(flyload), "server", "--host", "127.0.0.1",
-                                        "--port", str(fly_port)], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+            side = pin(1) if args.method == "timed" else None
+            backend_argv = [str(flyload), "server", "--host", "127.0.0.1", "--port",
+                            str(fly_port)]
+            backend = subprocess.Popen(side(backend_argv) if side else backend_argv,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             term = start([sys.executable, str(BENCH_DIR / "tls_relay.py"), "--listen",
                           f"127.0.0.1:{tls_port}", "--upstream", f"127.0.0.1:{fly_port}",
                           "--cert", certs["cert"], "--key", certs["key"]], tls_port, work,
-                         "terminator")
+                         "terminator", side)
             try:
                 wait_listening(fly_port, backend, 10, "flyload server")
                 wait_listening(tls_port, term, 30, "TLS terminator")
