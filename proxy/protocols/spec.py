@@ -71,6 +71,10 @@ class ProtocolSpec:
     users: str | None = None          # module of the Locust users, in loadgen/
     user_classes: tuple = ()          # the concrete Locust users it offers
     demo: DemoSpec | None = None      # None: `frametap demo` leaves this protocol out
+    #: True: the protocol rewrites addresses its servers advertise (proxy.protocols.advertise):
+    #: the ``advertise`` route option, and parsers with ``local_address`` and
+    #: ``upstream_address``, which the relay sets on every connection.
+    advertise: bool = False
 
     def __post_init__(self):
         if self.codec is None:
