@@ -15,6 +15,11 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+#: The modules every protocol folder has, under these names (docs/adding-a-protocol.md,
+#: "Files"); a folder may add its own beside them (rocketmq's jsonscan.py, options.py).
+KIT_MODULES = ("__init__.py", "_parser.pyx", "parser_py.py", "constants.py", "codec.py",
+               "conformance.py", "samples.py", "faults.py")
+
 @dataclass(frozen=True, eq=False)
 class DemoRoute:
     """One proxy route of the demo, in front of one listener of the reference server.
@@ -93,6 +98,11 @@ class ProtocolSpec:
     def twin(self):
         """Module path of the pure-Python parser twin."""
         return self.package + ".parser_py"
+
+    @property
+    def constants(self):
+        """Module path of the protocol's constants (wire numbers, names, MAX_FRAME_BYTES)."""
+        return self.package + ".constants"
 
     def load_parser(self, pure_python=None):
         """The parser class: compiled, or the twin when ``pure_python`` (default:
