@@ -414,3 +414,33 @@ def test_skip_some():
     assert skip_some(3, 8) == (3, 0)
     assert skip_some(0, 8) == (0, 0)
     assert skip_some(5, 0) == (0, 5)
+
+
+# --- the shared files a new protocol still edits (docs/adding-a-protocol.md) -----------
+
+#: The guide's table, in its order: per-protocol lists and text kept on purpose, then the
+#: two files a protocol touches only for a new dependency.
+NEW_PROTOCOL_EDITS = ["proxy/protocols/__init__.py", "README.md", "bench/fuzz_twins.py",
+                      "tests/test_fault_replies.py", "tests/test_fault_config.py",
+                      "docs/design.md", "docs/adding-a-protocol.md",
+                      "tests/test_fault_replies_real.py", "pyproject.toml", ".ci/run"]
+
+
+def _guide_edits():
+    text = (ROOT / "docs" / "adding-a-protocol.md").read_text()
+    start = text.index("## Shared files a new protocol touches")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end > 0 else len(text)]
+    return [f for cell in re.findall(r"^\| (.+?) \|", section, re.M)
+            for f in re.findall(r"`([^`]+)`", cell)]
+
+
+def test_the_guide_lists_the_shared_files_a_new_protocol_edits():
+    assert _guide_edits() == NEW_PROTOCOL_EDITS
+    # the files that find a protocol by themselves, but for the product's list (KNOWN)
+    assert set(NEW_PROTOCOL_EDITS) & set(SHARED) == {"proxy/protocols/__init__.py"}
+    for rel in NEW_PROTOCOL_EDITS[:-2]:                   # each keeps a per-protocol list
+        text = (ROOT / rel).read_text().lower()
+        for spec in protocols.specs():
+            pkg = spec.package.rpartition(".")[2]
+            assert spec.name in text or pkg in text, (rel, spec.name)
