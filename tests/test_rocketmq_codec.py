@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.protocols.rocketmq import constants
+from proxy.protocols.rocketmq import constants as codes
 from proxy.protocols.rocketmq.codec import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
@@ -39,7 +39,7 @@ from proxy.protocols.rocketmq.codec import (
     send_header_to_v2,
 )
 
-JSON, BIN = constants.SERIALIZE_JSON, constants.SERIALIZE_ROCKETMQ
+JSON, BIN = codes.SERIALIZE_JSON, codes.SERIALIZE_ROCKETMQ
 
 
 def _frame(header: bytes, body: bytes = b"", stype: int = JSON) -> bytes:
@@ -50,29 +50,29 @@ def _frame(header: bytes, body: bytes = b"", stype: int = JSON) -> bytes:
 # --------------------------------------------------------------------------- code tables
 
 def test_codes_match_apache():
-    assert constants.SEND_MESSAGE == 10 and constants.PULL_MESSAGE == 11
-    assert constants.QUERY_CONSUMER_OFFSET == 14 and constants.UPDATE_CONSUMER_OFFSET == 15
-    assert constants.GET_MAX_OFFSET == 30 and constants.GET_MIN_OFFSET == 31
-    assert constants.HEART_BEAT == 34 and constants.UNREGISTER_CLIENT == 35
-    assert constants.GET_CONSUMER_LIST_BY_GROUP == 38 and constants.CHECK_TRANSACTION_STATE == 39
-    assert constants.NOTIFY_CONSUMER_IDS_CHANGED == 40 and constants.GET_ROUTEINFO_BY_TOPIC == 105
-    assert constants.SEND_MESSAGE_V2 == 310 and constants.SEND_BATCH_MESSAGE == 320
+    assert codes.SEND_MESSAGE == 10 and codes.PULL_MESSAGE == 11
+    assert codes.QUERY_CONSUMER_OFFSET == 14 and codes.UPDATE_CONSUMER_OFFSET == 15
+    assert codes.GET_MAX_OFFSET == 30 and codes.GET_MIN_OFFSET == 31
+    assert codes.HEART_BEAT == 34 and codes.UNREGISTER_CLIENT == 35
+    assert codes.GET_CONSUMER_LIST_BY_GROUP == 38 and codes.CHECK_TRANSACTION_STATE == 39
+    assert codes.NOTIFY_CONSUMER_IDS_CHANGED == 40 and codes.GET_ROUTEINFO_BY_TOPIC == 105
+    assert codes.SEND_MESSAGE_V2 == 310 and codes.SEND_BATCH_MESSAGE == 320
     for name in ("SEND_MESSAGE", "PULL_MESSAGE", "GET_ROUTEINFO_BY_TOPIC", "SEND_BATCH_MESSAGE",
                  "HEART_BEAT", "CHECK_TRANSACTION_STATE"):
-        assert constants.REQUEST_CODES[getattr(constants, name)] == name
-    assert constants.request_name(3442) == "POP_MESSAGE"
-    assert constants.request_name(200050) == "POP_MESSAGE"  # pre-#8871 JSON clients
-    assert constants.request_name(9999) == "unknown_9999"
-    assert constants.response_name(0) == "SUCCESS"
-    assert constants.response_name(3) == "REQUEST_CODE_NOT_SUPPORTED"
-    assert constants.response_name(17) == "TOPIC_NOT_EXIST"
-    assert constants.response_name(19) == "PULL_NOT_FOUND"
-    assert constants.response_name(22) == "QUERY_NOT_FOUND"
-    assert constants.response_name(-1006) == "RPC_TIME_OUT"
-    assert constants.response_name(77) == "unknown_77"
-    assert constants.LANGUAGE_CODES[3] == "PYTHON" and constants.language_code("GO") == 9
-    assert (constants.FLAG_RESPONSE, constants.FLAG_ONEWAY) == (1, 2)
-    assert all(-0x8000 <= c <= 0x7FFF for c in constants.REQUEST_CODES)  # fit the binary header
+        assert codes.REQUEST_CODES[getattr(codes, name)] == name
+    assert codes.request_name(3442) == "POP_MESSAGE"
+    assert codes.request_name(200050) == "POP_MESSAGE"  # pre-#8871 JSON clients
+    assert codes.request_name(9999) == "unknown_9999"
+    assert codes.response_name(0) == "SUCCESS"
+    assert codes.response_name(3) == "REQUEST_CODE_NOT_SUPPORTED"
+    assert codes.response_name(17) == "TOPIC_NOT_EXIST"
+    assert codes.response_name(19) == "PULL_NOT_FOUND"
+    assert codes.response_name(22) == "QUERY_NOT_FOUND"
+    assert codes.response_name(-1006) == "RPC_TIME_OUT"
+    assert codes.response_name(77) == "unknown_77"
+    assert codes.LANGUAGE_CODES[3] == "PYTHON" and codes.language_code("GO") == 9
+    assert (codes.FLAG_RESPONSE, codes.FLAG_ONEWAY) == (1, 2)
+    assert all(-0x8000 <= c <= 0x7FFF for c in codes.REQUEST_CODES)  # fit the binary header
 
 
 # --------------------------------------------------------------------------- headers
@@ -271,8 +271,8 @@ def test_stored_messages_round_trip_v6_and_long_topic():
     assert [(m.topic, m.body, m.queue_offset, m.born_host, m.store_host, m.properties)
             for m in got] == [(m.topic, m.body, m.queue_offset, m.born_host, m.store_host,
                                m.properties) for m in msgs]
-    assert got[3].sys_flag & constants.MSG_FLAG_BORNHOST_V6
-    assert got[3].sys_flag & constants.MSG_FLAG_STOREHOST_V6
+    assert got[3].sys_flag & codes.MSG_FLAG_BORNHOST_V6
+    assert got[3].sys_flag & codes.MSG_FLAG_STOREHOST_V6
     assert struct.unpack_from(">I", encode_stored_message(msgs[4]), 4)[0] == \
         MESSAGE_MAGIC_CODE_V2
 
@@ -335,7 +335,7 @@ _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
 _commands = st.builds(
     RemotingCommand,
     code=st.integers(-0x8000, 0x7FFF),
-    language=st.sampled_from(sorted(constants.LANGUAGE_BY_NAME)),
+    language=st.sampled_from(sorted(codes.LANGUAGE_BY_NAME)),
     version=st.integers(-0x8000, 0x7FFF),
     opaque=st.integers(-2**31, 2**31 - 1),
     flag=st.integers(-2**31, 2**31 - 1),

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from loadgen.rocketmq.server import RocketMQServerThread, main
-from proxy.protocols.rocketmq import constants
+from proxy.protocols.rocketmq import constants as codes
 from tests._support.processes import server_process
 from proxy.protocols.rocketmq.codec import (
     Message,
@@ -23,7 +23,7 @@ from proxy.protocols.rocketmq.codec import (
     loads_java_json,
 )
 
-JSON, BIN = constants.SERIALIZE_JSON, constants.SERIALIZE_ROCKETMQ
+JSON, BIN = codes.SERIALIZE_JSON, codes.SERIALIZE_ROCKETMQ
 
 
 class RawClient:
@@ -44,7 +44,7 @@ class RawClient:
     def send(self, code, ext=None, body=b"", oneway=False) -> int:
         opaque = next(self._opaques)
         cmd = RemotingCommand(code=code, language="PYTHON", opaque=opaque,
-                              flag=constants.FLAG_ONEWAY if oneway else 0,
+                              flag=codes.FLAG_ONEWAY if oneway else 0,
                               ext_fields={k: str(v) for k, v in (ext or {}).items()},
                               body=body, serialize_type=self.serialize_type)
         self.sock.sendall(encode(cmd))
@@ -110,11 +110,11 @@ def send_v2(client, topic, body, queue_id=0, props=None):
     ext = {"a": "pg", "b": topic, "c": "TBW102", "d": 4, "e": queue_id, "f": 0,
            "g": int(time.time() * 1000), "h": 0,
            "i": encode_properties(props or {"UNIQ_KEY": f"U{body!r}"}), "j": 0, "k": "false"}
-    return client.request(constants.SEND_MESSAGE_V2, ext, body)
+    return client.request(codes.SEND_MESSAGE_V2, ext, body)
 
 
 def pull(client, topic, queue_id, offset, max_nums=32, group="cg", sys_flag=0, suspend=0):
-    return client.request(constants.PULL_MESSAGE, {
+    return client.request(codes.PULL_MESSAGE, {
         "consumerGroup": group, "topic": topic, "queueId": queue_id, "queueOffset": offset,
         "maxMsgNums": max_nums, "sysFlag": sys_flag, "commitOffset": 0,
         "suspendTimeoutMillis": suspend, "subscription": "*", "subVersion": 0,
@@ -125,8 +125,8 @@ def pull(client, topic, queue_id, offset, max_nums=32, group="cg", sys_flag=0, s
 
 def test_route_names_advertised_broker_and_queues(namesrv):
     topic = new_topic()
-    resp = namesrv.request(constants.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
-    assert resp.code == constants.SUCCESS and resp.flag == constants.FLAG_RESPONSE
+    resp = namesrv.request(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+    assert resp.code == codes.SUCCESS and resp.flag == codes.FLAG_RESPONSE
     assert b'"brokerAddrs":{0:"10.9.8.7:10911"}' in resp.body  # fastjson's bare key
     route = decode_topic_route(resp.body)
     assert route.broker_datas[0].broker_addrs == {0: "10.9.8.7:10911"}
@@ -137,12 +137,12 @@ def test_route_names_advertised_broker_and_queues(namesrv):
 
 
 def test_namesrv_cluster_info_and_unknown_code(namesrv):
-    resp = namesrv.request(constants.GET_BROKER_CLUSTER_INFO)
-    assert resp.code == constants.SUCCESS
+    resp = namesrv.request(codes.GET_BROKER_CLUSTER_INFO)
+    assert resp.code == codes.SUCCESS
     info = loads_java_json(resp.body)
     assert info["clusterAddrTable"] == {"DefaultCluster": ["broker-a"]}
     resp = namesrv.request(4321)
-    assert resp.code == constants.REQUEST_CODE_NOT_SUPPORTED == 3
+    assert resp.code == codes.REQUEST_CODE_NOT_SUPPORTED == 3
     assert "4321" in resp.remark
 
 
@@ -150,10 +150,10 @@ def test_route_without_auto_create():
     with RocketMQServerThread(auto_create_topics=False) as srv:
         c = RawClient(srv.namesrv_address)
         try:
-            resp = c.request(constants.GET_ROUTEINFO_BY_TOPIC, {"topic": "nope"})
-            assert resp.code == constants.TOPIC_NOT_EXIST
+            resp = c.request(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": "nope"})
+            assert resp.code == codes.TOPIC_NOT_EXIST
             b = RawClient(srv.broker_address)
-            assert send_v2(b, "nope", b"x").code == constants.TOPIC_NOT_EXIST
+            assert send_v2(b, "nope", b"x").code == codes.TOPIC_NOT_EXIST
             b.close()
         finally:
             c.close()
@@ -164,7 +164,7 @@ def test_route_without_auto_create():
 def test_send_v2_offsets_and_msg_ids(broker):
     topic = new_topic()
     results = [send_v2(broker, topic, f"m{i}".encode(), queue_id=1) for i in range(3)]
-    assert [r.code for r in results] == [constants.SUCCESS] * 3
+    assert [r.code for r in results] == [codes.SUCCESS] * 3
     assert [int(r.ext_fields["queueOffset"]) for r in results] == [0, 1, 2]
     assert all(r.ext_fields["queueId"] == "1" for r in results)
     ids = [r.ext_fields["msgId"] for r in results]
@@ -180,7 +180,7 @@ def test_pull_returns_exactly_the_stored_messages(broker):
     sent = [send_v2(broker, topic, f"body-{i}".encode(), queue_id=2,
                     props={"UNIQ_KEY": f"K{i}", "TAGS": "tg"}) for i in range(4)]
     resp = pull(broker, topic, 2, 0)
-    assert resp.code == constants.SUCCESS
+    assert resp.code == codes.SUCCESS
     msgs = decode_stored_messages(resp.body)
     assert [m.body for m in msgs] == [f"body-{i}".encode() for i in range(4)]
     assert [m.queue_offset for m in msgs] == [0, 1, 2, 3]
@@ -195,29 +195,29 @@ def test_pull_returns_exactly_the_stored_messages(broker):
     assert [m.queue_offset for m in decode_stored_messages(part.body)] == [1, 2]
     assert part.ext_fields["nextBeginOffset"] == "3"
     end = pull(broker, topic, 2, 4)
-    assert end.code == constants.PULL_NOT_FOUND and end.body == b""
+    assert end.code == codes.PULL_NOT_FOUND and end.body == b""
     assert end.ext_fields["nextBeginOffset"] == "4"
     moved = pull(broker, topic, 2, 99)
-    assert moved.code == constants.PULL_OFFSET_MOVED
+    assert moved.code == codes.PULL_OFFSET_MOVED
     assert moved.ext_fields["nextBeginOffset"] == "4"
     empty = pull(broker, topic, 3, 0)
-    assert empty.code == constants.PULL_NOT_FOUND
+    assert empty.code == codes.PULL_NOT_FOUND
 
 
 def test_pull_unknown_topic_and_bad_queue(broker):
-    assert pull(broker, new_topic("missing"), 0, 0).code == constants.TOPIC_NOT_EXIST
+    assert pull(broker, new_topic("missing"), 0, 0).code == codes.TOPIC_NOT_EXIST
     topic = new_topic()
     send_v2(broker, topic, b"x")
-    assert pull(broker, topic, 9, 0).code == constants.SYSTEM_ERROR
+    assert pull(broker, topic, 9, 0).code == codes.SYSTEM_ERROR
 
 
 def test_send_v1_header(broker):
     topic = new_topic()
-    resp = broker.request(constants.SEND_MESSAGE, {
+    resp = broker.request(codes.SEND_MESSAGE, {
         "producerGroup": "pg", "topic": topic, "defaultTopic": "TBW102",
         "defaultTopicQueueNums": 4, "queueId": 0, "sysFlag": 0, "bornTimestamp": 1, "flag": 3,
         "properties": encode_properties({"KEYS": "k"})}, b"v1")
-    assert resp.code == constants.SUCCESS and resp.ext_fields["queueOffset"] == "0"
+    assert resp.code == codes.SUCCESS and resp.ext_fields["queueOffset"] == "0"
     (msg,) = decode_stored_messages(pull(broker, topic, 0, 0).body)
     assert (msg.body, msg.flag, msg.born_timestamp, msg.properties) == (b"v1", 3, 1,
                                                                          {"KEYS": "k"})
@@ -226,10 +226,10 @@ def test_send_v1_header(broker):
 def test_batch_send_then_pull(broker):
     topic = new_topic()
     batch = [Message(f"b{i}".encode(), 0, {"UNIQ_KEY": f"B{i}"}) for i in range(5)]
-    resp = broker.request(constants.SEND_BATCH_MESSAGE, {
+    resp = broker.request(codes.SEND_BATCH_MESSAGE, {
         "a": "pg", "b": topic, "c": "TBW102", "d": 4, "e": 1, "f": 0, "g": 1, "h": 0,
         "m": "true"}, encode_message_batch(batch))
-    assert resp.code == constants.SUCCESS
+    assert resp.code == codes.SUCCESS
     assert resp.ext_fields["queueOffset"] == "0"
     assert len(resp.ext_fields["msgId"].split(",")) == 5
     got = decode_stored_messages(pull(broker, topic, 1, 0).body)
@@ -243,15 +243,15 @@ def test_long_poll_wakes_on_send(server, broker):
     send_v2(broker, topic, b"first", queue_id=0)
     other = RawClient(server.broker_address, broker.serialize_type)
     try:
-        opaque = other.send(constants.PULL_MESSAGE, {
+        opaque = other.send(codes.PULL_MESSAGE, {
             "consumerGroup": "cg", "topic": topic, "queueId": 0, "queueOffset": 1,
-            "maxMsgNums": 32, "sysFlag": constants.PULL_FLAG_SUSPEND, "commitOffset": 0,
+            "maxMsgNums": 32, "sysFlag": codes.PULL_FLAG_SUSPEND, "commitOffset": 0,
             "suspendTimeoutMillis": 5000, "subscription": "*", "subVersion": 0})
         time.sleep(0.1)
         started = time.monotonic()
         send_v2(broker, topic, b"second", queue_id=0)
         resp = other.read()
-        assert resp.opaque == opaque and resp.code == constants.SUCCESS
+        assert resp.opaque == opaque and resp.code == codes.SUCCESS
         assert time.monotonic() - started < 0.9  # answered before the 1 s hold cap
         assert [m.body for m in decode_stored_messages(resp.body)] == [b"second"]
     finally:
@@ -266,32 +266,32 @@ def test_consumer_offsets(broker):
     q = {"consumerGroup": group, "topic": topic, "queueId": 0}
     # a queue that never held a message: SUCCESS 0 (Apache's setZeroIfNotFound rule)
     send_v2(broker, topic, b"x", queue_id=1)
-    resp = broker.request(constants.QUERY_CONSUMER_OFFSET, q)
-    assert resp.code == constants.SUCCESS and resp.ext_fields["offset"] == "0"
+    resp = broker.request(codes.QUERY_CONSUMER_OFFSET, q)
+    assert resp.code == codes.SUCCESS and resp.ext_fields["offset"] == "0"
     # a queue with messages and nothing committed: QUERY_NOT_FOUND
     q1 = dict(q, queueId=1)
-    assert broker.request(constants.QUERY_CONSUMER_OFFSET, q1).code == constants.QUERY_NOT_FOUND
-    resp = broker.request(constants.UPDATE_CONSUMER_OFFSET, dict(q1, commitOffset=1))
-    assert resp.code == constants.SUCCESS
-    resp = broker.request(constants.QUERY_CONSUMER_OFFSET, q1)
-    assert resp.code == constants.SUCCESS and resp.ext_fields["offset"] == "1"
+    assert broker.request(codes.QUERY_CONSUMER_OFFSET, q1).code == codes.QUERY_NOT_FOUND
+    resp = broker.request(codes.UPDATE_CONSUMER_OFFSET, dict(q1, commitOffset=1))
+    assert resp.code == codes.SUCCESS
+    resp = broker.request(codes.QUERY_CONSUMER_OFFSET, q1)
+    assert resp.code == codes.SUCCESS and resp.ext_fields["offset"] == "1"
     # oneway update: no response, but it takes effect
-    broker.send(constants.UPDATE_CONSUMER_OFFSET, dict(q1, commitOffset=5), oneway=True)
-    resp = broker.request(constants.QUERY_CONSUMER_OFFSET, q1)
+    broker.send(codes.UPDATE_CONSUMER_OFFSET, dict(q1, commitOffset=5), oneway=True)
+    resp = broker.request(codes.QUERY_CONSUMER_OFFSET, q1)
     assert resp.ext_fields["offset"] == "5"
     # max / min offsets
-    assert broker.request(constants.GET_MAX_OFFSET, {"topic": topic, "queueId": 1}) \
+    assert broker.request(codes.GET_MAX_OFFSET, {"topic": topic, "queueId": 1}) \
         .ext_fields["offset"] == "1"
-    assert broker.request(constants.GET_MIN_OFFSET, {"topic": topic, "queueId": 1}) \
+    assert broker.request(codes.GET_MIN_OFFSET, {"topic": topic, "queueId": 1}) \
         .ext_fields["offset"] == "0"
 
 
 def test_oneway_gets_no_response(broker):
     topic = new_topic()
-    broker.send(constants.SEND_MESSAGE_V2, {"a": "pg", "b": topic, "e": 0, "f": 0, "g": 1,
+    broker.send(codes.SEND_MESSAGE_V2, {"a": "pg", "b": topic, "e": 0, "f": 0, "g": 1,
                                         "h": 0}, b"oneway", oneway=True)
     # the next response on the wire belongs to the next request
-    resp = broker.request(constants.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
+    resp = broker.request(codes.GET_MAX_OFFSET, {"topic": topic, "queueId": 0})
     assert resp.ext_fields["offset"] == "1"
     broker.sock.settimeout(0.2)
     with pytest.raises(socket.timeout):
@@ -300,7 +300,7 @@ def test_oneway_gets_no_response(broker):
 
 def test_unknown_code_not_supported(broker):
     resp = broker.request(9999)
-    assert resp.code == constants.REQUEST_CODE_NOT_SUPPORTED
+    assert resp.code == codes.REQUEST_CODE_NOT_SUPPORTED
     assert resp.remark == " request type 9999 not supported"
 
 
@@ -318,26 +318,26 @@ def test_heartbeat_consumer_list_and_notify(server, stype):
     a = RawClient(server.broker_address, stype)
     b = RawClient(server.broker_address, stype)
     try:
-        assert a.request(constants.HEART_BEAT, body=_heartbeat("A@1", group)).code == constants.SUCCESS
-        assert b.request(constants.HEART_BEAT, body=_heartbeat("B@2", group)).code == constants.SUCCESS
-        resp = a.request(constants.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
-        assert resp.code == constants.SUCCESS
+        assert a.request(codes.HEART_BEAT, body=_heartbeat("A@1", group)).code == codes.SUCCESS
+        assert b.request(codes.HEART_BEAT, body=_heartbeat("B@2", group)).code == codes.SUCCESS
+        resp = a.request(codes.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+        assert resp.code == codes.SUCCESS
         assert sorted(loads_java_json(resp.body)["consumerIdList"]) == ["A@1", "B@2"]
         # A was told that B joined: a oneway NOTIFY_CONSUMER_IDS_CHANGED request
         assert [(p.code, p.is_oneway, p.ext_fields) for p in a.pushed] == \
-            [(constants.NOTIFY_CONSUMER_IDS_CHANGED, True, {"consumerGroup": group})]
-        resp = b.request(constants.UNREGISTER_CLIENT, {"clientID": "B@2", "consumerGroup": group})
-        assert resp.code == constants.SUCCESS
-        resp = a.request(constants.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+            [(codes.NOTIFY_CONSUMER_IDS_CHANGED, True, {"consumerGroup": group})]
+        resp = b.request(codes.UNREGISTER_CLIENT, {"clientID": "B@2", "consumerGroup": group})
+        assert resp.code == codes.SUCCESS
+        resp = a.request(codes.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
         assert loads_java_json(resp.body)["consumerIdList"] == ["A@1"]
         a.close()
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
-            resp = b.request(constants.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
-            if resp.code == constants.SYSTEM_ERROR:
+            resp = b.request(codes.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group})
+            if resp.code == codes.SYSTEM_ERROR:
                 break
             time.sleep(0.02)
-        assert resp.code == constants.SYSTEM_ERROR  # the closed connection's client is gone
+        assert resp.code == codes.SYSTEM_ERROR  # the closed connection's client is gone
     finally:
         a.close()
         b.close()
@@ -348,7 +348,7 @@ def test_service_time_delays_responses():
         c = RawClient(srv.broker_address)
         try:
             started = time.monotonic()
-            assert c.request(constants.GET_MAX_OFFSET, {"topic": "x", "queueId": 0}).code == 0
+            assert c.request(codes.GET_MAX_OFFSET, {"topic": "x", "queueId": 0}).code == 0
             assert time.monotonic() - started >= 0.045
         finally:
             c.close()
@@ -360,7 +360,7 @@ def test_garbage_closes_only_that_connection(server):
     assert s.recv(10) == b""
     s.close()
     c = RawClient(server.broker_address)
-    assert c.request(9999).code == constants.REQUEST_CODE_NOT_SUPPORTED
+    assert c.request(9999).code == codes.REQUEST_CODE_NOT_SUPPORTED
     c.close()
 
 
@@ -384,12 +384,12 @@ def test_cli_serves_until_sigterm(tmp_path):
                         "--queues", "2", "--log-level", "WARNING") as srv:
         assert "name server" in srv.log_text().splitlines()[0]
         c = RawClient(srv.role("namesrv"))
-        route = decode_topic_route(c.request(constants.GET_ROUTEINFO_BY_TOPIC, {"topic": "t"}).body)
+        route = decode_topic_route(c.request(codes.GET_ROUTEINFO_BY_TOPIC, {"topic": "t"}).body)
         c.close()
         assert route.broker_datas[0].broker_addrs == {0: "1.2.3.4:5"}
         assert route.queue_datas[0].write_queue_nums == 2
         b = RawClient(srv.role("broker"))
-        assert send_v2(b, "t", b"x").code == constants.SUCCESS
+        assert send_v2(b, "t", b"x").code == codes.SUCCESS
         b.close()
     assert srv.proc.returncode == 0, srv.log_text()[-2000:]
 

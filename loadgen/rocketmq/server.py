@@ -62,7 +62,7 @@ import time
 from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, service_time_arg
 from loadgen.serverbase import ReferenceServer, ServerConnection, describe_exception
 from loadgen.servicetime import ServiceTime
-from proxy.protocols.rocketmq import constants
+from proxy.protocols.rocketmq import constants as codes
 from proxy.protocols.rocketmq.codec import (
     BrokerData,
     QueueData,
@@ -229,24 +229,24 @@ class RocketMQServer(ReferenceServer):
         self.requests_served = 0
         self._store_host: tuple[str, int] = ("127.0.0.1", 0)
         self._broker_handlers = {
-            constants.SEND_MESSAGE: self._on_send,
-            constants.SEND_MESSAGE_V2: self._on_send,
-            constants.SEND_BATCH_MESSAGE: self._on_send,
-            constants.PULL_MESSAGE: self._on_pull,
-            constants.QUERY_CONSUMER_OFFSET: self._on_query_consumer_offset,
-            constants.UPDATE_CONSUMER_OFFSET: self._on_update_consumer_offset,
-            constants.GET_MAX_OFFSET: self._on_get_max_offset,
-            constants.GET_MIN_OFFSET: self._on_get_min_offset,
-            constants.HEART_BEAT: self._on_heartbeat,
-            constants.UNREGISTER_CLIENT: self._on_unregister_client,
-            constants.GET_CONSUMER_LIST_BY_GROUP: self._on_get_consumer_list,
+            codes.SEND_MESSAGE: self._on_send,
+            codes.SEND_MESSAGE_V2: self._on_send,
+            codes.SEND_BATCH_MESSAGE: self._on_send,
+            codes.PULL_MESSAGE: self._on_pull,
+            codes.QUERY_CONSUMER_OFFSET: self._on_query_consumer_offset,
+            codes.UPDATE_CONSUMER_OFFSET: self._on_update_consumer_offset,
+            codes.GET_MAX_OFFSET: self._on_get_max_offset,
+            codes.GET_MIN_OFFSET: self._on_get_min_offset,
+            codes.HEART_BEAT: self._on_heartbeat,
+            codes.UNREGISTER_CLIENT: self._on_unregister_client,
+            codes.GET_CONSUMER_LIST_BY_GROUP: self._on_get_consumer_list,
         }
         self._namesrv_handlers = {
-            constants.GET_ROUTEINFO_BY_TOPIC: self._on_route,
-            constants.GET_BROKER_CLUSTER_INFO: self._on_cluster_info,
+            codes.GET_ROUTEINFO_BY_TOPIC: self._on_route,
+            codes.GET_BROKER_CLUSTER_INFO: self._on_cluster_info,
             GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self._on_topic_list,
-            constants.HEART_BEAT: self._on_namesrv_ok,
-            constants.UNREGISTER_CLIENT: self._on_namesrv_ok,
+            codes.HEART_BEAT: self._on_namesrv_ok,
+            codes.UNREGISTER_CLIENT: self._on_namesrv_ok,
         }
 
     what = "rocketmq"
@@ -305,7 +305,7 @@ class RocketMQServer(ReferenceServer):
                 resp = cmd.response(exc.code, exc.remark)
             except Exception as exc:  # a handler bug must not kill the connection
                 self.log_peer(logging.ERROR, "rocketmq %s: handling %s from %s failed: %s",
-                              conn.role, constants.request_name(cmd.code), conn.peer,
+                              conn.role, codes.request_name(cmd.code), conn.peer,
                               describe_exception(exc))
                 resp = cmd.response(SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
         if asyncio.iscoroutine(resp):
@@ -404,13 +404,13 @@ class RocketMQServer(ReferenceServer):
         sys_flag = _int(h, "sysFlag", 0)
         born = _int(h, "bornTimestamp", _now_ms())
         reconsume = _int(h, "reconsumeTimes", 0)
-        if cmd.code == constants.SEND_BATCH_MESSAGE:
+        if cmd.code == codes.SEND_BATCH_MESSAGE:
             try:
                 batch = decode_message_batch(cmd.body)
             except RocketMQCodecError as exc:
-                raise _BadRequest(constants.MESSAGE_ILLEGAL, str(exc)) from None
+                raise _BadRequest(codes.MESSAGE_ILLEGAL, str(exc)) from None
             if not batch:
-                raise _BadRequest(constants.MESSAGE_ILLEGAL, "the batch is empty")
+                raise _BadRequest(codes.MESSAGE_ILLEGAL, "the batch is empty")
             messages = [(m.body, m.flag, m.properties) for m in batch]
         else:
             messages = [(cmd.body, _int(h, "flag", 0), decode_properties(h.get("properties")))]
@@ -602,7 +602,7 @@ class RocketMQServer(ReferenceServer):
         for client_id, member in list(self.consumer_groups.get(group, {}).items()):
             if client_id == skip or member.closed:
                 continue
-            member.send_command(RemotingCommand(code=constants.NOTIFY_CONSUMER_IDS_CHANGED,
+            member.send_command(RemotingCommand(code=codes.NOTIFY_CONSUMER_IDS_CHANGED,
                                         opaque=_next_opaque(), flag=FLAG_ONEWAY,
                                         ext_fields={"consumerGroup": group}))
 
@@ -713,10 +713,10 @@ def build_parser(prog: str = "frametap serve rocketmq") -> argparse.ArgumentPars
         description="Run the in-memory reference RocketMQ name server and broker (two "
                     "listeners, one process) until SIGINT/SIGTERM.")
     parser.add_argument("--namesrv", type=_address_arg,
-                        default=("127.0.0.1", constants.DEFAULT_NAMESRV_PORT), metavar="HOST:PORT",
+                        default=("127.0.0.1", codes.DEFAULT_NAMESRV_PORT), metavar="HOST:PORT",
                         help="name server listen address (default 127.0.0.1:9876)")
     parser.add_argument("--broker", type=_address_arg,
-                        default=("127.0.0.1", constants.DEFAULT_BROKER_PORT), metavar="HOST:PORT",
+                        default=("127.0.0.1", codes.DEFAULT_BROKER_PORT), metavar="HOST:PORT",
                         help="broker listen address (default 127.0.0.1:10911)")
     parser.add_argument("--advertise-broker", type=_address_arg, default=None,
                         metavar="HOST:PORT",
