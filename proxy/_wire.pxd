@@ -15,6 +15,17 @@ cdef inline uint32_t be32(const uint8_t* p) noexcept nogil:
 cdef inline uint64_t be64(const uint8_t* p) noexcept nogil:
     return (<uint64_t>be32(p) << 32) | be32(p + 4)
 
+
+cdef inline Py_ssize_t skip_some(int64_t* left, Py_ssize_t avail) noexcept nogil:
+    """Pass over bytes a parser does not read (a message body, a string) across reads:
+    takes min(left[0], avail) of the ``avail`` bytes at hand, lowers ``left[0]`` by as
+    many and returns that count (twin: ``framing_common.skip_some``)."""
+    cdef Py_ssize_t take = avail
+    if take > left[0]:
+        take = <Py_ssize_t>left[0]
+    left[0] -= take
+    return take
+
 cdef inline uint16_t le16(const uint8_t* p) noexcept nogil:
     return <uint16_t>((<uint16_t>p[1] << 8) | p[0])
 

@@ -75,6 +75,14 @@ CORR_STR_MAX = 128      # bytes of a string correlation id kept (set_corr_str)
 CORR_TEXT_SLOTS = 1024  # string ids a connection keeps for its timeout rows, at most
 
 
+def skip_some(left, avail):
+    """Pass over bytes a parser does not read (a message body, a string) across reads:
+    ``(take, left - take)`` with ``take = min(left, avail)`` of the ``avail`` bytes at
+    hand (the compiled twin's ``_wire.skip_some`` lowers ``left`` in place)."""
+    take = left if left < avail else avail
+    return take, left - take
+
+
 def clip_corr(text: bytes) -> bytes:
     """A string correlation id as the frame log keeps it: at most CORR_STR_MAX bytes,
     cut at a UTF-8 character boundary (clients that log the same ids use this too)."""

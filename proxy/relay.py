@@ -17,6 +17,7 @@ import socket
 import time
 
 from proxy import protocols, websocket
+from proxy.protocols import advertise
 from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
 from proxy.addresses import UnixAddress, format_address, remove_unix_socket, unix_listener
 from proxy.framing import RouteStats, now_ns
@@ -220,9 +221,8 @@ class Route:
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
                                    self.cfg.options)
         parser.conn_id = next(_conn_ids)            # frame-log conn_id, unique per process
-        if hasattr(parser, "local_address"):       # parsers that rewrite addresses
-            parser.local_address = (local_address[:2] if isinstance(local_address, tuple)
-                                    else None)
+        if self.protocol.advertise:                 # the advertise hook (descriptor)
+            parser.local_address = advertise.local_address(local_address)
             parser.upstream_address = self.cfg.upstream
         if isinstance(self.cfg.listen, websocket.WsAddress):
             # fleximq over WebSocket: a layer with the parser's interface decodes the

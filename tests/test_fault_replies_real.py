@@ -277,7 +277,7 @@ def test_rstream_sees_the_injected_codes(lt):
 def test_loadgen_rocketmq_client_reports_the_injected_code(lt, serialize):
     from loadgen.rocketmq.client import RocketMQClient, RocketMQServerError
     from loadgen.rocketmq.server import RocketMQServerThread
-    from proxy.protocols.rocketmq.codes import SEND_MESSAGE_V2
+    from proxy.protocols.rocketmq.constants import SEND_MESSAGE_V2
     code, label = rocketmq_faults.error_status("SYSTEM_BUSY")
     remaining = [1]
 
@@ -312,7 +312,7 @@ def _flymq_len(buf):
 def test_loadgen_flymq_client_reports_the_injected_error(lt):
     from loadgen.flymq.client import FlyMQClient, FlyMQServerError
     from loadgen.flymq.server import FlyMQServerThread
-    from proxy.protocols.flymq.opcodes import PRODUCE
+    from proxy.protocols.flymq.constants import PRODUCE
 
     def inject(frame):
         if frame[2] == PRODUCE and b"refused" in frame:
@@ -386,7 +386,7 @@ def test_apache_cpp_rocketmq_producer_reports_the_injected_code(lt):
     import os
     from tests.rocketmq_real_client import real_client_skip_reason, run_producer
     from loadgen.rocketmq.server import RocketMQServerThread
-    from proxy.protocols.rocketmq.codes import SEND_MESSAGE
+    from proxy.protocols.rocketmq.constants import SEND_MESSAGE
     reason = real_client_skip_reason()
     if reason:
         if os.environ.get("FRAMETAP_CI"):

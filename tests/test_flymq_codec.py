@@ -36,7 +36,7 @@ from proxy.protocols.flymq.codec import (
     decode_response,
     encode_frame,
 )
-from proxy.protocols.flymq.opcodes import ERROR, MAX_FRAME_BYTES, PRODUCE
+from proxy.protocols.flymq.constants import ERROR, MAX_FRAME_BYTES, PRODUCE
 
 # ---------------------------------------------------------------- spec wire example
 

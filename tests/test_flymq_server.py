@@ -22,7 +22,7 @@ from proxy.protocols.flymq.codec import (
     RecordMetadata,
     decode_frame,
 )
-from proxy.protocols.flymq.opcodes import ERROR, MAX_FRAME_BYTES, METADATA, PRODUCE
+from proxy.protocols.flymq.constants import ERROR, MAX_FRAME_BYTES, METADATA, PRODUCE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

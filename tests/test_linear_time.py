@@ -27,13 +27,14 @@ from pathlib import Path
 
 import pytest
 
+from proxy import protocols
 from tests.parsers import parser_impls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from fuzz_twins import (FLOOD_RATIO, attack_reads, attacks, small_frame,  # noqa: E402
                         timed_run)
 
-PROTOCOLS = ["fleximq", "flymq", "rabbitmq-stream", "rocketmq", "ttheader"]
+PROTOCOLS = protocols.names()   # a new protocol adds its attacks to bench/fuzz_twins.py
 RATIO = 5.0                  # cut vs (one read + as many reads of one small frame each)
 SLACK = 0.002                # seconds: timer granularity and small constant costs
 # Bytes of each structure: cut at every element boundary, and fed one byte a read.

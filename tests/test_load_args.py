@@ -18,6 +18,7 @@ import pytest
 from loadgen.common import Backoff
 from loadgen.flymq.server import FlyMQServerThread
 from loadgen.loadargs import LoadArgumentError, choose_protocols
+from proxy import protocols
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,7 +47,7 @@ def test_no_host_is_one_line():
     line = one_line(frametap_load("--headless", "-u", "1", "-t", "1s"))
     assert line == ("frametap load: --host is required: the address of the proxy route (or "
                     "server) to load, e.g. --host 127.0.0.1:19092; FRAMETAP_PROTOCOLS picks "
-                    "the users (fleximq, flymq, rabbitmq-stream, rocketmq, ttheader)")
+                    "the users (%s)" % ", ".join(s.name for s in protocols.specs() if s.users))
 
 
 def test_a_host_the_chosen_users_cannot_take_is_one_line():
@@ -122,7 +123,7 @@ def test_choose_protocols(host, named, env, want):
 
 def test_the_web_ui_may_get_its_host_later():
     assert choose_protocols(None, (), {}, headless=False) == (
-        ["fleximq", "flymq", "rabbitmq-stream", "rocketmq", "ttheader"], None)
+        [s.name for s in protocols.specs() if s.users], None)
     with pytest.raises(LoadArgumentError, match="--host is required"):
         choose_protocols(None, (), {}, headless=True)
 

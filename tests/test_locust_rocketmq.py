@@ -140,7 +140,7 @@ def test_client_round_trip_against_reference_servers(serialize):
     """The load client on its own: route, V2/V1/batch sends, pull, offsets, heartbeat and
     the consumer list (GET_CONSUMER_LIST_BY_GROUP), in both header serializations."""
     from loadgen.rocketmq.client import RocketMQServerError
-    from proxy.protocols.rocketmq.codes import NOTIFY_CONSUMER_IDS_CHANGED, TOPIC_NOT_EXIST
+    from proxy.protocols.rocketmq.constants import NOTIFY_CONSUMER_IDS_CHANGED, TOPIC_NOT_EXIST
     with RocketMQServerThread(queues=2) as srv:
         with RocketMQClient(*parse_host(srv.namesrv_address), serialize=serialize) as ns:
             route = ns.get_route("rt")

@@ -8,6 +8,7 @@ bench). Its parsers and samples borrow FlyMQ's; only the folder is new.
 """
 
 import ast
+import importlib
 import json
 import re
 import subprocess
@@ -301,3 +302,145 @@ def test_no_import_cycle(module, must_not_import):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+# --- the kit: the same module names, one frame limit, one advertise hook ------------
+
+def _folder(spec):
+    return ROOT.joinpath(*spec.package.split("."))
+
+
+def test_every_protocol_folder_has_the_kit_modules():
+    from proxy.protocols.spec import KIT_MODULES
+    for spec in protocols.specs():
+        files = {p.name for p in _folder(spec).iterdir()}
+        assert set(KIT_MODULES) <= files, (spec.name, sorted(set(KIT_MODULES) - files))
+        # the constants module has one name: no folder keeps one of the old names
+        assert not files & {"names.py", "codes.py", "opcodes.py", "status.py"}, spec.name
+        assert importlib.import_module(spec.constants).__file__.endswith("constants.py")
+
+
+_LIMIT_DEF = re.compile(r"^\s*(cdef\s+[\w ]+\s+)?MAX_FRAME_BYTES\s*[:=]", re.M)
+_LIMIT_LITERAL = re.compile(r"max_frame_bytes\s*=\s*[\d(]")
+
+
+def test_one_frame_limit_per_protocol():
+    """MAX_FRAME_BYTES is defined once, in constants.py, and the descriptor, both parser
+    twins, the codec's defaults and the loadgen side all use that one."""
+    from tests.parsers import make, parser_impls
+    for spec in protocols.specs():
+        limit = importlib.import_module(spec.constants).MAX_FRAME_BYTES
+        assert spec.max_frame_bytes == limit, spec.name
+        for label, impl in parser_impls(spec.name).items():
+            _, parser = make(impl, spec.name)
+            assert parser.max_frame_bytes == limit, (spec.name, label)
+        pkg = spec.package.rpartition(".")[2]
+        defs, literals = [], []
+        for folder in (_folder(spec), ROOT / "loadgen" / pkg):
+            for path in sorted(folder.glob("*.py*")):
+                if path.suffix not in (".py", ".pyx", ".pxd"):
+                    continue
+                text = path.read_text()
+                rel = str(path.relative_to(ROOT))
+                defs += [rel] * len(_LIMIT_DEF.findall(text))
+                literals += [rel] * len(_LIMIT_LITERAL.findall(text))
+        assert defs == [f"proxy/protocols/{pkg}/constants.py"], (spec.name, defs)
+        assert not literals, (spec.name, literals)
+    from proxy.protocols.rocketmq import codec, constants
+    import inspect
+    assert inspect.signature(codec.decode).parameters["max_frame_bytes"].default == \
+        constants.MAX_FRAME_BYTES
+
+
+def test_advertise_hook_one_shape():
+    """Protocols that rewrite advertised addresses say so in the descriptor; their
+    parsers (both twins) have the two addresses the relay sets, the others do not; the
+    advertise option has one shape for all of them."""
+    from tests.parsers import make, parser_impls
+    rewriting = [s for s in protocols.specs() if s.advertise]
+    assert sorted(s.name for s in rewriting) == ["rabbitmq-stream", "rocketmq"]
+    for spec in protocols.specs():
+        for label, impl in parser_impls(spec.name).items():
+            _, parser = make(impl, spec.name)
+            assert hasattr(parser, "local_address") == spec.advertise, (spec.name, label)
+            assert hasattr(parser, "upstream_address") == spec.advertise, (spec.name, label)
+    for spec in rewriting:
+        opts = spec.validate_options({"advertise": {"10.0.0.7:10911": "[::1]:20911"}}, "r")
+        assert opts["advertise"] == {("10.0.0.7", 10911): ("::1", 20911)}, spec.name
+        with pytest.raises(ConfigError, match=r"^r\.options\.advertise\['a:1'\] = 'b': "):
+            spec.validate_options({"advertise": {"a:1": "b"}}, "r")
+        with pytest.raises(ConfigError, match=r"^r\.options\.advertise = 3: expected a table"):
+            spec.validate_options({"advertise": 3}, "r")
+
+
+def test_relay_sets_the_advertise_addresses():
+    import asyncio
+
+    from proxy.relay import Route
+    for protocol, options in (("rocketmq", {"advertise": {"10.0.0.7:10911": "127.0.0.1:1"}}),
+                              ("rabbitmq-stream", {}), ("flymq", {})):
+        cfg = config_from_dict({"routes": [{"protocol": protocol, "listen": "127.0.0.1:0",
+                                            "upstream": "127.0.0.1:7777",
+                                            "options": options}]})
+        loop = asyncio.new_event_loop()
+        try:
+            route = Route(cfg.routes[0], loop=loop)
+            parser = route.new_parser(("127.0.0.1", 5555))
+            unix = route.new_parser("/tmp/x.sock")
+        finally:
+            loop.close()
+        if protocols.load(protocol).advertise:
+            assert parser.local_address == ("127.0.0.1", 5555), protocol
+            assert parser.upstream_address == ("127.0.0.1", 7777), protocol
+            assert unix.local_address is None, protocol
+        else:
+            assert not hasattr(parser, "local_address"), protocol
+
+
+def test_rocketmq_rewrites_with_the_validated_option():
+    """The option as the config checker returns it ((host, port) pairs) rewrites route
+    data as the raw text form did."""
+    from proxy.protocols import advertise
+    from proxy.protocols.rocketmq.options import RouteRewriter
+    raw = {"10.0.0.7:10911": "proxyhost:20911", "[fe80::1]:10911": "[::1]:20911"}
+    checked = advertise.validate({"advertise": raw}, "r")
+    assert advertise.as_text(checked) == raw
+    assert RouteRewriter(checked).replacements == RouteRewriter(raw).replacements
+
+
+def test_skip_some():
+    from proxy.framing_common import skip_some
+    assert skip_some(10, 4) == (4, 6)
+    assert skip_some(3, 8) == (3, 0)
+    assert skip_some(0, 8) == (0, 0)
+    assert skip_some(5, 0) == (0, 5)
+
+
+# --- the shared files a new protocol still edits (docs/adding-a-protocol.md) -----------
+
+#: The guide's table, in its order: per-protocol lists and text kept on purpose, then the
+#: two files a protocol touches only for a new dependency.
+NEW_PROTOCOL_EDITS = ["proxy/protocols/__init__.py", "README.md", "bench/fuzz_twins.py",
+                      "tests/test_fault_replies.py", "tests/test_fault_config.py",
+                      "docs/design.md", "docs/adding-a-protocol.md",
+                      "tests/test_fault_replies_real.py", "pyproject.toml", ".ci/run"]
+
+
+def _guide_edits():
+    text = (ROOT / "docs" / "adding-a-protocol.md").read_text()
+    start = text.index("## Shared files a new protocol touches")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end > 0 else len(text)]
+    return [f for cell in re.findall(r"^\| (.+?) \|", section, re.M)
+            for f in re.findall(r"`([^`]+)`", cell)]
+
+
+def test_the_guide_lists_the_shared_files_a_new_protocol_edits():
+    assert _guide_edits() == NEW_PROTOCOL_EDITS
+    # the files that find a protocol by themselves, but for the product's list (KNOWN)
+    assert set(NEW_PROTOCOL_EDITS) & set(SHARED) == {"proxy/protocols/__init__.py"}
+    for rel in NEW_PROTOCOL_EDITS[:-2]:                   # each keeps a per-protocol list
+        text = (ROOT / rel).read_text().lower()
+        for spec in protocols.specs():
+            pkg = spec.package.rpartition(".")[2]
+            assert spec.name in text or pkg in text, (rel, spec.name)

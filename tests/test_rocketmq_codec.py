@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.protocols.rocketmq import codes
+from proxy.protocols.rocketmq import constants as codes
 from proxy.protocols.rocketmq.codec import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from loadgen.rocketmq.server import RocketMQServerThread, main
-from proxy.protocols.rocketmq import codes
+from proxy.protocols.rocketmq import constants as codes
 from tests._support.processes import server_process
 from proxy.protocols.rocketmq.codec import (
     Message,

@@ -20,7 +20,7 @@ from loadgen.ttheader import idl
 from loadgen.ttheader.client import TApplicationException, ThriftClient
 from loadgen.ttheader.server import ThriftServerThread
 from proxy.protocols.ttheader import codec
-from proxy.protocols.ttheader.names import MAGIC_THEADER, MAX_FRAME_BYTES, ZLIB
+from proxy.protocols.ttheader.constants import MAGIC_THEADER, MAX_FRAME_BYTES, ZLIB
 from tests.test_ttheader_apache import Proxy
 from tests.thrift_real import client as apache_client, thrift_or_skip
 

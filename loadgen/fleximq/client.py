@@ -25,7 +25,7 @@ from proxy import websocket
 from proxy.addresses import UnixAddress, parse_address
 from proxy.protocols.fleximq import codec
 from proxy.protocols.fleximq.codec import JOIN, REQ, REP, PUB, PING, PONG
-from proxy.protocols.fleximq.names import MAX_FRAME_BYTES, log_correlation_id
+from proxy.protocols.fleximq.constants import MAX_FRAME_BYTES, log_correlation_id
 
 
 class FlexiMQError(Exception):

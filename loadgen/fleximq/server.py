@@ -108,7 +108,7 @@ from proxy import websocket
 from proxy.errors import ConfigError
 from proxy.protocols.fleximq import codec, header as hdr
 from proxy.protocols.fleximq.codec import JOIN, REQ, REP, NOTIF, PING, PONG
-from proxy.protocols.fleximq.names import PREFIX, MAX_FRAME_BYTES, VERSION, BROKER_ID
+from proxy.protocols.fleximq.constants import PREFIX, MAX_FRAME_BYTES, VERSION, BROKER_ID
 
 log = logging.getLogger("frametap.fleximq")
 

@@ -22,7 +22,7 @@ Every request fires ``environment.events.request`` with ``request_type="fleximq"
 with ``perf_counter()`` (:func:`loadgen.common.RequestReporter.timed`) and non-2xx
 statuses, socket errors and timeouts as failures.  With the client-side frame log on,
 each is a row whose ``correlation_id`` is what the proxy writes for the frame
-(names.log_correlation_id): the ``reqrep.id`` (a ULID) for JOIN and REQ, ``ping:<timestamp>``
+(constants.log_correlation_id): the ``reqrep.id`` (a ULID) for JOIN and REQ, ``ping:<timestamp>``
 for PING, none for PUB (kind ``oneway``).
 
 Settings (environment variables, read when a user starts):

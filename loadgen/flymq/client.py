@@ -48,7 +48,7 @@ from proxy.protocols.flymq.codec import (
     decode_header,
     encode_frame,
 )
-from proxy.protocols.flymq.opcodes import (ERROR, FLAG_BINARY, HEADER_SIZE, MAX_FRAME_BYTES,
+from proxy.protocols.flymq.constants import (ERROR, FLAG_BINARY, HEADER_SIZE, MAX_FRAME_BYTES,
                                            opcode_name)
 
 __all__ = ["FlyMQClient", "FlyMQServerError", "FlyMQAuthError", "parse_host"]

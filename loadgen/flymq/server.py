@@ -81,7 +81,7 @@ from proxy.protocols.flymq.codec import (
     SubscribeResponse,
     decode_header,
 )
-from proxy.protocols.flymq.opcodes import (
+from proxy.protocols.flymq.constants import (
     AUTH,
     COMMIT,
     CONSUME,

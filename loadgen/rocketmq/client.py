@@ -64,7 +64,7 @@ from proxy.protocols.rocketmq.codec import (
     loads_java_json,
 )
 
-from proxy.protocols.rocketmq.codes import (
+from proxy.protocols.rocketmq.constants import (
     DEFAULT_NAMESRV_PORT,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -72,6 +72,7 @@ from proxy.protocols.rocketmq.codes import (
     GET_MAX_OFFSET,
     GET_ROUTEINFO_BY_TOPIC,
     HEART_BEAT,
+    MAX_FRAME_BYTES,
     NOTIFY_CONSUMER_IDS_CHANGED,
     PERM_READ,
     PERM_WRITE,
@@ -109,9 +110,6 @@ __all__ = [
 DEFAULT_TOPIC = "TBW102"
 #: Client version sent in headers (MQVersion.Version.V4_9_4 ordinal).
 DEFAULT_VERSION = 433
-#: Frames larger than this are refused as corrupt (Netty's default frameMaxLength is 16 MiB;
-#: a pull of 32 x 4 MiB messages can exceed it, so allow more).
-MAX_FRAME_BYTES = 256 * 1024 * 1024
 
 #: SendResult status names for the response codes a send can succeed with
 #: (Apache ``SendStatus``; ``MQClientAPIImpl.processSendResponse``).

@@ -62,7 +62,7 @@ import time
 from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, service_time_arg
 from loadgen.serverbase import ReferenceServer, ServerConnection, describe_exception
 from loadgen.servicetime import ServiceTime
-from proxy.protocols.rocketmq import codes
+from proxy.protocols.rocketmq import constants as codes
 from proxy.protocols.rocketmq.codec import (
     BrokerData,
     QueueData,
@@ -80,7 +80,7 @@ from proxy.protocols.rocketmq.codec import (
     loads_java_json,
     send_header_from_v2,
 )
-from proxy.protocols.rocketmq.codes import (
+from proxy.protocols.rocketmq.constants import (
     FLAG_ONEWAY,
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUSPEND,

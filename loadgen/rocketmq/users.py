@@ -8,7 +8,7 @@ proxy that rewrites route data (docs/design.md, "RocketMQ remoting") sees the br
 One connection per broker address per user.
 
 Every request fires ``environment.events.request`` with ``request_type="rocketmq"``,
-``name`` = Apache's request code name (``proxy.protocols.rocketmq.codes``),
+``name`` = Apache's request code name (``proxy.protocols.rocketmq.constants``),
 ``response_time`` in ms from ``perf_counter()`` and failures through ``exception=``:
 
 * ``GET_ROUTEINFO_BY_TOPIC``: at start and every FRAMETAP_ROCKETMQ_ROUTE_EVERY seconds.
@@ -97,7 +97,7 @@ from loadgen.rocketmq.client import (
     TopicRoute,
     parse_host,
 )
-from proxy.protocols.rocketmq.codes import (
+from proxy.protocols.rocketmq.constants import (
     GET_ROUTEINFO_BY_TOPIC,
     NOTIFY_CONSUMER_IDS_CHANGED,
     TOPIC_NOT_EXIST,

@@ -25,7 +25,7 @@ from loadgen import common
 from loadgen.ttheader import idl
 from loadgen.ttheader.idl import TApplicationException, TMessageType
 from proxy.protocols.ttheader import codec
-from proxy.protocols.ttheader.names import PROTO_BINARY, PROTO_COMPACT, TAPP_TYPES, ZLIB
+from proxy.protocols.ttheader.constants import PROTO_BINARY, PROTO_COMPACT, TAPP_TYPES, ZLIB
 
 __all__ = ["ThriftClient", "TApplicationException", "parse_host", "TRANSPORTS", "PROTOCOLS"]
 

@@ -49,7 +49,7 @@ from loadgen.servicetime import ServiceTime, as_service_time
 from loadgen.ttheader import idl
 from loadgen.ttheader.idl import TApplicationException, TMessageType, TType
 from proxy.protocols.ttheader import codec
-from proxy.protocols.ttheader.names import MAX_FRAME_BYTES, PROTO_COMPACT, TAPP_TYPES
+from proxy.protocols.ttheader.constants import MAX_FRAME_BYTES, PROTO_COMPACT, TAPP_TYPES
 
 __all__ = ["ThriftServer", "ThriftServerThread", "DemoHandler", "Dispatcher", "main"]
 

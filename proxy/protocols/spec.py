@@ -15,6 +15,11 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+#: The modules every protocol folder has, under these names (docs/adding-a-protocol.md,
+#: "Files"); a folder may add its own beside them (rocketmq's jsonscan.py, options.py).
+KIT_MODULES = ("__init__.py", "_parser.pyx", "parser_py.py", "constants.py", "codec.py",
+               "conformance.py", "samples.py", "faults.py")
+
 @dataclass(frozen=True, eq=False)
 class DemoRoute:
     """One proxy route of the demo, in front of one listener of the reference server.
@@ -71,6 +76,10 @@ class ProtocolSpec:
     users: str | None = None          # module of the Locust users, in loadgen/
     user_classes: tuple = ()          # the concrete Locust users it offers
     demo: DemoSpec | None = None      # None: `frametap demo` leaves this protocol out
+    #: True: the protocol rewrites addresses its servers advertise (proxy.protocols.advertise):
+    #: the ``advertise`` route option, and parsers with ``local_address`` and
+    #: ``upstream_address``, which the relay sets on every connection.
+    advertise: bool = False
 
     def __post_init__(self):
         if self.codec is None:
@@ -89,6 +98,11 @@ class ProtocolSpec:
     def twin(self):
         """Module path of the pure-Python parser twin."""
         return self.package + ".parser_py"
+
+    @property
+    def constants(self):
+        """Module path of the protocol's constants (wire numbers, names, MAX_FRAME_BYTES)."""
+        return self.package + ".constants"
 
     def load_parser(self, pure_python=None):
         """The parser class: compiled, or the twin when ``pure_python`` (default:

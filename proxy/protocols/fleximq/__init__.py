@@ -1,6 +1,7 @@
 """fleximq: message types, header summary, frame parser (compiled + pure-Python twin),
 codec (docs/design.md, "fleximq")."""
 
+from proxy.protocols.fleximq.constants import MAX_FRAME_BYTES
 from proxy.protocols.spec import DemoSpec, ProtocolSpec
 
 PROTOCOL = ProtocolSpec(
@@ -8,7 +9,7 @@ PROTOCOL = ProtocolSpec(
     package=__name__,
     parser_class="FlexiMQParser",
     default_port=7890,                          # the document's tcp:// example
-    max_frame_bytes=1 << 30,                    # §7.1
+    max_frame_bytes=MAX_FRAME_BYTES,
     server="loadgen.fleximq.server",
     users="loadgen.fleximq.users",
     user_classes=("FlexiMQRequester", "FlexiMQResponder", "FlexiMQPubSub"),

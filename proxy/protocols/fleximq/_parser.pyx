@@ -21,7 +21,7 @@ from proxy._framing cimport (want_header, protocol_error, begin, add_messages,
                              expect, take, answer, set_resource, add_attr, set_corr_str)
 from proxy._wire cimport be32, be64, le64
 from proxy.protocols.fleximq import header as _header
-from proxy.protocols.fleximq.names import opcode_name, status_name
+from proxy.protocols.fleximq.constants import MAX_FRAME_BYTES, opcode_name, status_name
 
 cdef enum:
     PREFIX = 34
@@ -615,7 +615,7 @@ cdef int scan(const uint8_t* b, Py_ssize_t n, Hdr* o) noexcept:
 
 
 cdef inline uint64_t id_key(const uint8_t* p, Py_ssize_t n) noexcept:
-    """The 64-bit key of a reqrep.id (names.id_key): 8 bytes at a time."""
+    """The 64-bit key of a reqrep.id (constants.id_key): 8 bytes at a time."""
     cdef uint64_t h = 0xCBF29CE484222325ULL ^ <uint64_t>n, w
     cdef Py_ssize_t i = 0, k
     while i < n:
@@ -710,7 +710,7 @@ cdef class FlexiMQParser(FrameParser):
     def __init__(self, RouteStats stats, max_frame_bytes=None, request_timeout=30.0,
                  options=None):
         self.header_size = PREFIX
-        self.max_frame_bytes = 1 << 30
+        self.max_frame_bytes = MAX_FRAME_BYTES
         stats.describe(opcode_name, status_name, range(10))
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
         self.header_limit = PREFIX + MAX_HEADER
@@ -849,7 +849,7 @@ cdef class FlexiMQParser(FrameParser):
         return 0
 
     cdef int _ping_corr(self, int d, uint64_t ts) except -1:
-        """A PING/PONG row's correlation_id: ``ping:<timestamp>`` (names.log_correlation_id)."""
+        """A PING/PONG row's correlation_id: ``ping:<timestamp>`` (constants.log_correlation_id)."""
         cdef uint8_t buf[20]
         set_corr_str(self, d, b"ping:", 5, buf, put_dec(buf, ts))
         return 0

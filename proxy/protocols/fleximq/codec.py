@@ -25,7 +25,7 @@ import msgpack
 
 from proxy.protocols.fleximq.header import (JOIN, REQ, REP, NOTIF, BCAST, PUB, SUB, UNSUB,
                                             PING, PONG, TYPE_NAMES)
-from proxy.protocols.fleximq.names import (PREFIX, MAX_HEADER_BYTES, MAX_FRAME_BYTES,
+from proxy.protocols.fleximq.constants import (PREFIX, MAX_HEADER_BYTES, MAX_FRAME_BYTES,
                                            VERSION, BROKER_ID, log_correlation_id)
 
 __all__ = ["JOIN", "REQ", "REP", "NOTIF", "BCAST", "PUB", "SUB", "UNSUB", "PING", "PONG",

@@ -16,7 +16,7 @@ TOKEN = "never-logged-token-42"
 
 def cid(rid):
     """A JOIN/REQ/REP row's correlation_id: the reqrep.id itself (matching uses
-    names.id_key, the frame log shows the text)."""
+    constants.id_key, the frame log shows the text)."""
     return rid
 
 

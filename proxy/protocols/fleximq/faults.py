@@ -20,7 +20,7 @@ import msgpack
 
 from proxy.protocols.fault_replies import FaultReplyError, default_message, resolve_status
 from proxy.protocols.fleximq.header import REP, REQ, summarize
-from proxy.protocols.fleximq.names import BROKER_ID, PREFIX, VERSION, status_name
+from proxy.protocols.fleximq.constants import BROKER_ID, PREFIX, VERSION, status_name
 
 __all__ = ["DEFAULT_ERROR", "ERROR_NAMES", "error_status", "error_reply", "is_request"]
 

@@ -16,6 +16,9 @@ from typing import NamedTuple
 
 import msgpack
 
+from proxy.protocols.fleximq.constants import (  # noqa: F401  (codec and server read them here)
+    JOIN, REQ, REP, NOTIF, BCAST, PUB, SUB, UNSUB, PING, PONG, TYPE_NAMES)
+
 # Header keys, as bits of Summary.present / Summary.badtype.
 ROUTING, REQREP, TOPIC, STATUS, AUTH, KEEPALIVE = 1, 2, 4, 8, 16, 32
 KEYS = (("routing", ROUTING), ("reqrep", REQREP), ("topic", TOPIC), ("status", STATUS),
@@ -145,8 +148,7 @@ def summarize(header) -> Summary:
 
 # ---- the per-type rules (document §2.2.3 and §7.3.1) ---------------------------------
 
-JOIN, REQ, REP, NOTIF, BCAST, PUB, SUB, UNSUB, PING, PONG = range(10)
-TYPE_NAMES = ("JOIN", "REQ", "REP", "NOTIF", "BCAST", "PUB", "SUB", "UNSUB", "PING", "PONG")
+# message types: JOIN, REQ, … PONG and TYPE_NAMES come from constants.py
 ALL = ROUTING | REQREP | TOPIC | STATUS | AUTH | KEEPALIVE
 REQUIRED = (0, ROUTING | REQREP, ROUTING | REQREP, ROUTING, 0, TOPIC, TOPIC, TOPIC,
             KEEPALIVE, KEEPALIVE)

@@ -10,7 +10,7 @@ from proxy.framing_common import (R_BAD_HEADER, R_BAD_VERSION, R_HEADER_TOO_LARG
 from proxy.framing_py import FrameParser
 from proxy.protocols.fleximq.header import (JOIN, REQ, REP, NOTIF, BCAST, PUB, PING, PONG,
                                             STATUS, summarize, rule_violation)
-from proxy.protocols.fleximq.names import (PREFIX, MAX_HEADER_BYTES, MAX_FRAME_BYTES,
+from proxy.protocols.fleximq.constants import (PREFIX, MAX_HEADER_BYTES, MAX_FRAME_BYTES,
                                            VERSION, INVALID_STATUS, TAG_JOIN, TAG_PING,
                                            PING_DUP_MAX, opcode_name, status_name, id_key)
 

@@ -1,6 +1,6 @@
 """FlyMQ: opcode table, frame parser (compiled + pure-Python twin) and codec."""
 
-from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, OPCODES, opcode_name  # noqa: F401
+from proxy.protocols.flymq.constants import MAX_FRAME_BYTES, OPCODES, opcode_name  # noqa: F401
 from proxy.protocols.spec import DemoSpec, ProtocolSpec
 
 PROTOCOL = ProtocolSpec(

@@ -6,7 +6,7 @@ u32 big-endian payload length, payload.  No correlation id: the reference SDK ke
 one request in flight and the server answers in order, so requests and responses
 pair FIFO (docs/design.md, "FlyMQ").  The server echoes the request opcode, or answers
 ERROR (0xFF) with a text body.  While recording, a request that names a topic
-(opcodes.TOPIC_FIELD) streams its payload through on_body() so the topic becomes the
+(constants.TOPIC_FIELD) streams its payload through on_body() so the topic becomes the
 frame-log resource; AUTH and the user-management requests are never read.
 """
 
@@ -17,10 +17,10 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
                              R_TOO_LARGE, R_MISMATCH, RESOURCE_MAX)
 from proxy._framing cimport (want_header, stream_body, gather, protocol_error, begin,
                              add_messages, expect_fifo, take_fifo, answer, set_resource)
-from proxy._wire cimport be16, be32
-from proxy.protocols.flymq.opcodes import OPCODES as _KNOWN
-from proxy.protocols.flymq.opcodes import MAX_FRAME_BYTES, TOPIC_FIELD, opcode_name
-from proxy.protocols.flymq.status import status_name
+from proxy._wire cimport be16, be32, skip_some
+from proxy.protocols.flymq.constants import OPCODES as _KNOWN
+from proxy.protocols.flymq.constants import MAX_FRAME_BYTES, TOPIC_FIELD, opcode_name
+from proxy.protocols.flymq.constants import status_name
 
 cdef enum:
     MAGIC = 0xAF
@@ -42,7 +42,7 @@ cdef enum:
     T_NAME = 4                 # its bytes (at most RESOURCE_MAX kept)
 
 
-# opcode -> strings before the topic + 1 (0: the request names no topic); opcodes.py
+# opcode -> strings before the topic + 1 (0: the request names no topic); constants.py
 cdef uint8_t TOPIC_AT[256]
 for _op, _before in TOPIC_FIELD.items():
     TOPIC_AT[_op] = _before + 1
@@ -121,10 +121,7 @@ cdef class FlyMQParser(FrameParser):
         cdef const uint8_t* f
         while i < n and t.state != T_DONE:
             if t.state == T_SKIP:
-                take = n - i
-                if take > t.skip:
-                    take = t.skip
-                t.skip -= take
+                take = skip_some(&t.skip, n - i)
                 t.pos += take
                 i += take
                 if t.skip == 0:

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
 from proxy.errors import FlyMQFrameError
-from proxy.protocols.flymq.opcodes import (
+from proxy.protocols.flymq.constants import (
     AUTH,
     AUTH_RESPONSE,
     COMMIT,

@@ -13,8 +13,8 @@ code.
 import struct
 
 from proxy.protocols.fault_replies import FaultReplyError, default_message, resolve_status
-from proxy.protocols.flymq.opcodes import ERROR, HEADER_SIZE, MAGIC, MAX_FRAME_BYTES, VERSION
-from proxy.protocols.flymq.status import ERROR as ST_ERROR, status_name
+from proxy.protocols.flymq.constants import ERROR, HEADER_SIZE, MAGIC, MAX_FRAME_BYTES, VERSION
+from proxy.protocols.flymq.constants import ST_ERROR, status_name
 
 __all__ = ["DEFAULT_ERROR", "ERROR_NAMES", "error_status", "error_reply", "is_request"]
 

@@ -2,14 +2,14 @@
 
 from proxy.framing_common import (C2S, S2C, R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE,
                                   R_MISMATCH, K_REQUEST, K_RESPONSE, OUTCOME_OK,
-                                  OUTCOME_ERROR, RESOURCE_MAX)
+                                  OUTCOME_ERROR, RESOURCE_MAX, skip_some)
 from proxy.framing_py import FrameParser
-from proxy.protocols.flymq.opcodes import OPCODES as _KNOWN
-from proxy.protocols.flymq.opcodes import (MAGIC, VERSION, HEADER_SIZE, MAX_FRAME_BYTES,
+from proxy.protocols.flymq.constants import OPCODES as _KNOWN
+from proxy.protocols.flymq.constants import (MAGIC, VERSION, HEADER_SIZE, MAX_FRAME_BYTES,
                                            PRODUCE, CONSUME, FETCH, ERROR, AUTH,
                                            AUTH_RESPONSE, COMPRESSION_MASK,
                                            TOPIC_FIELD, opcode_name)
-from proxy.protocols.flymq.status import OK as ST_OK, ERROR as ST_ERROR, status_name
+from proxy.protocols.flymq.constants import ST_OK, ST_ERROR, status_name
 
 _from_bytes = int.from_bytes
 T_DONE, T_SKIP_LEN, T_SKIP, T_LEN, T_NAME = range(5)    # topic reader (recording only)
@@ -101,8 +101,7 @@ class FlyMQParser(FrameParser):
         i, n = 0, len(chunk)
         while i < n and t.state != T_DONE:
             if t.state == T_SKIP:
-                take = min(n - i, t.skip)
-                t.skip -= take
+                take, t.skip = skip_some(t.skip, n - i)
                 t.pos += take
                 i += take
                 if t.skip == 0:

@@ -6,7 +6,7 @@ Every protocol's ``samples`` module offers the same three names: ``bench_frames`
 
 import struct
 
-from proxy.protocols.flymq.opcodes import FLAG_BINARY, MAGIC, PRODUCE, VERSION
+from proxy.protocols.flymq.constants import FLAG_BINARY, MAGIC, PRODUCE, VERSION
 
 TARGET_FPS = 10_000_000      # compiled parser, frames/s (requests and responses both count)
 TARGET_RATIO = 20.0          # compiled / pure-Python

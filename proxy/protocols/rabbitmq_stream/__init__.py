@@ -12,6 +12,7 @@ PROTOCOL = ProtocolSpec(
     default_port=DEFAULT_PORT,
     max_frame_bytes=MAX_FRAME_BYTES,
     validate_options=validate_options,
+    advertise=True,                             # Metadata / route data name brokers
     server="loadgen.rabbitmq_stream.server",
     users="loadgen.rabbitmq_stream.users",
     user_classes=("StreamPublisher", "StreamConsumer"),

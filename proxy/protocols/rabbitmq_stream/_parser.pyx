@@ -36,7 +36,7 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
 from proxy._framing cimport (want_header, stream_body, capture_frame, gather, protocol_error,
                              begin, add_messages, entry, set_corr, set_status, expect, take,
                              answer, set_resource)
-from proxy._wire cimport be16, be32, be64
+from proxy._wire cimport be16, be32, be64, skip_some
 from proxy.protocols.rabbitmq_stream.constants import COMMANDS as _KNOWN
 from proxy.protocols.rabbitmq_stream.constants import (MAX_FRAME_BYTES, RESOURCE_OPS,
                                                        RESOURCE_PROGRAMS, command_name,
@@ -333,10 +333,7 @@ cdef class StreamParser(FrameParser):
         cdef const uint8_t* f
         while i < n and r.step >= 0:
             if r.phase == PH_SKIP:
-                take = n - i
-                if take > r.skip:
-                    take = r.skip
-                r.skip -= take
+                take = skip_some(&r.skip, n - i)
                 r.pos += take
                 i += take
                 if r.skip == 0:
@@ -417,11 +414,7 @@ cdef class StreamParser(FrameParser):
             return self._read(d, p, n)
         while i < n:
             if b.skip > 0:
-                take = n - i
-                if take > b.skip:
-                    take = b.skip
-                b.skip -= take
-                i += take
+                i += skip_some(&b.skip, n - i)
                 continue
             if b.state == B_PID and b.have == 0:
                 i = self._entries(d, b, p, i, n)   # whole entries in place, no copying

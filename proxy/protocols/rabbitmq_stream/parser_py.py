@@ -4,7 +4,7 @@ Publish entries, simple messages and sub-entry batches: see _parser.pyx's docstr
 
 from proxy.framing_common import (C2S, S2C, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
                                   R_UNKNOWN, R_BAD_BODY, K_REQUEST, K_RESPONSE, K_ONEWAY,
-                                  OUTCOME_OK, OUTCOME_ERROR, RESOURCE_MAX)
+                                  OUTCOME_OK, OUTCOME_ERROR, RESOURCE_MAX, skip_some)
 from proxy.framing_py import FrameParser
 from proxy.protocols.rabbitmq_stream.constants import COMMANDS as _KNOWN
 from proxy.protocols.rabbitmq_stream.constants import (
@@ -211,8 +211,7 @@ class StreamParser(FrameParser):
         i, n = 0, len(chunk)
         while i < n and r.step >= 0:
             if r.phase == PH_SKIP:
-                take = min(n - i, r.skip)
-                r.skip -= take
+                take, r.skip = skip_some(r.skip, n - i)
                 r.pos += take
                 i += take
                 if r.skip == 0:
@@ -271,8 +270,7 @@ class StreamParser(FrameParser):
         i, n = 0, len(chunk)
         while i < n:
             if b.skip > 0:
-                take = min(b.skip, n - i)
-                b.skip -= take
+                take, b.skip = skip_some(b.skip, n - i)
                 i += take
                 continue
             if b.state >= B_DONE:

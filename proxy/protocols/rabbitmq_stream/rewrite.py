@@ -14,8 +14,8 @@ to reach the proxy, and a response naming a single broker is taken to be that
 upstream (a one-node server often advertises a host name the proxy does not dial).
 """
 
-from proxy.addresses import parse_address
 from proxy.errors import ConfigError
+from proxy.protocols import advertise
 from proxy.framing_common import DIRECTIONS, R_BAD_BODY, REASONS
 from proxy.protocols.rabbitmq_stream.codec import (StreamCodecError, decode_metadata_response,
                                                    encode_metadata_response)
@@ -34,15 +34,9 @@ def validate_options(options, where):
     if not isinstance(rw, bool):
         raise ConfigError(f"{where}.options.rewrite_metadata = {rw!r}: expected true or false")
     out["rewrite_metadata"] = rw
-    adv = options.get("advertise")
+    adv = advertise.validate(options, where)
     if adv is not None:
-        if not isinstance(adv, dict):
-            raise ConfigError(f"{where}.options.advertise = {adv!r}: expected a table "
-                              '{ "broker:port" = "proxyhost:port" }')
-        out["advertise"] = {
-            parse_address(k, f"{where}.options.advertise key"):
-                parse_address(v, f"{where}.options.advertise[{k!r}]")
-            for k, v in adv.items()}
+        out["advertise"] = adv
     return out
 
 

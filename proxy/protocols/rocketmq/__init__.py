@@ -1,7 +1,8 @@
 """RocketMQ remoting: request/response codes, frame parser (compiled + twin), codec,
 route-data rewriting."""
 
-from proxy.protocols.rocketmq.options import MAX_FRAME_BYTES, validate_options
+from proxy.protocols.rocketmq.constants import MAX_FRAME_BYTES
+from proxy.protocols.rocketmq.options import validate_options
 from proxy.protocols.spec import DemoRoute, DemoSpec, ProtocolSpec
 
 PROTOCOL = ProtocolSpec(
@@ -11,6 +12,7 @@ PROTOCOL = ProtocolSpec(
     default_port=9876,                          # the name server's
     max_frame_bytes=MAX_FRAME_BYTES,
     validate_options=validate_options,
+    advertise=True,                             # route data names the brokers
     server="loadgen.rocketmq.server",
     users="loadgen.rocketmq.users",
     user_classes=("RocketMQProducer", "RocketMQConsumer"),

@@ -19,12 +19,12 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTC
                              R_BAD_HEADER, R_BAD_BODY)
 from proxy._framing cimport (stream_body, capture_frame, gather, protocol_error, begin,
                              add_messages, set_corr, expect, take, answer, set_resource)
-from proxy._wire cimport be16, be32
+from proxy._wire cimport be16, be32, skip_some
 from proxy.protocols.rocketmq.options import (known_codes, new_route_requests,
                                               remember_route_request)
 from proxy.protocols.rocketmq import jsonscan
-from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES,
-                                              RouteRewriter, frame_opcode_name,
+from proxy.protocols.rocketmq.constants import MAX_FRAME_BYTES
+from proxy.protocols.rocketmq.options import (MAX_HEADER_BYTES, RouteRewriter, frame_opcode_name,
                                               response_status_name)
 
 cdef enum:
@@ -503,11 +503,7 @@ cdef class RocketMQParser(FrameParser):
         cdef uint32_t size
         while i < n:
             if r.wskip > 0:
-                take = n - i
-                if take > r.wskip:
-                    take = r.wskip
-                r.wskip -= take
-                i += take
+                i += skip_some(&r.wskip, n - i)
                 continue
             take = 4 - r.whave
             if take > n - i:

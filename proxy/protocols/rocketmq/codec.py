@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from proxy.errors import FrameError
-from proxy.protocols.rocketmq.codes import (
+from proxy.protocols.rocketmq.constants import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     LANGUAGE_BY_NAME,
     LANGUAGE_CODES,
+    MAX_FRAME_BYTES,
     MSG_FLAG_BORNHOST_V6,
     MSG_FLAG_STOREHOST_V6,
     PERM_READ,
@@ -104,8 +105,6 @@ __all__ = [
     "send_header_to_v2",
 ]
 
-#: Largest frame accepted by default (Apache NettyDecoder's ``frameMaxLength`` 16 MiB).
-MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: Header length must fit the 24 low bits of the header-length word.
 MAX_HEADER_BYTES = 0xFFFFFF
 
@@ -147,7 +146,7 @@ class RemotingCommand:
     with no name decodes as ``"unknown_<n>"`` and re-encodes as ``n``). ``remark`` is
     ``None`` when absent. ``ext_fields`` maps header field names to their string values,
     as Java's ``HashMap<String, String>``. ``serialize_type`` is
-    :data:`~proxy.protocols.rocketmq.codes.SERIALIZE_JSON` or ``SERIALIZE_ROCKETMQ``.
+    :data:`~proxy.protocols.rocketmq.constants.SERIALIZE_JSON` or ``SERIALIZE_ROCKETMQ``.
     """
 
     code: int = 0

@@ -20,7 +20,7 @@ import struct
 from proxy.protocols.fault_replies import FaultReplyError, default_message, resolve_status
 from proxy.protocols.rocketmq import jsonscan
 from proxy.protocols.rocketmq.codec import RemotingCommand, encode
-from proxy.protocols.rocketmq.codes import (FLAG_ONEWAY, FLAG_RESPONSE, RESPONSE_CODES,
+from proxy.protocols.rocketmq.constants import (FLAG_ONEWAY, FLAG_RESPONSE, RESPONSE_CODES,
                                             SERIALIZE_JSON, SERIALIZE_ROCKETMQ, response_name)
 
 __all__ = ["DEFAULT_ERROR", "ERROR_NAMES", "error_status", "error_reply", "is_request"]

@@ -16,10 +16,9 @@ import collections
 import functools
 import struct
 
-from proxy.addresses import parse_address
 from proxy.errors import ConfigError
+from proxy.protocols import advertise
 
-MAX_FRAME_BYTES = 32 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 UNMATCHED_RESPONSE = 65535
 UNDECODABLE = 65534
@@ -27,8 +26,8 @@ OPTION_KEYS = {"length_includes_self", "max_header_bytes", "advertise"}
 
 
 def _codes():
-    from proxy.protocols.rocketmq import codes
-    return codes
+    from proxy.protocols.rocketmq import constants
+    return constants
 
 
 def frame_opcode_name(code):
@@ -90,15 +89,9 @@ def validate_options(options, where):
         raise ConfigError(f"{where}.options.max_header_bytes = {mhb!r}: expected an integer "
                           "1..16777215")
     out["max_header_bytes"] = mhb
-    adv = options.get("advertise")
+    adv = advertise.validate(options, where)
     if adv is not None:
-        if not isinstance(adv, dict):
-            raise ConfigError(f"{where}.options.advertise = {adv!r}: expected a table "
-                              '{ "broker:port" = "proxyhost:port" }')
-        for k, v in adv.items():
-            parse_address(k, f"{where}.options.advertise key")
-            parse_address(v, f"{where}.options.advertise[{k!r}]")
-        out["advertise"] = dict(adv)
+        out["advertise"] = adv
     return out
 
 
@@ -110,9 +103,9 @@ class RouteRewriter:
     rather than by re-serialising a parsed document.
     """
 
-    def __init__(self, advertise):
+    def __init__(self, table):
         self.replacements = [(('"%s"' % k).encode(), ('"%s"' % v).encode())
-                             for k, v in advertise.items()]
+                             for k, v in advertise.as_text(table).items()]
 
     @classmethod
     def from_options(cls, options):

@@ -4,10 +4,11 @@ import struct
 
 from proxy.framing_common import (S2C, R_OVERFLOW, R_TOO_LARGE, R_TOO_SMALL, R_BAD_HEADER,
                                   R_BAD_BODY, K_REQUEST, K_RESPONSE, K_ONEWAY, OUTCOME_OK,
-                                  OUTCOME_ERROR)
+                                  OUTCOME_ERROR, skip_some)
 from proxy.framing_py import CORR_HI_SIGNED, FrameParser
 from proxy.protocols.rocketmq import jsonscan
-from proxy.protocols.rocketmq.options import (MAX_FRAME_BYTES, MAX_HEADER_BYTES, UNDECODABLE,
+from proxy.protocols.rocketmq.constants import MAX_FRAME_BYTES
+from proxy.protocols.rocketmq.options import (MAX_HEADER_BYTES, UNDECODABLE,
                                               UNMATCHED_RESPONSE, RouteRewriter, known_codes,
                                               frame_opcode_name, new_route_requests,
                                               remember_route_request,
@@ -107,8 +108,7 @@ class RocketMQParser(FrameParser):
         i, n = 0, len(chunk)
         while i < n:
             if r.wskip > 0:
-                take = min(r.wskip, n - i)
-                r.wskip -= take
+                take, r.wskip = skip_some(r.wskip, n - i)
                 i += take
                 continue
             take = min(4 - len(r.wbuf), n - i)

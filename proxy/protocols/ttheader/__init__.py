@@ -2,7 +2,7 @@
 parser (compiled + pure-Python twin), codec, constants."""
 
 from proxy.protocols.spec import DemoSpec, ProtocolSpec
-from proxy.protocols.ttheader.names import MAX_FRAME_BYTES
+from proxy.protocols.ttheader.constants import MAX_FRAME_BYTES
 
 PROTOCOL = ProtocolSpec(
     name="ttheader",

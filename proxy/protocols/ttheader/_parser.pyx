@@ -81,7 +81,7 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, OUTCOME_OK, OUTCOME_E
 from proxy._framing cimport (want_header, protocol_error, begin, add_messages, set_corr,
                              expect, take, answer, set_resource, add_attr)
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from proxy.protocols.ttheader.names import (MAX_FRAME_BYTES, HEADER_LIMIT, opcode_name,
+from proxy.protocols.ttheader.constants import (MAX_FRAME_BYTES, HEADER_LIMIT, opcode_name,
                                             status_name)
 
 

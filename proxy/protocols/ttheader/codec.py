@@ -9,7 +9,7 @@ headers and small structs by hand exist for golden parser fixtures and garbage.
 import struct
 import zlib
 
-from proxy.protocols.ttheader.names import (MAGIC_TTHEADER, MAGIC_THEADER, INFO_KEYVALUE,
+from proxy.protocols.ttheader.constants import (MAGIC_TTHEADER, MAGIC_THEADER, INFO_KEYVALUE,
                                             INFO_INTKEYVALUE, INFO_ACL_TOKEN, ZLIB, CALL,
                                             REPLY, EXCEPTION, ONEWAY, MAX_FRAME_BYTES)
 

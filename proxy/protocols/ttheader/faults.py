@@ -29,7 +29,7 @@ import zlib
 
 from proxy.protocols.fault_replies import FaultReplyError, default_message, resolve_status
 from proxy.protocols.ttheader.codec import varint
-from proxy.protocols.ttheader.names import (CALL, EXCEPTION, HEADER_LIMIT, INFO_ACL_TOKEN,
+from proxy.protocols.ttheader.constants import (CALL, EXCEPTION, HEADER_LIMIT, INFO_ACL_TOKEN,
                                             INFO_INTKEYVALUE, INFO_KEYVALUE, MAGIC_THEADER,
                                             MAGIC_TTHEADER, PROTO_BINARY, PROTO_COMPACT,
                                             PROTO_PROTOBUF,

@@ -9,7 +9,7 @@ from proxy.framing_common import (C2S, R_HEADER_TOO_LARGE, R_BAD_MAGIC, R_TOO_LA
                                   R_BAD_BODY, R_MISMATCH, K_REQUEST, K_RESPONSE, K_ONEWAY,
                                   OUTCOME_OK, OUTCOME_ERROR, OTHER_SLOT)
 from proxy.framing_py import CORR_HI_SIGNED, FrameParser
-from proxy.protocols.ttheader.names import (
+from proxy.protocols.ttheader.constants import (
     MAX_FRAME_BYTES, HEADER_LIMIT, TT_MAX_HEADER, NAME_MAX, ZOUT_MAX, MAGIC_TTHEADER,
     MAGIC_THEADER, PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF, ZLIB, SNAPPY, INFO_KEYVALUE,
     INFO_INTKEYVALUE, INFO_ACL_TOKEN, INT_KEY_NAMES, TO_METHOD, CALL, REPLY, EXCEPTION, ONEWAY,

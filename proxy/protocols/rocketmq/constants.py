@@ -21,7 +21,7 @@ __all__ = [
     "REQUEST_CODES", "LEGACY_REQUEST_CODES", "RESPONSE_CODES", "LANGUAGE_CODES",
     "LANGUAGE_BY_NAME", "request_name", "response_name", "language_name", "language_code",
     "FLAG_RESPONSE", "FLAG_ONEWAY", "SERIALIZE_JSON", "SERIALIZE_ROCKETMQ",
-    "SERIALIZE_TYPE_NAMES",
+    "SERIALIZE_TYPE_NAMES", "MAX_FRAME_BYTES",
 ]
 
 # --------------------------------------------------------------------------- flags etc.
@@ -39,6 +39,11 @@ SERIALIZE_TYPE_NAMES = {SERIALIZE_JSON: "JSON", SERIALIZE_ROCKETMQ: "ROCKETMQ"}
 #: Default ports of the Apache distribution.
 DEFAULT_NAMESRV_PORT = 9876
 DEFAULT_BROKER_PORT = 10911
+
+#: The frame limit (whole frame, length word included): the parser twins' and the
+#: route's ``max_frame_bytes`` default, the codec's ``decode`` (so the reference server's)
+#: and the loadgen client's. Apache's NettyDecoder ``frameMaxLength`` defaults to 16 MiB.
+MAX_FRAME_BYTES = 32 * 1024 * 1024
 
 # --------------------------------------------------------------------------- request codes
 

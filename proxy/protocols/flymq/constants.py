@@ -106,3 +106,14 @@ TOPIC_FIELD[0x43] = 1                   # TXN_PRODUCE: txn_id, then topic
 def opcode_name(code: int) -> str:
     """Spec name of ``code``, or ``unknown_<n>`` (docs/design.md, "Prometheus metrics")."""
     return OPCODES.get(code, f"unknown_{code}")
+
+
+# Statuses: FlyMQ has no status codes on the wire; a response is OK unless it is ERROR
+# (0xFF). These are the parsers' status slots (ST_*, not the ERROR opcode above).
+ST_OK = 0
+ST_ERROR = 1
+STATUS_NAMES = {ST_OK: "OK", ST_ERROR: "ERROR"}
+
+
+def status_name(code: int) -> str:
+    return STATUS_NAMES.get(code, f"unknown_{code}")

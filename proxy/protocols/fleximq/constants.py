@@ -2,7 +2,6 @@
 (docs/design.md, "fleximq")."""
 
 from proxy.framing_common import clip_corr
-from proxy.protocols.fleximq.header import TYPE_NAMES
 
 PREFIX = 34                    # version, type, client_id, reserved, header/payload lengths
 MAX_HEADER_BYTES = 65536       # §7.1
@@ -10,6 +9,10 @@ MAX_FRAME_BYTES = 1 << 30      # §7.1 (route key max_frame_bytes)
 VERSION = 1
 BROKER_ID = 1
 INVALID_STATUS = -1            # a status that is not an unsigned 32-bit integer
+
+# message types, numbered by the frame's `type` byte
+JOIN, REQ, REP, NOTIF, BCAST, PUB, SUB, UNSUB, PING, PONG = range(10)
+TYPE_NAMES = ("JOIN", "REQ", "REP", "NOTIF", "BCAST", "PUB", "SUB", "UNSUB", "PING", "PONG")
 
 # Correlation namespaces (the `tag` of expect/take): a REQ under the direction it
 # travelled, a JOIN under 2 + direction, a PING under 4 + direction + 2 * k where k
