@@ -81,6 +81,11 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, OUTCOME_OK, OUTCOME_E
 from proxy._framing cimport (want_header, protocol_error, begin, add_messages, set_corr,
                              expect, take, answer, set_resource, add_attr)
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from proxy._wire cimport be16, be32, be32s_at
+from proxy.protocols.ttheader.walk_c cimport (Msg, XWalk, WLevel, SkipWalk, uvar, read_message,
+                                              reply_status, exception_status, walk_binary,
+                                              M_OK, M_NEED, M_BAD, P_PROTOBUF, MAX_DEPTH, CALL,
+                                              REPLY, EXCEPTION, ONEWAY, ST_OK)
 from proxy.protocols.ttheader.names import (MAX_FRAME_BYTES, HEADER_LIMIT, opcode_name,
                                             status_name)
 
@@ -109,7 +114,6 @@ cdef enum:
     HDR = 8
     TT_META = 14
     TT_MAX_HEADER = 65536
-    NAME_MAX = 4096
     ZOUT_MAX = 8192
     MAGIC_TTHEADER = 0x1000
     MAGIC_THEADER = 0x0FFF
@@ -122,12 +126,6 @@ cdef enum:
     INFO_INTKEYVALUE = 0x10
     INFO_ACL_TOKEN = 0x11
     TO_METHOD = 9
-    CALL = 1
-    REPLY = 2
-    EXCEPTION = 3
-    ONEWAY = 4
-    ST_OK = -1
-    ST_EXCEPTION = -2
     ST_UNDECODED = -3
     F_TTHEADER = 1
     F_THEADER = 2
@@ -135,26 +133,7 @@ cdef enum:
     X_NONE = 0
     X_ZLIB = 1
     X_OPAQUE = 2
-    M_OK = 0
-    M_NEED = 1
-    M_BAD = 2
-    P_BINARY = 0
-    P_COMPACT = 2
-    P_PROTOBUF = 3
-    MAX_DEPTH = 64
     ZSTEP = 64
-
-
-cdef struct Msg:                 # what the message reader found
-    int ptype                    # P_*: how the message header is encoded
-    int mtype                    # CALL / REPLY / EXCEPTION / ONEWAY
-    Py_ssize_t name_off          # method name within the buffer read
-    Py_ssize_t name_len
-    int32_t seq
-    Py_ssize_t body              # first byte after the message header
-    int64_t status               # ST_* or the TApplicationException type
-    Py_ssize_t need              # M_NEED: bytes (index) wanted
-    uint64_t var                 # last varint read
 
 
 cdef struct Info:                # what the header's info section held
@@ -175,26 +154,6 @@ cdef struct Info:                # what the header's info section held
 # so a direction's saved walk belongs to the frame being read until on_header() returns
 # a length or fails.
 
-cdef struct XWalk:               # exception_status(): the field to go on from
-    Py_ssize_t i
-    int64_t last                 # compact: the id of the field before it
-
-
-cdef struct WLevel:              # walk_binary(): one open struct, map or list/set
-    int64_t left                 # elements left (a map counts keys and values)
-    uint8_t ft                   # 12 struct, 13 map, 14/15 list/set
-    uint8_t kt                   # map key type, list/set element type
-    uint8_t vt                   # map value type
-
-
-cdef struct SkipWalk:            # walk_binary(): where an unframed message's walk stopped
-    Py_ssize_t pos               # next byte to read
-    int sp                       # open levels on stack (the outermost struct is level 0)
-    int cur                      # type of the value that starts at pos, -1: none (the
-                                 # top level's next field header or element comes next)
-    WLevel* stack                # MAX_DEPTH + 1 levels (heap, first unframed message)
-
-
 cdef enum:
     W_NONE = 0                   # Resume.stage: no walk under way
     W_UNFRAMED = 1               # an unframed message's end is being walked (sk)
@@ -212,409 +171,6 @@ cdef struct Resume:              # per direction: the frame being read across re
     bint xfresh                  # x not started: it begins at the message body
     XWalk x
     SkipWalk sk
-
-
-cdef inline int32_t be32s(const uint8_t* h) noexcept:
-    return <int32_t>((<uint32_t>h[0] << 24) | (<uint32_t>h[1] << 16) | (<uint32_t>h[2] << 8)
-                     | h[3])
-
-cdef inline uint32_t be32(const uint8_t* h) noexcept:
-    return (<uint32_t>h[0] << 24) | (<uint32_t>h[1] << 16) | (<uint32_t>h[2] << 8) | h[3]
-
-cdef inline int be16(const uint8_t* h) noexcept:
-    return (<int>h[0] << 8) | h[1]
-
-cdef inline int64_t unzigzag(uint64_t v) noexcept:
-    return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))
-
-
-cdef inline int chk(Msg* m, Py_ssize_t k, Py_ssize_t lim, Py_ssize_t fend) noexcept:
-    """Are bytes up to index k there?  M_OK; M_BAD when the frame ends first (fend >= 0);
-    else M_NEED with m.need = k."""
-    if k <= lim:
-        return M_OK
-    if fend >= 0 and k > fend:
-        return M_BAD
-    m.need = k
-    return M_NEED
-
-
-cdef inline int uvar(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, Py_ssize_t fend,
-                     int maxlen, Py_ssize_t* nxt) noexcept:
-    """Unsigned varint at i into m.var; *nxt = index after it."""
-    cdef uint64_t v = 0
-    cdef int shift = 0
-    cdef Py_ssize_t j = i
-    cdef uint8_t b
-    while j < lim and j - i < maxlen:
-        b = h[j]
-        if shift < 64:
-            v |= <uint64_t>(b & 0x7F) << shift
-        j += 1
-        if not b & 0x80:
-            m.var = v
-            nxt[0] = j
-            return M_OK
-        shift += 7
-    nxt[0] = j
-    if j - i >= maxlen or (fend >= 0 and lim >= fend):
-        return M_BAD
-    m.need = lim + 1
-    return M_NEED
-
-
-cdef int read_message(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, Py_ssize_t fend,
-                      bint allow_pb) noexcept:
-    """The Thrift message header at h[i:]: strict binary (0x80 0x01), compact (0x82),
-    Kitex protobuf meta (0x90 0x01, when allow_pb) or non-strict binary."""
-    cdef int r
-    cdef int64_t n
-    cdef Py_ssize_t j
-    cdef uint8_t b0
-    r = chk(m, i + 1, lim, fend)
-    if r:
-        return r
-    b0 = h[i]
-    if b0 == 0x80 or (b0 == 0x90 and allow_pb):
-        r = chk(m, i + 8, lim, fend)
-        if r:
-            return r
-        if h[i + 1] != 0x01:
-            return M_BAD
-        m.mtype = h[i + 3]
-        n = be32s(h + i + 4)
-        if n < 0 or n > NAME_MAX:
-            return M_BAD
-        r = chk(m, i + 12 + n, lim, fend)
-        if r:
-            return r
-        m.name_off = i + 8
-        m.name_len = n
-        m.seq = be32s(h + i + 8 + n)
-        m.body = i + 12 + n
-        m.ptype = P_PROTOBUF if b0 == 0x90 else P_BINARY
-    elif b0 == 0x82:
-        r = chk(m, i + 2, lim, fend)
-        if r:
-            return r
-        if h[i + 1] & 0x1F != 1:
-            return M_BAD
-        m.mtype = h[i + 1] >> 5
-        r = uvar(m, h, i + 2, lim, fend, 5, &j)
-        if r:
-            return r
-        m.seq = <int32_t><uint32_t>m.var
-        r = uvar(m, h, j, lim, fend, 5, &j)
-        if r:
-            return r
-        if m.var > NAME_MAX:
-            return M_BAD
-        n = <int64_t>m.var
-        r = chk(m, j + n, lim, fend)
-        if r:
-            return r
-        m.name_off = j
-        m.name_len = n
-        m.body = j + n
-        m.ptype = P_COMPACT
-    elif b0 & 0x80:
-        return M_BAD
-    else:
-        r = chk(m, i + 4, lim, fend)
-        if r:
-            return r
-        n = be32s(h + i)
-        if n > NAME_MAX:
-            return M_BAD
-        r = chk(m, i + 9 + n, lim, fend)
-        if r:
-            return r
-        m.name_off = i + 4
-        m.name_len = n
-        m.mtype = h[i + 4 + n]
-        m.seq = be32s(h + i + 5 + n)
-        m.body = i + 9 + n
-        m.ptype = P_BINARY
-    if m.mtype < CALL or m.mtype > ONEWAY:
-        return M_BAD
-    return M_OK
-
-
-cdef int reply_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim,
-                      Py_ssize_t fend) noexcept:
-    """REPLY: the result struct's first field id — 0 (or a void reply) is OK, any
-    other a declared exception."""
-    cdef int r
-    cdef int64_t fid
-    cdef uint8_t b
-    cdef Py_ssize_t j
-    if m.ptype == P_PROTOBUF:
-        m.status = ST_OK
-        return M_OK
-    r = chk(m, i + 1, lim, fend)
-    if r:
-        return r
-    b = h[i]
-    if m.ptype == P_BINARY:
-        if b == 0:
-            m.status = ST_OK
-            return M_OK
-        r = chk(m, i + 3, lim, fend)
-        if r:
-            return r
-        fid = be16(h + i + 1)
-    else:
-        if b & 0x0F == 0:
-            m.status = ST_OK
-            return M_OK
-        fid = b >> 4
-        if fid == 0:
-            r = uvar(m, h, i + 1, lim, fend, 3, &j)
-            if r:
-                return r
-            fid = unzigzag(m.var)
-    m.status = ST_OK if fid == 0 else ST_EXCEPTION
-    return M_OK
-
-
-cdef inline int bin_fixed(int ft) noexcept:
-    if ft == 2 or ft == 3:
-        return 1
-    if ft == 4 or ft == 10:
-        return 8
-    if ft == 6:
-        return 2
-    if ft == 8:
-        return 4
-    if ft == 16:
-        return 16
-    return -1
-
-
-cdef inline int cpt_fixed(int ft) noexcept:
-    if ft == 1 or ft == 2:
-        return 0
-    if ft == 3:
-        return 1
-    if ft == 7:
-        return 8
-    if ft == 13:
-        return 16
-    return -1
-
-
-cdef inline int _give_up(int r) noexcept:
-    return M_NEED if r == M_NEED else M_OK
-
-
-cdef int exception_status(Msg* m, const uint8_t* h, XWalk* x, Py_ssize_t lim,
-                          Py_ssize_t fend) noexcept:
-    """EXCEPTION: the TApplicationException's type (field 2, i32) into m.status; a
-    missing type (Node's), or a struct that cannot be walked, is 0 (UNKNOWN).  Returns
-    M_NEED only while more of the frame may still come.
-
-    Resumable: the walk starts at field x.i (x.last: the compact id before it) and,
-    on M_NEED, leaves x at the field it could not finish, so the next call with more
-    bytes goes on from there instead of from the struct's first field (a message
-    split into many reads costs what it costs in one; issue 19)."""
-    cdef int r, ft, size
-    cdef int64_t fid, last = x.last, n
-    cdef uint8_t b
-    cdef Py_ssize_t j, i = x.i
-    m.status = 0
-    if m.ptype == P_PROTOBUF:                   # Kitex pbError: TypeID is field 1, varint
-        r = chk(m, i + 1, lim, fend)
-        if r:
-            return _give_up(r)
-        if h[i] == 0x08:
-            r = uvar(m, h, i + 1, lim, fend, 10, &j)
-            if r == M_NEED:
-                return r
-            if r == M_OK:
-                m.status = <int32_t><uint32_t>m.var
-        return M_OK
-    while True:
-        x.i = i                                 # the field to go on from
-        x.last = last
-        r = chk(m, i + 1, lim, fend)
-        if r:
-            return _give_up(r)
-        b = h[i]
-        if m.ptype == P_BINARY:
-            ft = b
-            if ft == 0:
-                return M_OK
-            r = chk(m, i + 3, lim, fend)
-            if r:
-                return _give_up(r)
-            fid = be16(h + i + 1)
-            i += 3
-            if fid == 2 and ft == 8:
-                r = chk(m, i + 4, lim, fend)
-                if r:
-                    return _give_up(r)
-                m.status = be32s(h + i)
-                return M_OK
-            if ft == 11:
-                r = chk(m, i + 4, lim, fend)
-                if r:
-                    return _give_up(r)
-                n = be32s(h + i)
-                if n < 0:
-                    return M_OK
-                i += 4 + n
-            else:
-                size = bin_fixed(ft)
-                if size < 0:
-                    return M_OK
-                i += size
-        else:
-            ft = b & 0x0F
-            if ft == 0:
-                return M_OK
-            i += 1
-            if b >> 4:
-                fid = last + (b >> 4)
-            else:
-                r = uvar(m, h, i, lim, fend, 3, &i)
-                if r:
-                    return _give_up(r)
-                fid = unzigzag(m.var)
-            last = fid
-            if ft == 4 or ft == 5 or ft == 6 or ft == 8:
-                r = uvar(m, h, i, lim, fend, 10, &i)
-                if r:
-                    return _give_up(r)
-                if fid == 2 and ft == 5:
-                    m.status = <int32_t><uint32_t>(<uint64_t>unzigzag(m.var))
-                    return M_OK
-                if ft == 8:
-                    if m.var > <uint64_t>(lim + 0x7FFFFFFF):
-                        return M_OK
-                    i += <Py_ssize_t>m.var
-            else:
-                size = cpt_fixed(ft)
-                if size < 0:
-                    return M_OK
-                i += size
-
-
-cdef Py_ssize_t walk_binary(Msg* m, const uint8_t* h, Py_ssize_t lim, SkipWalk* w) noexcept:
-    """Index after the binary-protocol struct that w's walk started (w.pos, w.sp = 0,
-    w.cur = 12); -1 malformed, -2 more bytes needed (m.need), with w left where the walk
-    stopped, so the call with more bytes goes on from there.  Only unframed messages
-    need this: their end is where their struct ends.  It asks for the same bytes, and
-    decides the same, as walking the value recursively (nesting past MAX_DEPTH is
-    malformed)."""
-    cdef Py_ssize_t i = w.pos
-    cdef int sp = w.sp, t = w.cur, size, vs
-    cdef int64_t n, k
-    cdef WLevel* top
-    cdef WLevel* stack = w.stack
-    while True:
-        if t >= 0:                              # the value of type t at i, depth sp
-            if sp > MAX_DEPTH:
-                return -1
-            size = bin_fixed(t)
-            if size >= 0:
-                if i + size > lim:
-                    m.need = i + size
-                    break
-                i += size
-            elif t == 11:
-                if i + 4 > lim:
-                    m.need = i + 4
-                    break
-                n = be32s(h + i)
-                if n < 0:
-                    return -1
-                if i + 4 + n > lim:
-                    m.need = i + 4 + n
-                    break
-                i += 4 + n
-            elif t == 12:
-                top = &stack[sp]
-                top.ft = 12
-                sp += 1
-            elif t == 13:
-                if i + 6 > lim:
-                    m.need = i + 6
-                    break
-                n = be32s(h + i + 2)
-                if n < 0:
-                    return -1
-                top = &stack[sp]
-                top.ft = 13
-                top.kt = h[i]
-                top.vt = h[i + 1]
-                top.left = 2 * n
-                sp += 1
-                i += 6
-            elif t == 14 or t == 15:
-                if i + 5 > lim:
-                    m.need = i + 5
-                    break
-                n = be32s(h + i + 1)
-                if n < 0:
-                    return -1
-                top = &stack[sp]
-                top.ft = 14
-                top.kt = h[i]
-                top.left = n
-                sp += 1
-                i += 5
-            else:
-                return -1
-            t = -1
-        if sp == 0:
-            return i                            # the message's struct ended
-        top = &stack[sp - 1]
-        if top.ft == 12:                        # a field header, or STOP
-            if i + 1 > lim:
-                m.need = i + 1
-                break
-            if h[i] == 0:
-                i += 1
-                sp -= 1
-                continue
-            if i + 3 > lim:
-                m.need = i + 3
-                break
-            t = h[i]
-            i += 3
-        elif top.left == 0:
-            sp -= 1
-        else:
-            if sp <= MAX_DEPTH:                 # fixed-size elements: every whole one here
-                if top.ft == 13:
-                    size = bin_fixed(top.kt)
-                    vs = bin_fixed(top.vt)
-                    if size > 0 and vs > 0 and not top.left & 1:
-                        k = (lim - i) // (size + vs)
-                        if k > top.left >> 1:
-                            k = top.left >> 1
-                        i += k * (size + vs)
-                        top.left -= 2 * k
-                else:
-                    size = bin_fixed(top.kt)
-                    if size > 0:
-                        k = (lim - i) // size
-                        if k > top.left:
-                            k = top.left
-                        i += k * size
-                        top.left -= k
-                if top.left == 0:
-                    sp -= 1
-                    continue
-            if top.ft == 13:
-                t = top.kt if (top.left & 1) == 0 else top.vt
-            else:
-                t = top.kt
-            top.left -= 1
-    w.pos = i
-    w.sp = sp
-    w.cur = t
-    return -2
 
 
 cdef const char* int_key_name(int key) noexcept:
@@ -710,7 +266,7 @@ cdef class TTHeaderParser(FrameParser):
         elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1) or \
                 (h[4] == 0x90 and h[5] == 0x01):     # Kitex protobuf, framed
             framing = F_FRAMED
-        elif h[4] < 0x80 and <int64_t>be32s(h + 4) + 9 <= length:
+        elif h[4] < 0x80 and <int64_t>be32s_at(h, 4) + 9 <= length:
             framing = F_FRAMED                     # non-strict binary: name length first
         else:
             self.fail(d, R_BAD_MAGIC, "bytes %s at offset %d are not Thrift (TTHeader 0x1000, "
@@ -763,7 +319,7 @@ cdef class TTHeaderParser(FrameParser):
         if p0 + 4 <= total:                        # Kitex TTHeaderFramed: u32 length first
             if p0 + 4 > lim:
                 return want_header(self, d, p0 + 4)
-            if <int64_t>be32s(h + p0) == total - p0 - 4:
+            if <int64_t>be32s_at(h, p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
         rs.xfresh = True
@@ -948,19 +504,19 @@ cdef class TTHeaderParser(FrameParser):
                 self._xform(h[i + k])
             i += nt
         else:
-            r = uvar(m, h, i, end, end, 5, &i)
+            r, i = uvar(m, h, i, end, end, 5)
             if r:
                 hi.err = 1
                 return 0
             hi.proto = <int>m.var if m.var < 256 else 256
-            r = uvar(m, h, i, end, end, 5, &i)
+            r, i = uvar(m, h, i, end, end, 5)
             if r:
                 hi.err = 1
                 return 0
             cnt = m.var
             c = 0
             while c < cnt:
-                r = uvar(m, h, i, end, end, 5, &i)
+                r, i = uvar(m, h, i, end, end, 5)
                 if r:
                     hi.err = 1
                     return 0
@@ -1038,13 +594,13 @@ cdef class TTHeaderParser(FrameParser):
                     hi.err = 1                        # Kitex: invalid infoIDType
                     return 0
             else:
-                r = uvar(m, h, i, end, end, 5, &i)
+                r, i = uvar(m, h, i, end, end, 5)
                 if r:
                     hi.err = 1
                     return 0
                 if m.var != INFO_KEYVALUE:
                     return 0                          # Apache: padding / unknown ends infos
-                r = uvar(m, h, i, end, end, 5, &i)
+                r, i = uvar(m, h, i, end, end, 5)
                 if r:
                     hi.err = 1
                     return 0
@@ -1052,14 +608,14 @@ cdef class TTHeaderParser(FrameParser):
                 c = 0
                 while c < cnt:
                     c += 1
-                    r = uvar(m, h, i, end, end, 5, &i)
+                    r, i = uvar(m, h, i, end, end, 5)
                     if r or m.var > <uint64_t>(end - i):
                         hi.err = 1
                         return 0
                     ko = i
                     kl = <Py_ssize_t>m.var
                     i += kl
-                    r = uvar(m, h, i, end, end, 5, &i)
+                    r, i = uvar(m, h, i, end, end, 5)
                     if r or m.var > <uint64_t>(end - i):
                         hi.err = 1
                         return 0
@@ -1136,7 +692,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Info* hi = &self.hi
         cdef RouteStats st = self.stats
         cdef int slot, rs
-        cdef int32_t seq = be32s(h + 8)
+        cdef int32_t seq = be32s_at(h, 8)
         if hi.tom_len > 0:
             slot = st.slot_for_name(h + hi.tom_off, hi.tom_len)
         else:
