@@ -82,10 +82,11 @@ from proxy._framing cimport (want_header, protocol_error, begin, add_messages, s
                              expect, take, answer, set_resource, add_attr)
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from proxy._wire cimport be16, be32, be32s_at
-from proxy.protocols.ttheader.walk_c cimport (Msg, XWalk, WLevel, SkipWalk, uvar, read_message,
-                                              reply_status, exception_status, walk_binary,
-                                              M_OK, M_NEED, M_BAD, P_PROTOBUF, MAX_DEPTH, CALL,
-                                              REPLY, EXCEPTION, ONEWAY, ST_OK)
+from proxy.protocols.ttheader.walk_c cimport (
+    Msg, Info, InfoWalk, XWalk, WLevel, SkipWalk, read_message, reply_status,
+    exception_status, walk_binary, info_scan, info_walk, INFO_BATCH, M_OK, M_NEED, M_BAD, P_PROTOBUF,
+    MAX_DEPTH, CALL, REPLY, EXCEPTION, ONEWAY, ST_OK, TT_META, PROTO_BINARY, PROTO_PROTOBUF,
+    INFO_INTKEYVALUE, X_NONE, X_ZLIB, X_OPAQUE)
 from proxy.protocols.ttheader.names import (MAX_FRAME_BYTES, HEADER_LIMIT, opcode_name,
                                             status_name)
 
@@ -112,36 +113,15 @@ cdef extern from "zlib.h":
 
 cdef enum:
     HDR = 8
-    TT_META = 14
     TT_MAX_HEADER = 65536
     ZOUT_MAX = 8192
     MAGIC_TTHEADER = 0x1000
     MAGIC_THEADER = 0x0FFF
-    PROTO_BINARY = 0
-    PROTO_COMPACT = 2
-    PROTO_PROTOBUF = 3
-    ZLIB = 1
-    SNAPPY = 3
-    INFO_KEYVALUE = 0x01
-    INFO_INTKEYVALUE = 0x10
-    INFO_ACL_TOKEN = 0x11
-    TO_METHOD = 9
     ST_UNDECODED = -3
     F_TTHEADER = 1
     F_THEADER = 2
     F_FRAMED = 3
-    X_NONE = 0
-    X_ZLIB = 1
-    X_OPAQUE = 2
     ZSTEP = 64
-
-
-cdef struct Info:                # what the header's info section held
-    int proto
-    int xform                    # X_*
-    Py_ssize_t tom_off           # TO_METHOD value, -1 none
-    Py_ssize_t tom_len
-    int err                      # 1: malformed (counted once, as bad_header)
 
 
 # ---- walks that go on across reads (issue 19: linear time however a message is split)
@@ -168,8 +148,7 @@ cdef struct Resume:              # per direction: the frame being read across re
     Py_ssize_t p0
     Py_ssize_t hb
     Info hi
-    bint xfresh                  # x not started: it begins at the message body
-    XWalk x
+    XWalk x                      # x.i -1: not started (it begins at the message body)
     SkipWalk sk
 
 
@@ -247,6 +226,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Msg* m = &self.m
         cdef Info* hi = &self.hi
         cdef Resume* rs = &self.rs[d]
+        cdef InfoWalk iw
         cdef int64_t length, total, start = self.st[d].frame_start
         cdef int framing, magic, r
         cdef Py_ssize_t hsz, p0, hb, lim
@@ -305,7 +285,7 @@ cdef class TTHeaderParser(FrameParser):
                 return -1
             if avail < p0:
                 return want_header(self, d, p0)
-            self._infos(d, h, framing, p0, False)
+            info_scan(hi, m, &iw, h, framing == F_TTHEADER, p0)
         hb = p0
         lim = avail if avail < total else <Py_ssize_t>total
         if hi.proto == PROTO_PROTOBUF and hi.xform == X_NONE and lim < p0 + 2 <= total:
@@ -322,7 +302,7 @@ cdef class TTHeaderParser(FrameParser):
             if <int64_t>be32s_at(h, p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        rs.xfresh = True
+        rs.x.i = -1                                # the message's walk not started
         return self._framed_message(d, h, p0, lim, total, hb, framing)
 
     @cython.final
@@ -334,7 +314,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Resume* rs = &self.rs[d]
         cdef Info* hi = &self.hi
         cdef int r = self._message(h, p0, lim, total,
-                                   hi.proto == PROTO_PROTOBUF or framing == F_FRAMED, rs)
+                                   hi.proto == PROTO_PROTOBUF or framing == F_FRAMED, &rs.x)
         if r == M_NEED:
             if rs.stage != W_FRAMED:
                 rs.stage = W_FRAMED
@@ -356,17 +336,14 @@ cdef class TTHeaderParser(FrameParser):
 
     @cython.final
     cdef inline int _message(self, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim, Py_ssize_t fend,
-                      bint allow_pb, Resume* rs) noexcept:
+                             bint allow_pb, XWalk* x) noexcept:
         # Never look past header_limit, so that what is read does not depend on how the
         # bytes were split into reads: a need beyond it is a malformed message, or for
         # an application exception's type, UNKNOWN.  The message header is read again on
-        # every call (a few fixed-size reads); an EXCEPTION's walk goes on from rs.x
-        # (rs NULL: from the struct's first field, for the inflated prefix of a zlib
-        # payload, which is inflated anew for every step anyway).
+        # every call (a few fixed-size reads); an EXCEPTION's walk goes on from x (x.i -1:
+        # not started, it begins at the message body).
         cdef Msg* m = &self.m
         cdef Py_ssize_t cap = self.header_limit
-        cdef XWalk fresh
-        cdef XWalk* x = &fresh
         cdef int r
         if lim > cap:
             lim = cap
@@ -375,13 +352,9 @@ cdef class TTHeaderParser(FrameParser):
             if m.mtype == REPLY:
                 r = reply_status(m, h, m.body, lim, fend)
             elif m.mtype == EXCEPTION:
-                if rs is not NULL:
-                    x = &rs.x
-                if rs is NULL or rs.xfresh:
+                if x.i < 0:
                     x.i = m.body
                     x.last = 0
-                    if rs is not NULL:
-                        rs.xfresh = False
                 r = exception_status(m, h, x, lim, fend)
                 if r == M_NEED and m.need > cap:
                     m.status = 0
@@ -401,6 +374,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Py_ssize_t grow = ZSTEP, step, n
         cdef int ret, r
         cdef bint more
+        cdef XWalk fresh
         if self.zbuf is NULL:
             self.zbuf = <uint8_t*>PyMem_Malloc(ZOUT_MAX)
             if self.zbuf is NULL:
@@ -426,7 +400,8 @@ cdef class TTHeaderParser(FrameParser):
                 return total
             n = ZOUT_MAX - self.zs.avail_out
             more = ret != Z_STREAM_END and n < ZOUT_MAX and step < cap
-            r = self._message(self.zbuf, 0, n, -1 if more else n, False, NULL)
+            fresh.i = -1                            # inflated anew each step: walked anew
+            r = self._message(self.zbuf, 0, n, -1 if more else n, False, &fresh)
             if r == M_BAD:
                 self._count_bad(d, h, total, hb, framing)
                 return total
@@ -481,160 +456,38 @@ cdef class TTHeaderParser(FrameParser):
 
     # ---- the header's info section ------------------------------------------------
 
-    cdef int _infos(self, int d, const uint8_t* h, int framing, Py_ssize_t end,
-                    bint emit) except -1:
-        """Protocol id, transforms and info blocks of h[14:end] into self.hi; with
-        emit (recording, the frame begun) the key/values go to the frame log."""
-        cdef Info* hi = &self.hi
-        cdef Msg* m = &self.m
-        cdef Py_ssize_t i = TT_META, ko = 0, kl = 0, vo, vl
-        cdef int nt, k, iid, key, r
-        cdef uint64_t cnt, c
+    cdef int _infos(self, int d, const uint8_t* h, int framing, Py_ssize_t end) except -1:
+        """The info blocks' key/values of h[14:end] to the frame log (recording, the
+        frame begun)."""
+        cdef InfoWalk w
         cdef const char* kname
         cdef char num[8]
-        cdef int nn, kk
-        if framing == F_TTHEADER:
-            hi.proto = h[i]
-            nt = h[i + 1]
-            i += 2
-            if i + nt > end:
-                hi.err = 1
-                return 0
-            for k in range(nt):
-                self._xform(h[i + k])
-            i += nt
-        else:
-            r, i = uvar(m, h, i, end, end, 5)
-            if r:
-                hi.err = 1
-                return 0
-            hi.proto = <int>m.var if m.var < 256 else 256
-            r, i = uvar(m, h, i, end, end, 5)
-            if r:
-                hi.err = 1
-                return 0
-            cnt = m.var
-            c = 0
-            while c < cnt:
-                r, i = uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return 0
-                self._xform(<int>m.var if m.var < 256 else 256)
-                c += 1
-        if not (hi.proto == PROTO_BINARY or hi.proto == PROTO_COMPACT or
-                hi.proto == PROTO_PROTOBUF) or (framing == F_THEADER and
-                                                hi.proto == PROTO_PROTOBUF):
-            hi.err = 1
-        while i < end:
-            if framing == F_TTHEADER:
-                iid = h[i]
-                i += 1
-                if iid == 0:
-                    continue                          # padding, wherever it is
-                if iid == INFO_KEYVALUE or iid == INFO_INTKEYVALUE:
-                    if i + 2 > end:
-                        hi.err = 1
-                        return 0
-                    cnt = be16(h + i)
-                    i += 2
-                    c = 0
-                    while c < cnt:
-                        c += 1
-                        if i + 2 > end:
-                            hi.err = 1
-                            return 0
-                        key = be16(h + i)
-                        i += 2
-                        if iid == INFO_KEYVALUE:
-                            ko = i
-                            kl = key
-                            i += kl
-                        if i + 2 > end:
-                            hi.err = 1
-                            return 0
-                        vl = be16(h + i)
-                        vo = i + 2
-                        i = vo + vl
-                        if i > end:
-                            hi.err = 1
-                            return 0
-                        if iid == INFO_INTKEYVALUE:
-                            if key == TO_METHOD:
-                                hi.tom_off = vo
-                                hi.tom_len = vl
-                            if emit:
-                                kname = int_key_name(key)
-                                if kname is not NULL:
-                                    add_attr(self, d, <const uint8_t*>kname, strlen(kname),
-                                             h + vo, vl)
-                                else:
-                                    nn = 0          # the key's decimal number
-                                    kk = key
-                                    while True:
-                                        num[nn] = <char>(0x30 + kk % 10)
-                                        nn += 1
-                                        kk //= 10
-                                        if kk == 0:
-                                            break
-                                    for kk in range(nn // 2):
-                                        num[kk], num[nn - 1 - kk] = num[nn - 1 - kk], num[kk]
-                                    add_attr(self, d, <const uint8_t*>num, nn, h + vo, vl)
-                        elif emit:
-                            add_attr(self, d, h + ko, kl, h + vo, vl)
-                elif iid == INFO_ACL_TOKEN:           # Kitex: one u16-length string
-                    if i + 2 > end:
-                        hi.err = 1
-                        return 0
-                    i += 2 + be16(h + i)
-                    if i > end:
-                        hi.err = 1
-                        return 0
+        cdef int nn, kk, n, k
+        w.i = 0
+        while True:
+            n = info_walk(&self.hi, &self.m, &w, h, framing == F_TTHEADER, end, True)
+            for k in range(n):
+                if w.kid[k] == INFO_INTKEYVALUE:
+                    kname = int_key_name(w.key[k])
+                    if kname is not NULL:
+                        add_attr(self, d, <const uint8_t*>kname, strlen(kname), h + w.vo[k],
+                                 w.vl[k])
+                    else:
+                        nn = 0                  # the key's decimal number
+                        kk = w.key[k]
+                        while True:
+                            num[nn] = <char>(0x30 + kk % 10)
+                            nn += 1
+                            kk //= 10
+                            if kk == 0:
+                                break
+                        for kk in range(nn // 2):
+                            num[kk], num[nn - 1 - kk] = num[nn - 1 - kk], num[kk]
+                        add_attr(self, d, <const uint8_t*>num, nn, h + w.vo[k], w.vl[k])
                 else:
-                    hi.err = 1                        # Kitex: invalid infoIDType
-                    return 0
-            else:
-                r, i = uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return 0
-                if m.var != INFO_KEYVALUE:
-                    return 0                          # Apache: padding / unknown ends infos
-                r, i = uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return 0
-                cnt = m.var
-                c = 0
-                while c < cnt:
-                    c += 1
-                    r, i = uvar(m, h, i, end, end, 5)
-                    if r or m.var > <uint64_t>(end - i):
-                        hi.err = 1
-                        return 0
-                    ko = i
-                    kl = <Py_ssize_t>m.var
-                    i += kl
-                    r, i = uvar(m, h, i, end, end, 5)
-                    if r or m.var > <uint64_t>(end - i):
-                        hi.err = 1
-                        return 0
-                    vo = i
-                    vl = <Py_ssize_t>m.var
-                    i += vl
-                    if emit:
-                        add_attr(self, d, h + ko, kl, h + vo, vl)
-        return 0
-
-    cdef inline void _xform(self, int t) noexcept:
-        cdef Info* hi = &self.hi
-        if t == ZLIB and hi.xform == X_NONE:
-            hi.xform = X_ZLIB
-        elif t == ZLIB or t == SNAPPY:
-            hi.xform = X_OPAQUE                  # snappy, or zlib twice: not read
-        else:
-            hi.xform = X_OPAQUE
-            hi.err = 1
+                    add_attr(self, d, h + w.ko[k], w.kl[k], h + w.vo[k], w.vl[k])
+            if n < INFO_BATCH:
+                return 0
 
     # ---- counting ---------------------------------------------------------------
 
@@ -646,7 +499,7 @@ cdef class TTHeaderParser(FrameParser):
             if name_len > 0:
                 set_resource(self, d, name_buf + name_off, name_len)
             if framing == F_TTHEADER or framing == F_THEADER:
-                self._infos(d, h, framing, TT_META + be16(h + 12) * 4, True)
+                self._infos(d, h, framing, TT_META + be16(h + 12) * 4)
         return 0
 
     cdef int _count(self, int d, const uint8_t* h, const uint8_t* buf, int64_t total,

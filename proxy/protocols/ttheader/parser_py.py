@@ -10,19 +10,16 @@ from proxy.framing_common import (C2S, R_HEADER_TOO_LARGE, R_BAD_MAGIC, R_TOO_LA
                                   OUTCOME_OK, OUTCOME_ERROR, OTHER_SLOT)
 from proxy.framing_py import CORR_HI_SIGNED, FrameParser
 from proxy.protocols.ttheader.names import (
-    MAX_FRAME_BYTES, HEADER_LIMIT, TT_MAX_HEADER, ZOUT_MAX, MAGIC_TTHEADER,
-    MAGIC_THEADER, PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF, ZLIB, SNAPPY, INFO_KEYVALUE,
-    INFO_INTKEYVALUE, INFO_ACL_TOKEN, INT_KEY_NAMES, TO_METHOD, CALL, REPLY, EXCEPTION, ONEWAY,
-    ST_OK, ST_UNDECODED, UNKNOWN_NAME, opcode_name, status_name)
-from proxy.protocols.ttheader.walk_py import (M_OK, M_NEED, M_BAD, P_PROTOBUF, MAX_DEPTH, uvar,
-                                              read_message, reply_status, exception_status,
-                                              walk_binary)
+    MAX_FRAME_BYTES, HEADER_LIMIT, TT_MAX_HEADER, MAGIC_TTHEADER, MAGIC_THEADER, PROTO_BINARY,
+    PROTO_PROTOBUF, INFO_INTKEYVALUE, INT_KEY_NAMES, CALL, REPLY, EXCEPTION, ONEWAY,
+    ST_OK, ST_UNDECODED, UNKNOWN_NAME, ZOUT_MAX, opcode_name, status_name)
+from proxy.protocols.ttheader.walk_py import (
+    M_OK, M_NEED, M_BAD, P_PROTOBUF, MAX_DEPTH, TT_META, X_NONE, X_ZLIB, X_OPAQUE, INFO_BATCH,
+    read_message, reply_status, exception_status, walk_binary, info_scan, info_walk)
 from proxy.wire_py import be16_at, be32_at, be32s_at
 
 HDR = 8                       # bytes every frame is first looked at with
-TT_META = 14                  # LENGTH, magic, flags, seq id, header size
 F_TTHEADER, F_THEADER, F_FRAMED = 1, 2, 3
-X_NONE, X_ZLIB, X_OPAQUE = 0, 1, 2          # payload transforms, as far as reading goes
 ZSTEP = 64                                  # first compressed-input step of _zlib()
 
 
@@ -51,6 +48,16 @@ class Info:
 # SkipWalk): a direction's saved walk belongs to the frame being read until on_header()
 # returns a length or fails.
 W_NONE, W_UNFRAMED, W_FRAMED = 0, 1, 2
+
+
+class InfoWalk:
+    """info_walk(): where the info blocks' walk stopped, and its batch of key/values."""
+    __slots__ = ("i", "left", "iid", "kid", "key", "ko", "kl", "vo", "vl")
+
+    def __init__(self):
+        self.i = self.left = self.iid = 0
+        self.kid, self.key, self.ko, self.kl, self.vo, self.vl = (
+            [0] * INFO_BATCH for _ in range(6))
 
 
 class XWalk:
@@ -84,13 +91,12 @@ class SkipWalk:
 
 class Resume:
     """Per direction: the frame being read across reads."""
-    __slots__ = ("stage", "framing", "total", "p0", "hb", "hi", "xfresh", "x", "sk")
+    __slots__ = ("stage", "framing", "total", "p0", "hb", "hi", "x", "sk")
 
     def __init__(self):
         self.stage = W_NONE
         self.framing = self.total = self.p0 = self.hb = 0
         self.hi = None           # (proto, xform, tom_off, tom_len, err) of the header read
-        self.xfresh = True
         self.x = XWalk()
         self.sk = None
 
@@ -108,6 +114,7 @@ class TTHeaderParser(FrameParser):
         self.header_limit = HEADER_LIMIT
         self.m = Msg()
         self.hi = Info()
+        self.iw = InfoWalk()
         self.rs = (Resume(), Resume())          # per direction: a walk under way
 
     # ---- framing ----------------------------------------------------------------
@@ -167,7 +174,7 @@ class TTHeaderParser(FrameParser):
                 return -1
             if avail < p0:
                 return self.want_header(d, p0)
-            self._infos(d, h, framing, p0, False)
+            info_scan(hi, self.m, self.iw, h, framing == F_TTHEADER, p0)
         hb = p0
         lim = min(avail, total)
         if hi.proto == PROTO_PROTOBUF and hi.xform == X_NONE and lim < p0 + 2 <= total:
@@ -184,7 +191,7 @@ class TTHeaderParser(FrameParser):
             if be32s_at(h, p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        self.rs[d].xfresh = True
+        self.rs[d].x.i = -1                        # the message's walk not started
         return self._framed_message(d, h, p0, lim, total, hb, framing)
 
     def _framed_message(self, d, h, p0, lim, total, hb, framing):
@@ -194,7 +201,7 @@ class TTHeaderParser(FrameParser):
         rs = self.rs[d]
         hi = self.hi
         r = self._message(h, p0, lim, total, hi.proto == PROTO_PROTOBUF or framing == F_FRAMED,
-                          rs)
+                          rs.x)
         if r == M_NEED:
             if rs.stage != W_FRAMED:
                 rs.stage, rs.framing, rs.total, rs.p0, rs.hb = W_FRAMED, framing, total, p0, hb
@@ -210,11 +217,11 @@ class TTHeaderParser(FrameParser):
             self._count(d, h, h, total, hb, framing)
         return total
 
-    def _message(self, h, p0, lim, fend, allow_pb, rs):
+    def _message(self, h, p0, lim, fend, allow_pb, x):
         # Never look past header_limit, so that what is read does not depend on how the
         # bytes were split into reads: a need beyond it is a malformed message, or for
-        # an application exception's type, UNKNOWN.  An EXCEPTION's walk goes on from
-        # rs.x (rs None: from the struct's first field, for a zlib payload's prefix).
+        # an application exception's type, UNKNOWN.  An EXCEPTION's walk goes on from x
+        # (x.i -1: not started, it begins at the message body).
         m = self.m
         cap = self.header_limit
         if lim > cap:
@@ -224,12 +231,8 @@ class TTHeaderParser(FrameParser):
             if m.mtype == REPLY:
                 r = reply_status(m, h, m.body, lim, fend)
             elif m.mtype == EXCEPTION:
-                if rs is None:
-                    x = XWalk(m.body)
-                else:
-                    x = rs.x
-                    if rs.xfresh:
-                        x.i, x.last, rs.xfresh = m.body, 0, False
+                if x.i < 0:
+                    x.i, x.last = m.body, 0
                 r = exception_status(m, h, x, lim, fend)
                 if r == M_NEED and m.need > cap:
                     m.status = 0
@@ -258,7 +261,7 @@ class TTHeaderParser(FrameParser):
                 return total
             n = len(out)
             more = not eof and n < ZOUT_MAX and step < cap
-            r = self._message(out, 0, n, -1 if more else n, False, None)
+            r = self._message(out, 0, n, -1 if more else n, False, XWalk(-1))
             if r == M_BAD:
                 self._count_bad(d, h, total, hb, framing)
                 return total
@@ -305,129 +308,23 @@ class TTHeaderParser(FrameParser):
 
     # ---- the header's info section ------------------------------------------------
 
-    def _infos(self, d, h, framing, end, emit):
-        """Protocol id, transforms and info blocks of h[14:end] into self.hi; with
-        ``emit`` (recording, the frame begun) the key/values go to the frame log."""
-        hi = self.hi
-        m = self.m
-        i = TT_META
-        if framing == F_TTHEADER:
-            hi.proto = h[i]
-            nt = h[i + 1]
-            i += 2
-            if i + nt > end:
-                hi.err = 1
-                return
-            for k in range(nt):
-                self._xform(h[i + k])
-            i += nt
-        else:
-            r, i = uvar(m, h, i, end, end, 5)
-            if r:
-                hi.err = 1
-                return
-            hi.proto = m.var
-            r, i = uvar(m, h, i, end, end, 5)
-            if r:
-                hi.err = 1
-                return
-            nt = m.var
-            for _ in range(nt):
-                r, i = uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return
-                self._xform(m.var)
-        if hi.proto not in (PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF) or (
-                framing == F_THEADER and hi.proto == PROTO_PROTOBUF):
-            hi.err = 1
-        while i < end:
-            if framing == F_TTHEADER:
-                iid = h[i]
-                i += 1
-                if iid == 0:
-                    continue                          # padding, wherever it is
-                if iid == INFO_KEYVALUE or iid == INFO_INTKEYVALUE:
-                    if i + 2 > end:
-                        hi.err = 1
-                        return
-                    cnt = be16_at(h, i)
-                    i += 2
-                    for _ in range(cnt):
-                        if i + 2 > end:
-                            hi.err = 1
-                            return
-                        key = be16_at(h, i)
-                        i += 2
-                        if iid == INFO_KEYVALUE:
-                            ko, kl = i, key
-                            i += kl
-                        if i + 2 > end:
-                            hi.err = 1
-                            return
-                        vl = be16_at(h, i)
-                        vo = i + 2
-                        i = vo + vl
-                        if i > end:
-                            hi.err = 1
-                            return
-                        if iid == INFO_INTKEYVALUE:
-                            if key == TO_METHOD:
-                                hi.tom_off, hi.tom_len = vo, vl
-                            if emit:
-                                name = INT_KEY_NAMES[key] if key < len(INT_KEY_NAMES) else ""
-                                self.add_attr(d, name.encode() if name else b"%d" % key,
-                                              h[vo:vo + vl])
-                        elif emit:
-                            self.add_attr(d, h[ko:ko + kl], h[vo:vo + vl])
-                elif iid == INFO_ACL_TOKEN:           # Kitex: one u16-length string
-                    if i + 2 > end:
-                        hi.err = 1
-                        return
-                    i += 2 + be16_at(h, i)
-                    if i > end:
-                        hi.err = 1
-                        return
+    def _infos(self, d, h, framing, end):
+        """The info blocks' key/values of h[14:end] to the frame log (recording, the
+        frame begun)."""
+        w = self.iw
+        w.i = 0
+        while True:
+            n = info_walk(self.hi, self.m, w, h, framing == F_TTHEADER, end, True)
+            for k in range(n):
+                if w.kid[k] == INFO_INTKEYVALUE:
+                    key = w.key[k]
+                    name = INT_KEY_NAMES[key] if key < len(INT_KEY_NAMES) else ""
+                    self.add_attr(d, name.encode() if name else b"%d" % key,
+                                  h[w.vo[k]:w.vo[k] + w.vl[k]])
                 else:
-                    hi.err = 1                        # Kitex: invalid infoIDType
-                    return
-            else:
-                r, i = uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return
-                if m.var != INFO_KEYVALUE:
-                    return                            # Apache: padding / unknown ends infos
-                r, i = uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return
-                cnt = m.var
-                for _ in range(cnt):
-                    r, i = uvar(m, h, i, end, end, 5)
-                    if r or i + m.var > end:
-                        hi.err = 1
-                        return
-                    ko, kl = i, m.var
-                    i += kl
-                    r, i = uvar(m, h, i, end, end, 5)
-                    if r or i + m.var > end:
-                        hi.err = 1
-                        return
-                    vo, vl = i, m.var
-                    i += vl
-                    if emit:
-                        self.add_attr(d, h[ko:ko + kl], h[vo:vo + vl])
-
-    def _xform(self, t):
-        hi = self.hi
-        if t == ZLIB and hi.xform == X_NONE:
-            hi.xform = X_ZLIB
-        elif t == ZLIB or t == SNAPPY:
-            hi.xform = X_OPAQUE                  # snappy, or zlib twice: not read
-        else:
-            hi.xform = X_OPAQUE
-            hi.err = 1
+                    self.add_attr(d, h[w.ko[k]:w.ko[k] + w.kl[k]], h[w.vo[k]:w.vo[k] + w.vl[k]])
+            if n < INFO_BATCH:
+                return
 
     # ---- counting ---------------------------------------------------------------
 
@@ -438,7 +335,7 @@ class TTHeaderParser(FrameParser):
             if name_len > 0:
                 self.set_resource(d, name_buf[name_off:name_off + name_len])
             if framing == F_TTHEADER or framing == F_THEADER:
-                self._infos(d, h, framing, TT_META + be16_at(h, 12) * 4, True)
+                self._infos(d, h, framing, TT_META + be16_at(h, 12) * 4)
 
     def _count(self, d, h, buf, total, hb, framing):
         m = self.m

@@ -23,6 +23,20 @@ cdef enum:
     P_COMPACT = 2
     P_PROTOBUF = 3
     MAX_DEPTH = 64               # nesting the unframed walk follows
+    TT_META = 14                 # TTHeader / THeader: LENGTH, magic, flags, seq id, size
+    PROTO_BINARY = 0             # header protocol ids (names.py)
+    PROTO_COMPACT = 2
+    PROTO_PROTOBUF = 3
+    ZLIB = 1                     # transform ids
+    SNAPPY = 3
+    INFO_KEYVALUE = 0x01         # info ids
+    INFO_INTKEYVALUE = 0x10
+    INFO_ACL_TOKEN = 0x11
+    TO_METHOD = 9                # INFO_INTKEYVALUE key of the method name
+    X_NONE = 0                   # payload transforms, as far as reading goes
+    X_ZLIB = 1
+    X_OPAQUE = 2
+    INFO_BATCH = 8               # key/values info_walk() hands over at once
 
 
 cdef struct Msg:                 # what the message reader found
@@ -37,8 +51,28 @@ cdef struct Msg:                 # what the message reader found
     uint64_t var                 # last varint read
 
 
+cdef struct Info:                # what the header's info section held
+    int proto
+    int xform                    # X_*
+    Py_ssize_t tom_off           # TO_METHOD value, -1 none
+    Py_ssize_t tom_len
+    int err                      # 1: malformed (counted once, as bad_header)
+
+
+cdef struct InfoWalk:            # info_walk(): where the info blocks' walk stopped
+    Py_ssize_t i                 # next byte to read (0: the section's start)
+    uint64_t left                # key/values left in the current block
+    int iid                      # the block's id: INFO_KEYVALUE / INFO_INTKEYVALUE
+    int kid[INFO_BATCH]          # the batch of key/values found: their block's id,
+    int key[INFO_BATCH]          # INFO_INTKEYVALUE: the key
+    Py_ssize_t ko[INFO_BATCH]    # INFO_KEYVALUE: the key at h[ko : ko + kl]
+    Py_ssize_t kl[INFO_BATCH]
+    Py_ssize_t vo[INFO_BATCH]    # the value at h[vo : vo + vl]
+    Py_ssize_t vl[INFO_BATCH]
+
+
 cdef struct XWalk:               # exception_status(): the field to go on from
-    Py_ssize_t i
+    Py_ssize_t i                 # -1: not started (it begins at the message body)
     int64_t last                 # compact: the id of the field before it
 
 
@@ -85,3 +119,14 @@ cdef int exception_status(Msg* m, const uint8_t* h, XWalk* x, Py_ssize_t lim,
 @cython.locals(i=Py_ssize_t, sp=int, t=int, size=int, vs=int, n=int64_t, k=int64_t, top=int,
                stack='WLevel*')
 cdef Py_ssize_t walk_binary(Msg* m, const uint8_t* h, Py_ssize_t lim, SkipWalk* w) noexcept
+
+cdef void xform(Info* hi, int t) noexcept
+
+@cython.locals(i=Py_ssize_t, left=uint64_t, iid=int, key=int, ko=Py_ssize_t, kl=Py_ssize_t,
+               vo=Py_ssize_t, vl=Py_ssize_t, r=int, room=uint64_t, nt=int, k=int, cnt=uint64_t,
+               c=uint64_t, n=int)
+cdef int info_walk(Info* hi, Msg* m, InfoWalk* w, const uint8_t* h, bint tt,
+                   Py_ssize_t end, bint each) noexcept
+
+cdef void info_scan(Info* hi, Msg* m, InfoWalk* w, const uint8_t* h, bint tt,
+                    Py_ssize_t end) noexcept

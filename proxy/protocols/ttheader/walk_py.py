@@ -1,7 +1,8 @@
-"""The Thrift message walker, written once for both parser twins: the message header
-(strict binary, non-strict binary, compact, Kitex protobuf meta) gives the method name,
-message type and seq id; a REPLY's result struct its status; an EXCEPTION's
-TApplicationException its type; an unframed message's binary struct its end.
+"""The Thrift walkers, written once for both parser twins: the message header (strict
+binary, non-strict binary, compact, Kitex protobuf meta) gives the method name, message
+type and seq id; a REPLY's result struct its status; an EXCEPTION's
+TApplicationException its type; an unframed message's binary struct its end; a
+TTHeader / THeader header's info section its protocol id, transforms and key/values.
 
 Compiled, this file is ``walk_c.py`` (a link to this one) with ``walk_c.pxd`` beside it
 giving every function and local its C type (aiohttp's ``reader_py.py`` /
@@ -26,11 +27,17 @@ except ImportError:                      # run as Python without Cython installe
 
 if not cython.compiled:                  # compiled: C enums and inline readers (walk_c.pxd)
     from proxy.protocols.ttheader.names import (NAME_MAX, CALL, REPLY, EXCEPTION, ONEWAY,
-                                                ST_OK, ST_EXCEPTION)
+                                                ST_OK, ST_EXCEPTION, PROTO_BINARY,
+                                                PROTO_COMPACT, PROTO_PROTOBUF, ZLIB, SNAPPY,
+                                                INFO_KEYVALUE, INFO_INTKEYVALUE, INFO_ACL_TOKEN,
+                                                TO_METHOD)
     from proxy.wire_py import be16_at, be32s_at, i32, unzigzag, uvarint_at
     M_OK, M_NEED, M_BAD = 0, 1, 2
     P_BINARY, P_COMPACT, P_PROTOBUF = 0, 2, 3   # how the payload's message header is encoded
     MAX_DEPTH = 64                              # nesting the unframed walk follows
+    TT_META = 14                                # LENGTH, magic, flags, seq id, header size
+    X_NONE, X_ZLIB, X_OPAQUE = 0, 1, 2          # payload transforms, as far as reading goes
+    INFO_BATCH = 8                              # key/values info_walk() hands over at once
 
 
 def chk(m, k, lim, fend):
@@ -401,3 +408,170 @@ def walk_binary(m, h, lim, w):
     w.sp = sp
     w.cur = t
     return -2
+
+
+# ---- the TTHeader / THeader info section --------------------------------------------
+
+def xform(hi, t):
+    """A transform id into hi.xform: one zlib is read (inflated); snappy, or zlib twice,
+    is not; any other id is not either and is an error (hi.err)."""
+    if t == ZLIB and hi.xform == X_NONE:
+        hi.xform = X_ZLIB
+    elif t == ZLIB or t == SNAPPY:
+        hi.xform = X_OPAQUE                  # snappy, or zlib twice: not read
+    else:
+        hi.xform = X_OPAQUE
+        hi.err = 1
+
+
+def info_scan(hi, m, w, h, tt, end):
+    """info_walk() of a whole info section without its key/values (the hot path)."""
+    w.i = 0
+    info_walk(hi, m, w, h, tt, end, False)
+
+
+def info_walk(hi, m, w, h, tt, end, each):
+    """The info section of the header h[14:end] (tt: Kitex TTHeader, u8 counts and u16
+    lengths; else Apache THeader, varints), from where w stopped (w.i = 0: from its
+    start, the protocol id and transforms into hi), TO_METHOD (INFO_INTKEYVALUE key 9)
+    into hi.tom_off / tom_len; an error sets hi.err and ends the walk.  With each, the
+    key/values found go to w's batch, k < the count returned: w.kid[k] INFO_KEYVALUE
+    (key h[w.ko[k] : w.ko[k] + w.kl[k]]) or INFO_INTKEYVALUE (key w.key[k]), the value
+    h[w.vo[k] : w.vo[k] + w.vl[k]]; a full batch (INFO_BATCH) means call again for more.
+    Without each, returns 0 (the hot path only wants hi).
+
+    Kitex (tt): a 0x00 id is padding wherever it is, the ACL token (0x11) one u16-length
+    string, any other id an error (invalidInfoIDType).  Apache: padding or any id but
+    INFO_KEYVALUE ends the infos (its Python and C++ libraries ignore the rest)."""
+    i = w.i                                     # the walk's state in locals, stored
+    left = w.left                               # back in w when a batch is full
+    iid = w.iid
+    n = 0
+    if i == 0:
+        i = TT_META
+        if tt:
+            hi.proto = h[i]
+            nt = h[i + 1]
+            i += 2
+            if i + nt > end:
+                hi.err = 1
+                return n
+            for k in range(nt):
+                xform(hi, h[i + k])
+            i += nt
+        else:
+            r, i = uvar(m, h, i, end, end, 5)
+            if r:
+                hi.err = 1
+                return n
+            hi.proto = m.var if m.var < 256 else 256
+            r, i = uvar(m, h, i, end, end, 5)
+            if r:
+                hi.err = 1
+                return n
+            cnt = m.var
+            c = 0
+            while c < cnt:
+                r, i = uvar(m, h, i, end, end, 5)
+                if r:
+                    hi.err = 1
+                    return n
+                xform(hi, m.var if m.var < 256 else 256)
+                c += 1
+        if not (hi.proto == PROTO_BINARY or hi.proto == PROTO_COMPACT or
+                hi.proto == PROTO_PROTOBUF) or (not tt and hi.proto == PROTO_PROTOBUF):
+            hi.err = 1
+        left = 0
+    while True:
+        while left == 0:                        # the next block
+            if i >= end:
+                return n
+            if tt:
+                iid = h[i]
+                i += 1
+                if iid == 0:
+                    continue                    # padding, wherever it is
+                if iid == INFO_KEYVALUE or iid == INFO_INTKEYVALUE:
+                    if i + 2 > end:
+                        hi.err = 1
+                        return n
+                    left = be16_at(h, i)
+                    i += 2
+                elif iid == INFO_ACL_TOKEN:     # Kitex: one u16-length string
+                    if i + 2 > end:
+                        hi.err = 1
+                        return n
+                    i += 2 + be16_at(h, i)
+                    if i > end:
+                        hi.err = 1
+                        return n
+                else:
+                    hi.err = 1                  # Kitex: invalid infoIDType
+                    return n
+            else:
+                r, i = uvar(m, h, i, end, end, 5)
+                if r:
+                    hi.err = 1
+                    return n
+                if m.var != INFO_KEYVALUE:
+                    return n                    # Apache: padding / unknown ends infos
+                r, i = uvar(m, h, i, end, end, 5)
+                if r:
+                    hi.err = 1
+                    return n
+                iid = INFO_KEYVALUE
+                left = m.var
+        left -= 1
+        key = ko = kl = 0
+        if tt:
+            if i + 2 > end:
+                hi.err = 1
+                return n
+            key = be16_at(h, i)
+            i += 2
+            if iid == INFO_KEYVALUE:
+                ko = i
+                kl = key
+                i += kl
+            if i + 2 > end:
+                hi.err = 1
+                return n
+            vl = be16_at(h, i)
+            vo = i + 2
+            i = vo + vl
+            if i > end:
+                hi.err = 1
+                return n
+            if iid == INFO_INTKEYVALUE and key == TO_METHOD:
+                hi.tom_off = vo
+                hi.tom_len = vl
+        else:
+            r, i = uvar(m, h, i, end, end, 5)
+            room = end - i
+            if r or m.var > room:
+                hi.err = 1
+                return n
+            ko = i
+            kl = m.var
+            i += kl
+            r, i = uvar(m, h, i, end, end, 5)
+            room = end - i
+            if r or m.var > room:
+                hi.err = 1
+                return n
+            vo = i
+            vl = m.var
+            i += vl
+        if each:
+            w.kid[n] = iid
+            w.key[n] = key
+            w.ko[n] = ko
+            w.kl[n] = kl
+            w.vo[n] = vo
+            w.vl[n] = vl
+            n += 1
+            if n == INFO_BATCH:
+                w.i = i
+                w.left = left
+                w.iid = iid
+                return n
