@@ -105,6 +105,9 @@ cdef int read_message(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, Py
 cdef int reply_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim,
                       Py_ssize_t fend) noexcept
 
+cdef int BIN_FIXED[17]
+cdef int CPT_FIXED[17]
+
 cdef int bin_fixed(int ft) noexcept
 
 cdef int cpt_fixed(int ft) noexcept

@@ -169,33 +169,19 @@ def reply_status(m, h, i, lim, fend):
     return M_OK
 
 
+# Bytes of a fixed-size value by type id, -1: not fixed-size.  Binary protocol: bool,
+# byte 1, double, i64 8, i16 2, i32 4, uuid 16.  Compact field values: bools live in the
+# field header (0), byte 1, double 8, uuid 16 (the varint types are read, not skipped).
+BIN_FIXED = (-1, -1, 1, 1, 8, -1, 2, -1, 4, -1, 8, -1, -1, -1, -1, -1, 16)
+CPT_FIXED = (-1, 0, 0, 1, -1, -1, -1, 8, -1, -1, -1, -1, -1, 16, -1, -1, -1)
+
+
 def bin_fixed(ft):
-    """Bytes of a fixed-size binary-protocol value of type ft; -1: not fixed-size."""
-    if ft == 2 or ft == 3:
-        return 1
-    if ft == 4 or ft == 10:
-        return 8
-    if ft == 6:
-        return 2
-    if ft == 8:
-        return 4
-    if ft == 16:
-        return 16
-    return -1
+    return BIN_FIXED[ft] if 0 <= ft <= 16 else -1
 
 
 def cpt_fixed(ft):
-    """Bytes of a fixed-size compact-protocol field value of type ft (bools live in the
-    field header); -1: not fixed-size."""
-    if ft == 1 or ft == 2:
-        return 0
-    if ft == 3:
-        return 1
-    if ft == 7:
-        return 8
-    if ft == 13:
-        return 16
-    return -1
+    return CPT_FIXED[ft] if 0 <= ft <= 16 else -1
 
 
 def give_up(r):
