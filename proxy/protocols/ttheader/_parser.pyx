@@ -1,7 +1,12 @@
 # cython: language_level=3
 # distutils: libraries = z
 """Thrift frame parser (compiled): Kitex TTHeader, Apache THeader, framed and unframed
-Thrift on one route.  Twin: parser_py.py (same algorithm, same results).
+Thrift on one route.  Twin: parser_py.py (same algorithm, same results).  The walks
+both twins share (the message header, a reply's status, an exception's type, an
+unframed message's end, the header's info section) are written once, in walk_py.py;
+this parser cimports them compiled (walk_c.py, a link to it, typed by walk_c.pxd).
+This file keeps the framing, the resumable state per direction, zlib, the counting and
+the frame log's attrs.
 
 Framing, read from each frame's first bytes (a connection normally keeps one; Apache's
 THeaderTransport also decides per frame):
@@ -129,7 +134,8 @@ cdef enum:
 # A message whose end (unframed) or status (an EXCEPTION's type field) is found by
 # walking it may need many reads: on_header() asks want_header() for the end of the next
 # element only, and is called again with more bytes.  Each walk keeps where it stopped
-# (per direction, in Resume) and goes on from there, so every byte is walked once.  The
+# (per direction, in Resume; the walks' own states are walk_c.pxd's XWalk and SkipWalk)
+# and goes on from there, so every byte is walked once.  The
 # core calls on_header() again for the same frame after it returned 0 (want_header()),
 # so a direction's saved walk belongs to the frame being read until on_header() returns
 # a length or fails.

@@ -1,7 +1,9 @@
 """Thrift (Kitex TTHeader, Apache THeader, framed, unframed) frame parser: the
 pure-Python twin of _parser.pyx — same algorithm, same results, same API.  The
 compiled parser's docstring documents the wire formats and every place where the
-seed document and the real implementations differ."""
+seed document and the real implementations differ.  The walks both twins share are
+walk_py.py, run here as Python (the compiled twin cimports the same source compiled);
+the classes below are its states, field for field walk_c.pxd's structs."""
 
 import zlib
 
@@ -36,7 +38,7 @@ class Msg:
 
 
 class Info:
-    """What the header's info section held (the compiled parser's ``Info`` struct)."""
+    """What the header's info section held."""
     __slots__ = ("proto", "xform", "tom_off", "tom_len", "err")
 
     def __init__(self):
