@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.frametap-installed
-SOURCES := pyproject.toml setup.py $(shell find proxy -name '*.pyx' -o -name '*.pxd')
+SOURCES := pyproject.toml setup.py $(shell find proxy -name '*.pyx' -o -name '*.pxd' -o -name '*_c.py')
 
 .PHONY: demo test test-fast bench soak guard guard-update install clean
 

@@ -14,9 +14,13 @@ ROOT = Path(__file__).resolve().parent
 
 def find_extensions():
     """One Extension per proxy/**/*.pyx, e.g. proxy/protocols/flymq/_parser.pyx ->
-    proxy.protocols.flymq._parser (sources relative to setup.py, as setuptools wants)."""
-    return [Extension(".".join(pyx.with_suffix("").parts), [pyx.as_posix()])
-            for pyx in sorted(p.relative_to(ROOT) for p in (ROOT / "proxy").rglob("*.pyx"))]
+    proxy.protocols.flymq._parser (sources relative to setup.py, as setuptools wants), and
+    one per proxy/**/*_c.py with a .pxd beside it: a pure-Python source compiled with the
+    C types its .pxd gives (e.g. ttheader/walk_c.py, a link to walk_py.py)."""
+    sources = [p for p in (ROOT / "proxy").rglob("*.pyx")]
+    sources += [p for p in (ROOT / "proxy").rglob("*_c.py") if p.with_suffix(".pxd").exists()]
+    return [Extension(".".join(src.with_suffix("").parts), [src.as_posix()])
+            for src in sorted(p.relative_to(ROOT) for p in sources)]
 
 
 setup(

@@ -181,3 +181,42 @@ def test_counts_do_not_depend_on_read_splits():
         cut.pop("bytes")              # after a fatal error the feeds stop at different reads
         assert whole == cut
     check()
+
+
+def _theader_raw(header, payload, seq=0):
+    """A THeader frame with the header section's bytes as given (padded to words)."""
+    import struct
+    header += b"\x00" * (-len(header) % 4)
+    return struct.pack(">IHHiH", 10 + len(header) + len(payload), 0x0FFF, 0, seq,
+                       len(header) // 4) + header + payload
+
+
+def test_theader_varints_tell_malformed_from_long(impl):
+    """The info section's varints (proxy/_wire.pxd uvarint / proxy/wire_py.py): a
+    protocol id in a 5-byte (non-minimal) varint is read; one whose first 5 bytes all
+    continue is malformed (bad_header, the frame still counted by its message); the
+    key/values after a well-formed prefix reach the frame log whole."""
+    call = codec.binary_message("vm", CALL, 3, ARGS_BIN)
+    long_zero = b"\x80\x80\x80\x80\x00"                       # 0 in five bytes
+    info = b"\x01\x02" + b"\x01k\x02v1" + b"\x02kk\x01w"       # INFO_KEYVALUE, 2 pairs
+    stats, p, recs = traced(impl)
+    p.feed(C2S, _theader_raw(long_zero + b"\x00" + info, call, seq=3))
+    p.close()
+    assert stats.snapshot()["errors"] == {}
+    assert stats.snapshot()["frames"] == {("c2s", "vm"): 1}
+    assert recs[0]["attrs"] == {"k": "v1", "kk": "w"}
+    stats, p = make(impl)
+    p.feed(C2S, _theader_raw(b"\x80\x80\x80\x80\x80\x00\x00", call, seq=3))
+    assert stats.snapshot()["errors"] == {("c2s", "bad_header"): 1}
+    assert stats.snapshot()["frames"] == {("c2s", "vm"): 1}
+
+
+def test_wire_py_uvarint_needs_more_or_is_malformed():
+    from proxy.wire_py import uvarint_at
+    assert uvarint_at(b"\x96\x01", 0, 2, 5) == (2, 150)
+    assert uvarint_at(b"\x96\x01", 0, 1, 5) == (0, 0)        # need more: lim cut it
+    assert uvarint_at(b"\xff" * 5 + b"\x01", 0, 6, 5) == (-1, 0)   # longer than 5 bytes
+    assert uvarint_at(b"\xff" * 4, 0, 4, 5) == (0, 0)        # 4 of at most 5: need more
+    assert uvarint_at(b"\xff" * 9 + b"\x01", 0, 10, 10) == (10, (1 << 64) - 1)
+    assert uvarint_at(b"\x00\x05", 1, 2, 3) == (1, 5)
+    assert uvarint_at(b"\x05", 1, 1, 3) == (0, 0)            # nothing there yet

@@ -69,11 +69,14 @@ def forget():
 
 def extension_modules():
     """Dotted names of the compiled modules a build must contain: every ``.pyx`` under
-    ``proxy/`` (the rule setup.py builds by)."""
+    ``proxy/``, and every ``*_c.py`` with a ``.pxd`` beside it (the rules setup.py builds
+    by)."""
     import pathlib
     root = pathlib.Path(__file__).resolve().parent.parent      # proxy/
+    sources = list(root.rglob("*.pyx"))
+    sources += [p for p in root.rglob("*_c.py") if p.with_suffix(".pxd").exists()]
     return sorted(".".join(("proxy",) + p.relative_to(root).with_suffix("").parts)
-                  for p in root.rglob("*.pyx"))
+                  for p in sources)
 
 
 def check_build():

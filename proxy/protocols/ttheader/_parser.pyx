@@ -1,7 +1,12 @@
 # cython: language_level=3
 # distutils: libraries = z
 """Thrift frame parser (compiled): Kitex TTHeader, Apache THeader, framed and unframed
-Thrift on one route.  Twin: parser_py.py (same algorithm, same results).
+Thrift on one route.  Twin: parser_py.py (same algorithm, same results).  The walks
+both twins share (the message header, a reply's status, an exception's type, an
+unframed message's end, the header's info section) are written once, in walk_py.py;
+this parser cimports them compiled (walk_c.py, a link to it, typed by walk_c.pxd).
+This file keeps the framing, the resumable state per direction, zlib, the counting and
+the frame log's attrs.
 
 Framing, read from each frame's first bytes (a connection normally keeps one; Apache's
 THeaderTransport also decides per frame):
@@ -81,6 +86,12 @@ from proxy._framing cimport (FrameParser, RouteStats, C2S, OUTCOME_OK, OUTCOME_E
 from proxy._framing cimport (want_header, protocol_error, begin, add_messages, set_corr,
                              expect, take, answer, set_resource, add_attr)
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from proxy._wire cimport be16, be32, be32s_at
+from proxy.protocols.ttheader.walk_c cimport (
+    Msg, Info, InfoWalk, XWalk, WLevel, SkipWalk, read_message, reply_status,
+    exception_status, walk_binary, info_scan, info_walk, INFO_BATCH, M_OK, M_NEED, M_BAD, P_PROTOBUF,
+    MAX_DEPTH, CALL, REPLY, EXCEPTION, ONEWAY, ST_OK, TT_META, PROTO_BINARY, PROTO_PROTOBUF,
+    INFO_INTKEYVALUE, X_NONE, X_ZLIB, X_OPAQUE)
 from proxy.protocols.ttheader.constants import (MAX_FRAME_BYTES, HEADER_LIMIT, opcode_name,
                                             status_name)
 
@@ -107,62 +118,15 @@ cdef extern from "zlib.h":
 
 cdef enum:
     HDR = 8
-    TT_META = 14
     TT_MAX_HEADER = 65536
-    NAME_MAX = 4096
     ZOUT_MAX = 8192
     MAGIC_TTHEADER = 0x1000
     MAGIC_THEADER = 0x0FFF
-    PROTO_BINARY = 0
-    PROTO_COMPACT = 2
-    PROTO_PROTOBUF = 3
-    ZLIB = 1
-    SNAPPY = 3
-    INFO_KEYVALUE = 0x01
-    INFO_INTKEYVALUE = 0x10
-    INFO_ACL_TOKEN = 0x11
-    TO_METHOD = 9
-    CALL = 1
-    REPLY = 2
-    EXCEPTION = 3
-    ONEWAY = 4
-    ST_OK = -1
-    ST_EXCEPTION = -2
     ST_UNDECODED = -3
     F_TTHEADER = 1
     F_THEADER = 2
     F_FRAMED = 3
-    X_NONE = 0
-    X_ZLIB = 1
-    X_OPAQUE = 2
-    M_OK = 0
-    M_NEED = 1
-    M_BAD = 2
-    P_BINARY = 0
-    P_COMPACT = 2
-    P_PROTOBUF = 3
-    MAX_DEPTH = 64
     ZSTEP = 64
-
-
-cdef struct Msg:                 # what the message reader found
-    int ptype                    # P_*: how the message header is encoded
-    int mtype                    # CALL / REPLY / EXCEPTION / ONEWAY
-    Py_ssize_t name_off          # method name within the buffer read
-    Py_ssize_t name_len
-    int32_t seq
-    Py_ssize_t body              # first byte after the message header
-    int64_t status               # ST_* or the TApplicationException type
-    Py_ssize_t need              # M_NEED: bytes (index) wanted
-    uint64_t var                 # last varint read
-
-
-cdef struct Info:                # what the header's info section held
-    int proto
-    int xform                    # X_*
-    Py_ssize_t tom_off           # TO_METHOD value, -1 none
-    Py_ssize_t tom_len
-    int err                      # 1: malformed (counted once, as bad_header)
 
 
 # ---- walks that go on across reads (issue 19: linear time however a message is split)
@@ -170,30 +134,11 @@ cdef struct Info:                # what the header's info section held
 # A message whose end (unframed) or status (an EXCEPTION's type field) is found by
 # walking it may need many reads: on_header() asks want_header() for the end of the next
 # element only, and is called again with more bytes.  Each walk keeps where it stopped
-# (per direction, in Resume) and goes on from there, so every byte is walked once.  The
+# (per direction, in Resume; the walks' own states are walk_c.pxd's XWalk and SkipWalk)
+# and goes on from there, so every byte is walked once.  The
 # core calls on_header() again for the same frame after it returned 0 (want_header()),
 # so a direction's saved walk belongs to the frame being read until on_header() returns
 # a length or fails.
-
-cdef struct XWalk:               # exception_status(): the field to go on from
-    Py_ssize_t i
-    int64_t last                 # compact: the id of the field before it
-
-
-cdef struct WLevel:              # walk_binary(): one open struct, map or list/set
-    int64_t left                 # elements left (a map counts keys and values)
-    uint8_t ft                   # 12 struct, 13 map, 14/15 list/set
-    uint8_t kt                   # map key type, list/set element type
-    uint8_t vt                   # map value type
-
-
-cdef struct SkipWalk:            # walk_binary(): where an unframed message's walk stopped
-    Py_ssize_t pos               # next byte to read
-    int sp                       # open levels on stack (the outermost struct is level 0)
-    int cur                      # type of the value that starts at pos, -1: none (the
-                                 # top level's next field header or element comes next)
-    WLevel* stack                # MAX_DEPTH + 1 levels (heap, first unframed message)
-
 
 cdef enum:
     W_NONE = 0                   # Resume.stage: no walk under way
@@ -209,412 +154,8 @@ cdef struct Resume:              # per direction: the frame being read across re
     Py_ssize_t p0
     Py_ssize_t hb
     Info hi
-    bint xfresh                  # x not started: it begins at the message body
-    XWalk x
+    XWalk x                      # x.i -1: not started (it begins at the message body)
     SkipWalk sk
-
-
-cdef inline int32_t be32s(const uint8_t* h) noexcept:
-    return <int32_t>((<uint32_t>h[0] << 24) | (<uint32_t>h[1] << 16) | (<uint32_t>h[2] << 8)
-                     | h[3])
-
-cdef inline uint32_t be32(const uint8_t* h) noexcept:
-    return (<uint32_t>h[0] << 24) | (<uint32_t>h[1] << 16) | (<uint32_t>h[2] << 8) | h[3]
-
-cdef inline int be16(const uint8_t* h) noexcept:
-    return (<int>h[0] << 8) | h[1]
-
-cdef inline int64_t unzigzag(uint64_t v) noexcept:
-    return <int64_t>(v >> 1) ^ -(<int64_t>(v & 1))
-
-
-cdef inline int chk(Msg* m, Py_ssize_t k, Py_ssize_t lim, Py_ssize_t fend) noexcept:
-    """Are bytes up to index k there?  M_OK; M_BAD when the frame ends first (fend >= 0);
-    else M_NEED with m.need = k."""
-    if k <= lim:
-        return M_OK
-    if fend >= 0 and k > fend:
-        return M_BAD
-    m.need = k
-    return M_NEED
-
-
-cdef inline int uvar(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, Py_ssize_t fend,
-                     int maxlen, Py_ssize_t* nxt) noexcept:
-    """Unsigned varint at i into m.var; *nxt = index after it."""
-    cdef uint64_t v = 0
-    cdef int shift = 0
-    cdef Py_ssize_t j = i
-    cdef uint8_t b
-    while j < lim and j - i < maxlen:
-        b = h[j]
-        if shift < 64:
-            v |= <uint64_t>(b & 0x7F) << shift
-        j += 1
-        if not b & 0x80:
-            m.var = v
-            nxt[0] = j
-            return M_OK
-        shift += 7
-    nxt[0] = j
-    if j - i >= maxlen or (fend >= 0 and lim >= fend):
-        return M_BAD
-    m.need = lim + 1
-    return M_NEED
-
-
-cdef int read_message(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim, Py_ssize_t fend,
-                      bint allow_pb) noexcept:
-    """The Thrift message header at h[i:]: strict binary (0x80 0x01), compact (0x82),
-    Kitex protobuf meta (0x90 0x01, when allow_pb) or non-strict binary."""
-    cdef int r
-    cdef int64_t n
-    cdef Py_ssize_t j
-    cdef uint8_t b0
-    r = chk(m, i + 1, lim, fend)
-    if r:
-        return r
-    b0 = h[i]
-    if b0 == 0x80 or (b0 == 0x90 and allow_pb):
-        r = chk(m, i + 8, lim, fend)
-        if r:
-            return r
-        if h[i + 1] != 0x01:
-            return M_BAD
-        m.mtype = h[i + 3]
-        n = be32s(h + i + 4)
-        if n < 0 or n > NAME_MAX:
-            return M_BAD
-        r = chk(m, i + 12 + n, lim, fend)
-        if r:
-            return r
-        m.name_off = i + 8
-        m.name_len = n
-        m.seq = be32s(h + i + 8 + n)
-        m.body = i + 12 + n
-        m.ptype = P_PROTOBUF if b0 == 0x90 else P_BINARY
-    elif b0 == 0x82:
-        r = chk(m, i + 2, lim, fend)
-        if r:
-            return r
-        if h[i + 1] & 0x1F != 1:
-            return M_BAD
-        m.mtype = h[i + 1] >> 5
-        r = uvar(m, h, i + 2, lim, fend, 5, &j)
-        if r:
-            return r
-        m.seq = <int32_t><uint32_t>m.var
-        r = uvar(m, h, j, lim, fend, 5, &j)
-        if r:
-            return r
-        if m.var > NAME_MAX:
-            return M_BAD
-        n = <int64_t>m.var
-        r = chk(m, j + n, lim, fend)
-        if r:
-            return r
-        m.name_off = j
-        m.name_len = n
-        m.body = j + n
-        m.ptype = P_COMPACT
-    elif b0 & 0x80:
-        return M_BAD
-    else:
-        r = chk(m, i + 4, lim, fend)
-        if r:
-            return r
-        n = be32s(h + i)
-        if n > NAME_MAX:
-            return M_BAD
-        r = chk(m, i + 9 + n, lim, fend)
-        if r:
-            return r
-        m.name_off = i + 4
-        m.name_len = n
-        m.mtype = h[i + 4 + n]
-        m.seq = be32s(h + i + 5 + n)
-        m.body = i + 9 + n
-        m.ptype = P_BINARY
-    if m.mtype < CALL or m.mtype > ONEWAY:
-        return M_BAD
-    return M_OK
-
-
-cdef int reply_status(Msg* m, const uint8_t* h, Py_ssize_t i, Py_ssize_t lim,
-                      Py_ssize_t fend) noexcept:
-    """REPLY: the result struct's first field id — 0 (or a void reply) is OK, any
-    other a declared exception."""
-    cdef int r
-    cdef int64_t fid
-    cdef uint8_t b
-    cdef Py_ssize_t j
-    if m.ptype == P_PROTOBUF:
-        m.status = ST_OK
-        return M_OK
-    r = chk(m, i + 1, lim, fend)
-    if r:
-        return r
-    b = h[i]
-    if m.ptype == P_BINARY:
-        if b == 0:
-            m.status = ST_OK
-            return M_OK
-        r = chk(m, i + 3, lim, fend)
-        if r:
-            return r
-        fid = be16(h + i + 1)
-    else:
-        if b & 0x0F == 0:
-            m.status = ST_OK
-            return M_OK
-        fid = b >> 4
-        if fid == 0:
-            r = uvar(m, h, i + 1, lim, fend, 3, &j)
-            if r:
-                return r
-            fid = unzigzag(m.var)
-    m.status = ST_OK if fid == 0 else ST_EXCEPTION
-    return M_OK
-
-
-cdef inline int bin_fixed(int ft) noexcept:
-    if ft == 2 or ft == 3:
-        return 1
-    if ft == 4 or ft == 10:
-        return 8
-    if ft == 6:
-        return 2
-    if ft == 8:
-        return 4
-    if ft == 16:
-        return 16
-    return -1
-
-
-cdef inline int cpt_fixed(int ft) noexcept:
-    if ft == 1 or ft == 2:
-        return 0
-    if ft == 3:
-        return 1
-    if ft == 7:
-        return 8
-    if ft == 13:
-        return 16
-    return -1
-
-
-cdef inline int _give_up(int r) noexcept:
-    return M_NEED if r == M_NEED else M_OK
-
-
-cdef int exception_status(Msg* m, const uint8_t* h, XWalk* x, Py_ssize_t lim,
-                          Py_ssize_t fend) noexcept:
-    """EXCEPTION: the TApplicationException's type (field 2, i32) into m.status; a
-    missing type (Node's), or a struct that cannot be walked, is 0 (UNKNOWN).  Returns
-    M_NEED only while more of the frame may still come.
-
-    Resumable: the walk starts at field x.i (x.last: the compact id before it) and,
-    on M_NEED, leaves x at the field it could not finish, so the next call with more
-    bytes goes on from there instead of from the struct's first field (a message
-    split into many reads costs what it costs in one; issue 19)."""
-    cdef int r, ft, size
-    cdef int64_t fid, last = x.last, n
-    cdef uint8_t b
-    cdef Py_ssize_t j, i = x.i
-    m.status = 0
-    if m.ptype == P_PROTOBUF:                   # Kitex pbError: TypeID is field 1, varint
-        r = chk(m, i + 1, lim, fend)
-        if r:
-            return _give_up(r)
-        if h[i] == 0x08:
-            r = uvar(m, h, i + 1, lim, fend, 10, &j)
-            if r == M_NEED:
-                return r
-            if r == M_OK:
-                m.status = <int32_t><uint32_t>m.var
-        return M_OK
-    while True:
-        x.i = i                                 # the field to go on from
-        x.last = last
-        r = chk(m, i + 1, lim, fend)
-        if r:
-            return _give_up(r)
-        b = h[i]
-        if m.ptype == P_BINARY:
-            ft = b
-            if ft == 0:
-                return M_OK
-            r = chk(m, i + 3, lim, fend)
-            if r:
-                return _give_up(r)
-            fid = be16(h + i + 1)
-            i += 3
-            if fid == 2 and ft == 8:
-                r = chk(m, i + 4, lim, fend)
-                if r:
-                    return _give_up(r)
-                m.status = be32s(h + i)
-                return M_OK
-            if ft == 11:
-                r = chk(m, i + 4, lim, fend)
-                if r:
-                    return _give_up(r)
-                n = be32s(h + i)
-                if n < 0:
-                    return M_OK
-                i += 4 + n
-            else:
-                size = bin_fixed(ft)
-                if size < 0:
-                    return M_OK
-                i += size
-        else:
-            ft = b & 0x0F
-            if ft == 0:
-                return M_OK
-            i += 1
-            if b >> 4:
-                fid = last + (b >> 4)
-            else:
-                r = uvar(m, h, i, lim, fend, 3, &i)
-                if r:
-                    return _give_up(r)
-                fid = unzigzag(m.var)
-            last = fid
-            if ft == 4 or ft == 5 or ft == 6 or ft == 8:
-                r = uvar(m, h, i, lim, fend, 10, &i)
-                if r:
-                    return _give_up(r)
-                if fid == 2 and ft == 5:
-                    m.status = <int32_t><uint32_t>(<uint64_t>unzigzag(m.var))
-                    return M_OK
-                if ft == 8:
-                    if m.var > <uint64_t>(lim + 0x7FFFFFFF):
-                        return M_OK
-                    i += <Py_ssize_t>m.var
-            else:
-                size = cpt_fixed(ft)
-                if size < 0:
-                    return M_OK
-                i += size
-
-
-cdef Py_ssize_t walk_binary(Msg* m, const uint8_t* h, Py_ssize_t lim, SkipWalk* w) noexcept:
-    """Index after the binary-protocol struct that w's walk started (w.pos, w.sp = 0,
-    w.cur = 12); -1 malformed, -2 more bytes needed (m.need), with w left where the walk
-    stopped, so the call with more bytes goes on from there.  Only unframed messages
-    need this: their end is where their struct ends.  It asks for the same bytes, and
-    decides the same, as walking the value recursively (nesting past MAX_DEPTH is
-    malformed)."""
-    cdef Py_ssize_t i = w.pos
-    cdef int sp = w.sp, t = w.cur, size, vs
-    cdef int64_t n, k
-    cdef WLevel* top
-    cdef WLevel* stack = w.stack
-    while True:
-        if t >= 0:                              # the value of type t at i, depth sp
-            if sp > MAX_DEPTH:
-                return -1
-            size = bin_fixed(t)
-            if size >= 0:
-                if i + size > lim:
-                    m.need = i + size
-                    break
-                i += size
-            elif t == 11:
-                if i + 4 > lim:
-                    m.need = i + 4
-                    break
-                n = be32s(h + i)
-                if n < 0:
-                    return -1
-                if i + 4 + n > lim:
-                    m.need = i + 4 + n
-                    break
-                i += 4 + n
-            elif t == 12:
-                top = &stack[sp]
-                top.ft = 12
-                sp += 1
-            elif t == 13:
-                if i + 6 > lim:
-                    m.need = i + 6
-                    break
-                n = be32s(h + i + 2)
-                if n < 0:
-                    return -1
-                top = &stack[sp]
-                top.ft = 13
-                top.kt = h[i]
-                top.vt = h[i + 1]
-                top.left = 2 * n
-                sp += 1
-                i += 6
-            elif t == 14 or t == 15:
-                if i + 5 > lim:
-                    m.need = i + 5
-                    break
-                n = be32s(h + i + 1)
-                if n < 0:
-                    return -1
-                top = &stack[sp]
-                top.ft = 14
-                top.kt = h[i]
-                top.left = n
-                sp += 1
-                i += 5
-            else:
-                return -1
-            t = -1
-        if sp == 0:
-            return i                            # the message's struct ended
-        top = &stack[sp - 1]
-        if top.ft == 12:                        # a field header, or STOP
-            if i + 1 > lim:
-                m.need = i + 1
-                break
-            if h[i] == 0:
-                i += 1
-                sp -= 1
-                continue
-            if i + 3 > lim:
-                m.need = i + 3
-                break
-            t = h[i]
-            i += 3
-        elif top.left == 0:
-            sp -= 1
-        else:
-            if sp <= MAX_DEPTH:                 # fixed-size elements: every whole one here
-                if top.ft == 13:
-                    size = bin_fixed(top.kt)
-                    vs = bin_fixed(top.vt)
-                    if size > 0 and vs > 0 and not top.left & 1:
-                        k = (lim - i) // (size + vs)
-                        if k > top.left >> 1:
-                            k = top.left >> 1
-                        i += k * (size + vs)
-                        top.left -= 2 * k
-                else:
-                    size = bin_fixed(top.kt)
-                    if size > 0:
-                        k = (lim - i) // size
-                        if k > top.left:
-                            k = top.left
-                        i += k * size
-                        top.left -= k
-                if top.left == 0:
-                    sp -= 1
-                    continue
-            if top.ft == 13:
-                t = top.kt if (top.left & 1) == 0 else top.vt
-            else:
-                t = top.kt
-            top.left -= 1
-    w.pos = i
-    w.sp = sp
-    w.cur = t
-    return -2
 
 
 cdef const char* int_key_name(int key) noexcept:
@@ -691,6 +232,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Msg* m = &self.m
         cdef Info* hi = &self.hi
         cdef Resume* rs = &self.rs[d]
+        cdef InfoWalk iw
         cdef int64_t length, total, start = self.st[d].frame_start
         cdef int framing, magic, r
         cdef Py_ssize_t hsz, p0, hb, lim
@@ -710,7 +252,7 @@ cdef class TTHeaderParser(FrameParser):
         elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1) or \
                 (h[4] == 0x90 and h[5] == 0x01):     # Kitex protobuf, framed
             framing = F_FRAMED
-        elif h[4] < 0x80 and <int64_t>be32s(h + 4) + 9 <= length:
+        elif h[4] < 0x80 and <int64_t>be32s_at(h, 4) + 9 <= length:
             framing = F_FRAMED                     # non-strict binary: name length first
         else:
             self.fail(d, R_BAD_MAGIC, "bytes %s at offset %d are not Thrift (TTHeader 0x1000, "
@@ -749,7 +291,7 @@ cdef class TTHeaderParser(FrameParser):
                 return -1
             if avail < p0:
                 return want_header(self, d, p0)
-            self._infos(d, h, framing, p0, False)
+            info_scan(hi, m, &iw, h, framing == F_TTHEADER, p0)
         hb = p0
         lim = avail if avail < total else <Py_ssize_t>total
         if hi.proto == PROTO_PROTOBUF and hi.xform == X_NONE and lim < p0 + 2 <= total:
@@ -763,10 +305,10 @@ cdef class TTHeaderParser(FrameParser):
         if p0 + 4 <= total:                        # Kitex TTHeaderFramed: u32 length first
             if p0 + 4 > lim:
                 return want_header(self, d, p0 + 4)
-            if <int64_t>be32s(h + p0) == total - p0 - 4:
+            if <int64_t>be32s_at(h, p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        rs.xfresh = True
+        rs.x.i = -1                                # the message's walk not started
         return self._framed_message(d, h, p0, lim, total, hb, framing)
 
     @cython.final
@@ -778,7 +320,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Resume* rs = &self.rs[d]
         cdef Info* hi = &self.hi
         cdef int r = self._message(h, p0, lim, total,
-                                   hi.proto == PROTO_PROTOBUF or framing == F_FRAMED, rs)
+                                   hi.proto == PROTO_PROTOBUF or framing == F_FRAMED, &rs.x)
         if r == M_NEED:
             if rs.stage != W_FRAMED:
                 rs.stage = W_FRAMED
@@ -800,17 +342,14 @@ cdef class TTHeaderParser(FrameParser):
 
     @cython.final
     cdef inline int _message(self, const uint8_t* h, Py_ssize_t p0, Py_ssize_t lim, Py_ssize_t fend,
-                      bint allow_pb, Resume* rs) noexcept:
+                             bint allow_pb, XWalk* x) noexcept:
         # Never look past header_limit, so that what is read does not depend on how the
         # bytes were split into reads: a need beyond it is a malformed message, or for
         # an application exception's type, UNKNOWN.  The message header is read again on
-        # every call (a few fixed-size reads); an EXCEPTION's walk goes on from rs.x
-        # (rs NULL: from the struct's first field, for the inflated prefix of a zlib
-        # payload, which is inflated anew for every step anyway).
+        # every call (a few fixed-size reads); an EXCEPTION's walk goes on from x (x.i -1:
+        # not started, it begins at the message body).
         cdef Msg* m = &self.m
         cdef Py_ssize_t cap = self.header_limit
-        cdef XWalk fresh
-        cdef XWalk* x = &fresh
         cdef int r
         if lim > cap:
             lim = cap
@@ -819,13 +358,9 @@ cdef class TTHeaderParser(FrameParser):
             if m.mtype == REPLY:
                 r = reply_status(m, h, m.body, lim, fend)
             elif m.mtype == EXCEPTION:
-                if rs is not NULL:
-                    x = &rs.x
-                if rs is NULL or rs.xfresh:
+                if x.i < 0:
                     x.i = m.body
                     x.last = 0
-                    if rs is not NULL:
-                        rs.xfresh = False
                 r = exception_status(m, h, x, lim, fend)
                 if r == M_NEED and m.need > cap:
                     m.status = 0
@@ -845,6 +380,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Py_ssize_t grow = ZSTEP, step, n
         cdef int ret, r
         cdef bint more
+        cdef XWalk fresh
         if self.zbuf is NULL:
             self.zbuf = <uint8_t*>PyMem_Malloc(ZOUT_MAX)
             if self.zbuf is NULL:
@@ -870,7 +406,8 @@ cdef class TTHeaderParser(FrameParser):
                 return total
             n = ZOUT_MAX - self.zs.avail_out
             more = ret != Z_STREAM_END and n < ZOUT_MAX and step < cap
-            r = self._message(self.zbuf, 0, n, -1 if more else n, False, NULL)
+            fresh.i = -1                            # inflated anew each step: walked anew
+            r = self._message(self.zbuf, 0, n, -1 if more else n, False, &fresh)
             if r == M_BAD:
                 self._count_bad(d, h, total, hb, framing)
                 return total
@@ -925,160 +462,38 @@ cdef class TTHeaderParser(FrameParser):
 
     # ---- the header's info section ------------------------------------------------
 
-    cdef int _infos(self, int d, const uint8_t* h, int framing, Py_ssize_t end,
-                    bint emit) except -1:
-        """Protocol id, transforms and info blocks of h[14:end] into self.hi; with
-        emit (recording, the frame begun) the key/values go to the frame log."""
-        cdef Info* hi = &self.hi
-        cdef Msg* m = &self.m
-        cdef Py_ssize_t i = TT_META, ko = 0, kl = 0, vo, vl
-        cdef int nt, k, iid, key, r
-        cdef uint64_t cnt, c
+    cdef int _infos(self, int d, const uint8_t* h, int framing, Py_ssize_t end) except -1:
+        """The info blocks' key/values of h[14:end] to the frame log (recording, the
+        frame begun)."""
+        cdef InfoWalk w
         cdef const char* kname
         cdef char num[8]
-        cdef int nn, kk
-        if framing == F_TTHEADER:
-            hi.proto = h[i]
-            nt = h[i + 1]
-            i += 2
-            if i + nt > end:
-                hi.err = 1
-                return 0
-            for k in range(nt):
-                self._xform(h[i + k])
-            i += nt
-        else:
-            r = uvar(m, h, i, end, end, 5, &i)
-            if r:
-                hi.err = 1
-                return 0
-            hi.proto = <int>m.var if m.var < 256 else 256
-            r = uvar(m, h, i, end, end, 5, &i)
-            if r:
-                hi.err = 1
-                return 0
-            cnt = m.var
-            c = 0
-            while c < cnt:
-                r = uvar(m, h, i, end, end, 5, &i)
-                if r:
-                    hi.err = 1
-                    return 0
-                self._xform(<int>m.var if m.var < 256 else 256)
-                c += 1
-        if not (hi.proto == PROTO_BINARY or hi.proto == PROTO_COMPACT or
-                hi.proto == PROTO_PROTOBUF) or (framing == F_THEADER and
-                                                hi.proto == PROTO_PROTOBUF):
-            hi.err = 1
-        while i < end:
-            if framing == F_TTHEADER:
-                iid = h[i]
-                i += 1
-                if iid == 0:
-                    continue                          # padding, wherever it is
-                if iid == INFO_KEYVALUE or iid == INFO_INTKEYVALUE:
-                    if i + 2 > end:
-                        hi.err = 1
-                        return 0
-                    cnt = be16(h + i)
-                    i += 2
-                    c = 0
-                    while c < cnt:
-                        c += 1
-                        if i + 2 > end:
-                            hi.err = 1
-                            return 0
-                        key = be16(h + i)
-                        i += 2
-                        if iid == INFO_KEYVALUE:
-                            ko = i
-                            kl = key
-                            i += kl
-                        if i + 2 > end:
-                            hi.err = 1
-                            return 0
-                        vl = be16(h + i)
-                        vo = i + 2
-                        i = vo + vl
-                        if i > end:
-                            hi.err = 1
-                            return 0
-                        if iid == INFO_INTKEYVALUE:
-                            if key == TO_METHOD:
-                                hi.tom_off = vo
-                                hi.tom_len = vl
-                            if emit:
-                                kname = int_key_name(key)
-                                if kname is not NULL:
-                                    add_attr(self, d, <const uint8_t*>kname, strlen(kname),
-                                             h + vo, vl)
-                                else:
-                                    nn = 0          # the key's decimal number
-                                    kk = key
-                                    while True:
-                                        num[nn] = <char>(0x30 + kk % 10)
-                                        nn += 1
-                                        kk //= 10
-                                        if kk == 0:
-                                            break
-                                    for kk in range(nn // 2):
-                                        num[kk], num[nn - 1 - kk] = num[nn - 1 - kk], num[kk]
-                                    add_attr(self, d, <const uint8_t*>num, nn, h + vo, vl)
-                        elif emit:
-                            add_attr(self, d, h + ko, kl, h + vo, vl)
-                elif iid == INFO_ACL_TOKEN:           # Kitex: one u16-length string
-                    if i + 2 > end:
-                        hi.err = 1
-                        return 0
-                    i += 2 + be16(h + i)
-                    if i > end:
-                        hi.err = 1
-                        return 0
+        cdef int nn, kk, n, k
+        w.i = 0
+        while True:
+            n = info_walk(&self.hi, &self.m, &w, h, framing == F_TTHEADER, end, True)
+            for k in range(n):
+                if w.kid[k] == INFO_INTKEYVALUE:
+                    kname = int_key_name(w.key[k])
+                    if kname is not NULL:
+                        add_attr(self, d, <const uint8_t*>kname, strlen(kname), h + w.vo[k],
+                                 w.vl[k])
+                    else:
+                        nn = 0                  # the key's decimal number
+                        kk = w.key[k]
+                        while True:
+                            num[nn] = <char>(0x30 + kk % 10)
+                            nn += 1
+                            kk //= 10
+                            if kk == 0:
+                                break
+                        for kk in range(nn // 2):
+                            num[kk], num[nn - 1 - kk] = num[nn - 1 - kk], num[kk]
+                        add_attr(self, d, <const uint8_t*>num, nn, h + w.vo[k], w.vl[k])
                 else:
-                    hi.err = 1                        # Kitex: invalid infoIDType
-                    return 0
-            else:
-                r = uvar(m, h, i, end, end, 5, &i)
-                if r:
-                    hi.err = 1
-                    return 0
-                if m.var != INFO_KEYVALUE:
-                    return 0                          # Apache: padding / unknown ends infos
-                r = uvar(m, h, i, end, end, 5, &i)
-                if r:
-                    hi.err = 1
-                    return 0
-                cnt = m.var
-                c = 0
-                while c < cnt:
-                    c += 1
-                    r = uvar(m, h, i, end, end, 5, &i)
-                    if r or m.var > <uint64_t>(end - i):
-                        hi.err = 1
-                        return 0
-                    ko = i
-                    kl = <Py_ssize_t>m.var
-                    i += kl
-                    r = uvar(m, h, i, end, end, 5, &i)
-                    if r or m.var > <uint64_t>(end - i):
-                        hi.err = 1
-                        return 0
-                    vo = i
-                    vl = <Py_ssize_t>m.var
-                    i += vl
-                    if emit:
-                        add_attr(self, d, h + ko, kl, h + vo, vl)
-        return 0
-
-    cdef inline void _xform(self, int t) noexcept:
-        cdef Info* hi = &self.hi
-        if t == ZLIB and hi.xform == X_NONE:
-            hi.xform = X_ZLIB
-        elif t == ZLIB or t == SNAPPY:
-            hi.xform = X_OPAQUE                  # snappy, or zlib twice: not read
-        else:
-            hi.xform = X_OPAQUE
-            hi.err = 1
+                    add_attr(self, d, h + w.ko[k], w.kl[k], h + w.vo[k], w.vl[k])
+            if n < INFO_BATCH:
+                return 0
 
     # ---- counting ---------------------------------------------------------------
 
@@ -1090,7 +505,7 @@ cdef class TTHeaderParser(FrameParser):
             if name_len > 0:
                 set_resource(self, d, name_buf + name_off, name_len)
             if framing == F_TTHEADER or framing == F_THEADER:
-                self._infos(d, h, framing, TT_META + be16(h + 12) * 4, True)
+                self._infos(d, h, framing, TT_META + be16(h + 12) * 4)
         return 0
 
     cdef int _count(self, int d, const uint8_t* h, const uint8_t* buf, int64_t total,
@@ -1136,7 +551,7 @@ cdef class TTHeaderParser(FrameParser):
         cdef Info* hi = &self.hi
         cdef RouteStats st = self.stats
         cdef int slot, rs
-        cdef int32_t seq = be32s(h + 8)
+        cdef int32_t seq = be32s_at(h, 8)
         if hi.tom_len > 0:
             slot = st.slot_for_name(h + hi.tom_off, hi.tom_len)
         else:

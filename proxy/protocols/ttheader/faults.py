@@ -35,8 +35,8 @@ from proxy.protocols.ttheader.constants import (CALL, EXCEPTION, HEADER_LIMIT, I
                                             PROTO_PROTOBUF,
                                             TAPP_TYPES, TO_METHOD, ZLIB, ZOUT_MAX,
                                             status_name)
-from proxy.protocols.ttheader.parser_py import (M_OK, P_BINARY, P_COMPACT, P_PROTOBUF, Msg,
-                                                read_message)
+from proxy.protocols.ttheader.parser_py import Msg
+from proxy.protocols.ttheader.walk_py import M_OK, P_BINARY, P_COMPACT, P_PROTOBUF, read_message
 
 __all__ = ["DEFAULT_ERROR", "ERROR_NAMES", "error_status", "error_reply", "is_request"]
 

@@ -1,7 +1,9 @@
 """Thrift (Kitex TTHeader, Apache THeader, framed, unframed) frame parser: the
 pure-Python twin of _parser.pyx — same algorithm, same results, same API.  The
 compiled parser's docstring documents the wire formats and every place where the
-seed document and the real implementations differ."""
+seed document and the real implementations differ.  The walks both twins share are
+walk_py.py, run here as Python (the compiled twin cimports the same source compiled);
+the classes below are its states, field for field walk_c.pxd's structs."""
 
 import zlib
 
@@ -10,37 +12,23 @@ from proxy.framing_common import (C2S, R_HEADER_TOO_LARGE, R_BAD_MAGIC, R_TOO_LA
                                   OUTCOME_OK, OUTCOME_ERROR, OTHER_SLOT)
 from proxy.framing_py import CORR_HI_SIGNED, FrameParser
 from proxy.protocols.ttheader.constants import (
-    MAX_FRAME_BYTES, HEADER_LIMIT, TT_MAX_HEADER, NAME_MAX, ZOUT_MAX, MAGIC_TTHEADER,
-    MAGIC_THEADER, PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF, ZLIB, SNAPPY, INFO_KEYVALUE,
-    INFO_INTKEYVALUE, INFO_ACL_TOKEN, INT_KEY_NAMES, TO_METHOD, CALL, REPLY, EXCEPTION, ONEWAY,
-    ST_OK, ST_EXCEPTION, ST_UNDECODED, UNKNOWN_NAME, opcode_name, status_name)
+    MAX_FRAME_BYTES, HEADER_LIMIT, TT_MAX_HEADER, MAGIC_TTHEADER, MAGIC_THEADER, PROTO_BINARY,
+    PROTO_PROTOBUF, INFO_INTKEYVALUE, INT_KEY_NAMES, CALL, REPLY, EXCEPTION, ONEWAY,
+    ST_OK, ST_UNDECODED, UNKNOWN_NAME, ZOUT_MAX, opcode_name, status_name)
+from proxy.protocols.ttheader.walk_py import (
+    M_OK, M_NEED, M_BAD, P_PROTOBUF, MAX_DEPTH, TT_META, X_NONE, X_ZLIB, X_OPAQUE, INFO_BATCH,
+    read_message, reply_status, exception_status, walk_binary, info_scan, info_walk)
+from proxy.wire_py import be16_at, be32_at, be32s_at
 
 HDR = 8                       # bytes every frame is first looked at with
-TT_META = 14                  # LENGTH, magic, flags, seq id, header size
 F_TTHEADER, F_THEADER, F_FRAMED = 1, 2, 3
-X_NONE, X_ZLIB, X_OPAQUE = 0, 1, 2          # payload transforms, as far as reading goes
-M_OK, M_NEED, M_BAD = 0, 1, 2
-P_BINARY, P_COMPACT, P_PROTOBUF = 0, 2, 3   # how the payload's message header is encoded
-MAX_DEPTH = 64                              # nesting the unframed skipper follows
 ZSTEP = 64                                  # first compressed-input step of _zlib()
 
 
-def _be32s(h, i):
-    v = (h[i] << 24) | (h[i + 1] << 16) | (h[i + 2] << 8) | h[i + 3]
-    return v - (1 << 32) if v & 0x80000000 else v
-
-
-def _be16(h, i):
-    return (h[i] << 8) | h[i + 1]
-
-
-def _i32(v):
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v & 0x80000000 else v
-
+# The walker's states (walk_py.py; the structs of walk_c.pxd, field for field).
 
 class Msg:
-    """What the message reader found (the compiled parser's ``Msg`` struct)."""
+    """What the message reader found."""
     __slots__ = ("ptype", "mtype", "name_off", "name_len", "seq", "body", "status", "need",
                  "var", "end")
 
@@ -50,7 +38,7 @@ class Msg:
 
 
 class Info:
-    """What the header's info section held (the compiled parser's ``Info`` struct)."""
+    """What the header's info section held."""
     __slots__ = ("proto", "xform", "tom_off", "tom_len", "err")
 
     def __init__(self):
@@ -64,6 +52,16 @@ class Info:
 W_NONE, W_UNFRAMED, W_FRAMED = 0, 1, 2
 
 
+class InfoWalk:
+    """info_walk(): where the info blocks' walk stopped, and its batch of key/values."""
+    __slots__ = ("i", "left", "iid", "kid", "key", "ko", "kl", "vo", "vl")
+
+    def __init__(self):
+        self.i = self.left = self.iid = 0
+        self.kid, self.key, self.ko, self.kl, self.vo, self.vl = (
+            [0] * INFO_BATCH for _ in range(6))
+
+
 class XWalk:
     """exception_status(): the field to go on from (``last``: the compact id before it)."""
     __slots__ = ("i", "last")
@@ -73,343 +71,36 @@ class XWalk:
         self.last = 0
 
 
-class SkipWalk:
-    """walk_binary(): where an unframed message's walk stopped.  ``stack`` holds the
-    open levels as [ft, kt, vt, left] (the outermost struct first); ``cur`` is the type
-    of the value that starts at ``pos`` (-1: the top level's next field or element)."""
-    __slots__ = ("pos", "stack", "cur")
+class WLevel:
+    """walk_binary(): one open struct (ft 12), map (13) or list/set (14)."""
+    __slots__ = ("left", "ft", "kt", "vt")
 
-    def __init__(self, pos):
-        self.pos = pos
-        self.stack = []
+    def __init__(self):
+        self.left = self.ft = self.kt = self.vt = 0
+
+
+class SkipWalk:
+    """walk_binary(): where an unframed message's walk stopped; ``stack[:sp]`` are the
+    open levels (the outermost struct first); ``cur`` is the type of the value that
+    starts at ``pos`` (-1: the top level's next field or element)."""
+    __slots__ = ("pos", "sp", "cur", "stack")
+
+    def __init__(self):
+        self.pos = self.sp = 0
         self.cur = 12
+        self.stack = [WLevel() for _ in range(MAX_DEPTH + 1)]
 
 
 class Resume:
     """Per direction: the frame being read across reads."""
-    __slots__ = ("stage", "framing", "total", "p0", "hb", "hi", "xfresh", "x", "sk")
+    __slots__ = ("stage", "framing", "total", "p0", "hb", "hi", "x", "sk")
 
     def __init__(self):
         self.stage = W_NONE
         self.framing = self.total = self.p0 = self.hb = 0
         self.hi = None           # (proto, xform, tom_off, tom_len, err) of the header read
-        self.xfresh = True
         self.x = XWalk()
         self.sk = None
-
-
-def _chk(m, k, lim, fend):
-    """Are bytes up to index k there?  M_OK; M_BAD when the frame ends first (fend >= 0);
-    else M_NEED with m.need = k."""
-    if k <= lim:
-        return M_OK
-    if fend >= 0 and k > fend:
-        return M_BAD
-    m.need = k
-    return M_NEED
-
-
-def _uvar(m, h, i, lim, fend, maxlen):
-    """Unsigned varint at i into m.var; returns (M_*, index after it)."""
-    v = 0
-    shift = 0
-    j = i
-    while j < lim and j - i < maxlen:
-        b = h[j]
-        v |= (b & 0x7F) << shift
-        j += 1
-        if not b & 0x80:
-            m.var = v & 0xFFFFFFFFFFFFFFFF
-            return M_OK, j
-        shift += 7
-    if j - i >= maxlen or (fend >= 0 and lim >= fend):
-        return M_BAD, j
-    m.need = lim + 1
-    return M_NEED, j
-
-
-def read_message(m, h, i, lim, fend, allow_pb):
-    """The Thrift message header at h[i:]: strict binary (0x80 0x01), compact (0x82),
-    Kitex protobuf meta (0x90 0x01, when ``allow_pb``) or non-strict binary."""
-    r = _chk(m, i + 1, lim, fend)
-    if r:
-        return r
-    b0 = h[i]
-    if b0 == 0x80 or (b0 == 0x90 and allow_pb):
-        r = _chk(m, i + 8, lim, fend)
-        if r:
-            return r
-        if h[i + 1] != 0x01:
-            return M_BAD
-        m.mtype = h[i + 3]
-        n = _be32s(h, i + 4)
-        if n < 0 or n > NAME_MAX:
-            return M_BAD
-        r = _chk(m, i + 12 + n, lim, fend)
-        if r:
-            return r
-        m.name_off, m.name_len = i + 8, n
-        m.seq = _be32s(h, i + 8 + n)
-        m.body = i + 12 + n
-        m.ptype = P_PROTOBUF if b0 == 0x90 else P_BINARY
-    elif b0 == 0x82:
-        r = _chk(m, i + 2, lim, fend)
-        if r:
-            return r
-        if h[i + 1] & 0x1F != 1:
-            return M_BAD
-        m.mtype = h[i + 1] >> 5
-        r, j = _uvar(m, h, i + 2, lim, fend, 5)
-        if r:
-            return r
-        m.seq = _i32(m.var)
-        r, j = _uvar(m, h, j, lim, fend, 5)
-        if r:
-            return r
-        n = m.var
-        if n > NAME_MAX:
-            return M_BAD
-        r = _chk(m, j + n, lim, fend)
-        if r:
-            return r
-        m.name_off, m.name_len = j, n
-        m.body = j + n
-        m.ptype = P_COMPACT
-    elif b0 & 0x80:
-        return M_BAD
-    else:
-        r = _chk(m, i + 4, lim, fend)
-        if r:
-            return r
-        n = _be32s(h, i)
-        if n > NAME_MAX:
-            return M_BAD
-        r = _chk(m, i + 9 + n, lim, fend)
-        if r:
-            return r
-        m.name_off, m.name_len = i + 4, n
-        m.mtype = h[i + 4 + n]
-        m.seq = _be32s(h, i + 5 + n)
-        m.body = i + 9 + n
-        m.ptype = P_BINARY
-    if m.mtype < CALL or m.mtype > ONEWAY:
-        return M_BAD
-    return M_OK
-
-
-def reply_status(m, h, i, lim, fend):
-    """REPLY: the result struct's first field id — 0 (or a void reply) is OK, any other
-    a declared exception."""
-    if m.ptype == P_PROTOBUF:
-        m.status = ST_OK
-        return M_OK
-    r = _chk(m, i + 1, lim, fend)
-    if r:
-        return r
-    b = h[i]
-    if m.ptype == P_BINARY:
-        if b == 0:
-            m.status = ST_OK
-            return M_OK
-        r = _chk(m, i + 3, lim, fend)
-        if r:
-            return r
-        fid = (h[i + 1] << 8) | h[i + 2]
-    else:
-        if b & 0x0F == 0:
-            m.status = ST_OK
-            return M_OK
-        fid = b >> 4
-        if fid == 0:
-            r, _ = _uvar(m, h, i + 1, lim, fend, 3)
-            if r:
-                return r
-            fid = (m.var >> 1) ^ -(m.var & 1)
-    m.status = ST_OK if fid == 0 else ST_EXCEPTION
-    return M_OK
-
-
-_BIN_FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8, 16: 16}
-_CPT_FIXED = {1: 0, 2: 0, 3: 1, 7: 8, 13: 16}
-
-
-def exception_status(m, h, x, lim, fend):
-    """EXCEPTION: the TApplicationException's type (field 2, i32) into m.status; a
-    missing type (Node's), or a struct that cannot be walked, is 0 (UNKNOWN).
-    Returns M_NEED only while more of the frame may still come.  Resumable: starts at
-    field ``x.i`` and, on M_NEED, leaves ``x`` at the field it could not finish."""
-    m.status = 0
-    i = x.i
-    if m.ptype == P_PROTOBUF:                   # Kitex pbError: TypeID is field 1, varint
-        r = _chk(m, i + 1, lim, fend)
-        if r:
-            return M_NEED if r == M_NEED else M_OK
-        if h[i] == 0x08:
-            r, _ = _uvar(m, h, i + 1, lim, fend, 10)
-            if r == M_NEED:
-                return r
-            if r == M_OK:
-                m.status = _i32(m.var)
-        return M_OK
-    last = x.last
-    while True:
-        x.i, x.last = i, last                   # the field to go on from
-        r = _chk(m, i + 1, lim, fend)
-        if r:
-            return M_NEED if r == M_NEED else M_OK
-        b = h[i]
-        if m.ptype == P_BINARY:
-            ft = b
-            if ft == 0:
-                return M_OK
-            r = _chk(m, i + 3, lim, fend)
-            if r:
-                return M_NEED if r == M_NEED else M_OK
-            fid = (h[i + 1] << 8) | h[i + 2]
-            i += 3
-            if fid == 2 and ft == 8:
-                r = _chk(m, i + 4, lim, fend)
-                if r:
-                    return M_NEED if r == M_NEED else M_OK
-                m.status = _be32s(h, i)
-                return M_OK
-            if ft == 11:
-                r = _chk(m, i + 4, lim, fend)
-                if r:
-                    return M_NEED if r == M_NEED else M_OK
-                n = _be32s(h, i)
-                if n < 0:
-                    return M_OK
-                i += 4 + n
-            elif ft in _BIN_FIXED:
-                i += _BIN_FIXED[ft]
-            else:
-                return M_OK
-        else:
-            ft = b & 0x0F
-            if ft == 0:
-                return M_OK
-            i += 1
-            if b >> 4:
-                fid = last + (b >> 4)
-            else:
-                r, i = _uvar(m, h, i, lim, fend, 3)
-                if r:
-                    return M_NEED if r == M_NEED else M_OK
-                fid = (m.var >> 1) ^ -(m.var & 1)
-            last = fid
-            if ft in (4, 5, 6) or ft == 8:
-                r, i = _uvar(m, h, i, lim, fend, 10)
-                if r:
-                    return M_NEED if r == M_NEED else M_OK
-                if fid == 2 and ft == 5:
-                    m.status = _i32((m.var >> 1) ^ -(m.var & 1))
-                    return M_OK
-                if ft == 8:
-                    i += m.var
-            elif ft in _CPT_FIXED:
-                i += _CPT_FIXED[ft]
-            else:
-                return M_OK
-
-
-def walk_binary(m, h, lim, w):
-    """Index after the binary-protocol struct whose walk ``w`` holds; -1 malformed, -2
-    more bytes needed (m.need), with ``w`` left where the walk stopped so that the call
-    with more bytes goes on from there.  Only unframed messages need this: their end is
-    where their struct ends.  Asks for the same bytes, and decides the same, as walking
-    the value recursively (nesting past MAX_DEPTH is malformed)."""
-    i = w.pos
-    stack = w.stack
-    t = w.cur
-    while True:
-        if t >= 0:                              # the value of type t at i, depth len(stack)
-            if len(stack) > MAX_DEPTH:
-                return -1
-            size = _BIN_FIXED.get(t, -1)
-            if size >= 0:
-                if i + size > lim:
-                    m.need = i + size
-                    break
-                i += size
-            elif t == 11:
-                if i + 4 > lim:
-                    m.need = i + 4
-                    break
-                n = _be32s(h, i)
-                if n < 0:
-                    return -1
-                if i + 4 + n > lim:
-                    m.need = i + 4 + n
-                    break
-                i += 4 + n
-            elif t == 12:
-                stack.append([12, 0, 0, 0])
-            elif t == 13:
-                if i + 6 > lim:
-                    m.need = i + 6
-                    break
-                n = _be32s(h, i + 2)
-                if n < 0:
-                    return -1
-                stack.append([13, h[i], h[i + 1], 2 * n])
-                i += 6
-            elif t == 14 or t == 15:
-                if i + 5 > lim:
-                    m.need = i + 5
-                    break
-                n = _be32s(h, i + 1)
-                if n < 0:
-                    return -1
-                stack.append([14, h[i], 0, n])
-                i += 5
-            else:
-                return -1
-            t = -1
-        if not stack:
-            return i                            # the message's struct ended
-        top = stack[-1]
-        if top[0] == 12:                        # a field header, or STOP
-            if i + 1 > lim:
-                m.need = i + 1
-                break
-            if h[i] == 0:
-                i += 1
-                stack.pop()
-                continue
-            if i + 3 > lim:
-                m.need = i + 3
-                break
-            t = h[i]
-            i += 3
-        elif top[3] == 0:
-            stack.pop()
-        else:
-            if len(stack) <= MAX_DEPTH:         # fixed-size elements: every whole one here
-                if top[0] == 13:
-                    size = _BIN_FIXED.get(top[1], -1)
-                    vs = _BIN_FIXED.get(top[2], -1)
-                    if size > 0 and vs > 0 and not top[3] & 1:
-                        k = min(top[3] >> 1, (lim - i) // (size + vs))
-                        i += k * (size + vs)
-                        top[3] -= 2 * k
-                else:
-                    size = _BIN_FIXED.get(top[1], -1)
-                    if size > 0:
-                        k = min(top[3], (lim - i) // size)
-                        i += k * size
-                        top[3] -= k
-                if top[3] == 0:
-                    stack.pop()
-                    continue
-            if top[0] == 13:
-                t = top[1] if (top[3] & 1) == 0 else top[2]
-            else:
-                t = top[1]
-            top[3] -= 1
-    w.pos = i
-    w.cur = t
-    return -2
 
 
 class TTHeaderParser(FrameParser):
@@ -425,6 +116,7 @@ class TTHeaderParser(FrameParser):
         self.header_limit = HEADER_LIMIT
         self.m = Msg()
         self.hi = Info()
+        self.iw = InfoWalk()
         self.rs = (Resume(), Resume())          # per direction: a walk under way
 
     # ---- framing ----------------------------------------------------------------
@@ -439,8 +131,8 @@ class TTHeaderParser(FrameParser):
         start = self.st[d].frame_start
         if h[0] == 0x80 and h[1] == 0x01:
             return self._unframed(d, h, avail)
-        length = (h[0] << 24) | (h[1] << 16) | (h[2] << 8) | h[3]
-        magic = (h[4] << 8) | h[5]
+        length = be32_at(h, 0)
+        magic = be16_at(h, 4)
         if magic == MAGIC_TTHEADER:
             framing = F_TTHEADER
         elif magic == MAGIC_THEADER:
@@ -448,7 +140,7 @@ class TTHeaderParser(FrameParser):
         elif (h[4] == 0x80 and h[5] == 0x01) or (h[4] == 0x82 and h[5] & 0x1F == 1) or \
                 (h[4] == 0x90 and h[5] == 0x01):     # Kitex protobuf, framed
             framing = F_FRAMED
-        elif h[4] < 0x80 and _be32s(h, 4) + 9 <= length:
+        elif h[4] < 0x80 and be32s_at(h, 4) + 9 <= length:
             framing = F_FRAMED                     # non-strict binary: name length first
         else:
             self.fail(d, R_BAD_MAGIC, "bytes %s at offset %d are not Thrift (TTHeader 0x1000, "
@@ -471,7 +163,7 @@ class TTHeaderParser(FrameParser):
         else:
             if avail < TT_META:
                 return self.want_header(d, TT_META)
-            hsz = _be16(h, 12) * 4
+            hsz = be16_at(h, 12) * 4
             if hsz == 0 or TT_META + hsz > total or (framing == F_TTHEADER
                                                       and hsz > TT_MAX_HEADER):
                 self.fail(d, R_BAD_HEADER, "header size %d at offset %d does not fit the "
@@ -484,7 +176,7 @@ class TTHeaderParser(FrameParser):
                 return -1
             if avail < p0:
                 return self.want_header(d, p0)
-            self._infos(d, h, framing, p0, False)
+            info_scan(hi, self.m, self.iw, h, framing == F_TTHEADER, p0)
         hb = p0
         lim = min(avail, total)
         if hi.proto == PROTO_PROTOBUF and hi.xform == X_NONE and lim < p0 + 2 <= total:
@@ -498,10 +190,10 @@ class TTHeaderParser(FrameParser):
         if p0 + 4 <= total:                        # Kitex TTHeaderFramed: u32 length first
             if p0 + 4 > lim:
                 return self.want_header(d, p0 + 4)
-            if _be32s(h, p0) == total - p0 - 4:
+            if be32s_at(h, p0) == total - p0 - 4:
                 p0 += 4
                 hb += 4
-        self.rs[d].xfresh = True
+        self.rs[d].x.i = -1                        # the message's walk not started
         return self._framed_message(d, h, p0, lim, total, hb, framing)
 
     def _framed_message(self, d, h, p0, lim, total, hb, framing):
@@ -511,7 +203,7 @@ class TTHeaderParser(FrameParser):
         rs = self.rs[d]
         hi = self.hi
         r = self._message(h, p0, lim, total, hi.proto == PROTO_PROTOBUF or framing == F_FRAMED,
-                          rs)
+                          rs.x)
         if r == M_NEED:
             if rs.stage != W_FRAMED:
                 rs.stage, rs.framing, rs.total, rs.p0, rs.hb = W_FRAMED, framing, total, p0, hb
@@ -527,11 +219,11 @@ class TTHeaderParser(FrameParser):
             self._count(d, h, h, total, hb, framing)
         return total
 
-    def _message(self, h, p0, lim, fend, allow_pb, rs):
+    def _message(self, h, p0, lim, fend, allow_pb, x):
         # Never look past header_limit, so that what is read does not depend on how the
         # bytes were split into reads: a need beyond it is a malformed message, or for
-        # an application exception's type, UNKNOWN.  An EXCEPTION's walk goes on from
-        # rs.x (rs None: from the struct's first field, for a zlib payload's prefix).
+        # an application exception's type, UNKNOWN.  An EXCEPTION's walk goes on from x
+        # (x.i -1: not started, it begins at the message body).
         m = self.m
         cap = self.header_limit
         if lim > cap:
@@ -541,12 +233,8 @@ class TTHeaderParser(FrameParser):
             if m.mtype == REPLY:
                 r = reply_status(m, h, m.body, lim, fend)
             elif m.mtype == EXCEPTION:
-                if rs is None:
-                    x = XWalk(m.body)
-                else:
-                    x = rs.x
-                    if rs.xfresh:
-                        x.i, x.last, rs.xfresh = m.body, 0, False
+                if x.i < 0:
+                    x.i, x.last = m.body, 0
                 r = exception_status(m, h, x, lim, fend)
                 if r == M_NEED and m.need > cap:
                     m.status = 0
@@ -575,7 +263,7 @@ class TTHeaderParser(FrameParser):
                 return total
             n = len(out)
             more = not eof and n < ZOUT_MAX and step < cap
-            r = self._message(out, 0, n, -1 if more else n, False, None)
+            r = self._message(out, 0, n, -1 if more else n, False, XWalk(-1))
             if r == M_BAD:
                 self._count_bad(d, h, total, hb, framing)
                 return total
@@ -593,7 +281,10 @@ class TTHeaderParser(FrameParser):
         r = read_message(m, h, 0, lim, -1, False)
         if r == M_OK:
             if rs.stage != W_UNFRAMED:
-                rs.stage, rs.sk = W_UNFRAMED, SkipWalk(m.body)
+                if rs.sk is None:
+                    rs.sk = SkipWalk()
+                rs.stage = W_UNFRAMED
+                rs.sk.pos, rs.sk.sp, rs.sk.cur = m.body, 0, 12
             end = walk_binary(m, h, lim, rs.sk)
             if end == -2:
                 r = M_NEED
@@ -609,7 +300,7 @@ class TTHeaderParser(FrameParser):
             if r < 0:
                 rs.stage = W_NONE
             return r
-        rs.stage, rs.sk = W_NONE, None
+        rs.stage = W_NONE
         if r == M_BAD:
             self.fail(d, R_BAD_BODY, "unframed Thrift message at offset %d is malformed" %
                       self.st[d].frame_start)
@@ -619,129 +310,23 @@ class TTHeaderParser(FrameParser):
 
     # ---- the header's info section ------------------------------------------------
 
-    def _infos(self, d, h, framing, end, emit):
-        """Protocol id, transforms and info blocks of h[14:end] into self.hi; with
-        ``emit`` (recording, the frame begun) the key/values go to the frame log."""
-        hi = self.hi
-        m = self.m
-        i = TT_META
-        if framing == F_TTHEADER:
-            hi.proto = h[i]
-            nt = h[i + 1]
-            i += 2
-            if i + nt > end:
-                hi.err = 1
-                return
-            for k in range(nt):
-                self._xform(h[i + k])
-            i += nt
-        else:
-            r, i = _uvar(m, h, i, end, end, 5)
-            if r:
-                hi.err = 1
-                return
-            hi.proto = m.var
-            r, i = _uvar(m, h, i, end, end, 5)
-            if r:
-                hi.err = 1
-                return
-            nt = m.var
-            for _ in range(nt):
-                r, i = _uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return
-                self._xform(m.var)
-        if hi.proto not in (PROTO_BINARY, PROTO_COMPACT, PROTO_PROTOBUF) or (
-                framing == F_THEADER and hi.proto == PROTO_PROTOBUF):
-            hi.err = 1
-        while i < end:
-            if framing == F_TTHEADER:
-                iid = h[i]
-                i += 1
-                if iid == 0:
-                    continue                          # padding, wherever it is
-                if iid == INFO_KEYVALUE or iid == INFO_INTKEYVALUE:
-                    if i + 2 > end:
-                        hi.err = 1
-                        return
-                    cnt = _be16(h, i)
-                    i += 2
-                    for _ in range(cnt):
-                        if i + 2 > end:
-                            hi.err = 1
-                            return
-                        key = _be16(h, i)
-                        i += 2
-                        if iid == INFO_KEYVALUE:
-                            ko, kl = i, key
-                            i += kl
-                        if i + 2 > end:
-                            hi.err = 1
-                            return
-                        vl = _be16(h, i)
-                        vo = i + 2
-                        i = vo + vl
-                        if i > end:
-                            hi.err = 1
-                            return
-                        if iid == INFO_INTKEYVALUE:
-                            if key == TO_METHOD:
-                                hi.tom_off, hi.tom_len = vo, vl
-                            if emit:
-                                name = INT_KEY_NAMES[key] if key < len(INT_KEY_NAMES) else ""
-                                self.add_attr(d, name.encode() if name else b"%d" % key,
-                                              h[vo:vo + vl])
-                        elif emit:
-                            self.add_attr(d, h[ko:ko + kl], h[vo:vo + vl])
-                elif iid == INFO_ACL_TOKEN:           # Kitex: one u16-length string
-                    if i + 2 > end:
-                        hi.err = 1
-                        return
-                    i += 2 + _be16(h, i)
-                    if i > end:
-                        hi.err = 1
-                        return
+    def _infos(self, d, h, framing, end):
+        """The info blocks' key/values of h[14:end] to the frame log (recording, the
+        frame begun)."""
+        w = self.iw
+        w.i = 0
+        while True:
+            n = info_walk(self.hi, self.m, w, h, framing == F_TTHEADER, end, True)
+            for k in range(n):
+                if w.kid[k] == INFO_INTKEYVALUE:
+                    key = w.key[k]
+                    name = INT_KEY_NAMES[key] if key < len(INT_KEY_NAMES) else ""
+                    self.add_attr(d, name.encode() if name else b"%d" % key,
+                                  h[w.vo[k]:w.vo[k] + w.vl[k]])
                 else:
-                    hi.err = 1                        # Kitex: invalid infoIDType
-                    return
-            else:
-                r, i = _uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return
-                if m.var != INFO_KEYVALUE:
-                    return                            # Apache: padding / unknown ends infos
-                r, i = _uvar(m, h, i, end, end, 5)
-                if r:
-                    hi.err = 1
-                    return
-                cnt = m.var
-                for _ in range(cnt):
-                    r, i = _uvar(m, h, i, end, end, 5)
-                    if r or i + m.var > end:
-                        hi.err = 1
-                        return
-                    ko, kl = i, m.var
-                    i += kl
-                    r, i = _uvar(m, h, i, end, end, 5)
-                    if r or i + m.var > end:
-                        hi.err = 1
-                        return
-                    vo, vl = i, m.var
-                    i += vl
-                    if emit:
-                        self.add_attr(d, h[ko:ko + kl], h[vo:vo + vl])
-
-    def _xform(self, t):
-        hi = self.hi
-        if t == ZLIB and hi.xform == X_NONE:
-            hi.xform = X_ZLIB
-        elif t == ZLIB or t == SNAPPY:
-            hi.xform = X_OPAQUE                  # snappy, or zlib twice: not read
-        else:
-            hi.xform = X_OPAQUE
-            hi.err = 1
+                    self.add_attr(d, h[w.ko[k]:w.ko[k] + w.kl[k]], h[w.vo[k]:w.vo[k] + w.vl[k]])
+            if n < INFO_BATCH:
+                return
 
     # ---- counting ---------------------------------------------------------------
 
@@ -752,7 +337,7 @@ class TTHeaderParser(FrameParser):
             if name_len > 0:
                 self.set_resource(d, name_buf[name_off:name_off + name_len])
             if framing == F_TTHEADER or framing == F_THEADER:
-                self._infos(d, h, framing, TT_META + _be16(h, 12) * 4, True)
+                self._infos(d, h, framing, TT_META + be16_at(h, 12) * 4)
 
     def _count(self, d, h, buf, total, hb, framing):
         m = self.m
@@ -792,7 +377,7 @@ class TTHeaderParser(FrameParser):
         st = self.stats
         slot = st.slot_for_name(h[hi.tom_off:hi.tom_off + hi.tom_len]) if hi.tom_len > 0 \
             else st.slot_for_name(UNKNOWN_NAME)
-        seq = _be32s(h, 8)
+        seq = be32s_at(h, 8)
         if d == C2S:
             self.begin(d, slot, K_REQUEST, total, hb)
             self.add_messages(d, 1)

@@ -1,0 +1,1 @@
+walk_py.py
