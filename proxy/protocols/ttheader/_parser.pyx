@@ -93,7 +93,7 @@ from proxy.protocols.ttheader.walk_c cimport (
     MAX_DEPTH, CALL, REPLY, EXCEPTION, ONEWAY, ST_OK, TT_META, PROTO_BINARY, PROTO_PROTOBUF,
     INFO_INTKEYVALUE, X_NONE, X_ZLIB, X_OPAQUE)
 from proxy.protocols.ttheader.constants import (MAX_FRAME_BYTES, HEADER_LIMIT, opcode_name,
-                                            status_name)
+                                                status_name)
 
 
 cdef extern from "zlib.h":

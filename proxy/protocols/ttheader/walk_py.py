@@ -26,11 +26,10 @@ except ImportError:                      # run as Python without Cython installe
     cython = SimpleNamespace(compiled=False)
 
 if not cython.compiled:                  # compiled: C enums and inline readers (walk_c.pxd)
-    from proxy.protocols.ttheader.constants import (NAME_MAX, CALL, REPLY, EXCEPTION, ONEWAY,
-                                                ST_OK, ST_EXCEPTION, PROTO_BINARY,
-                                                PROTO_COMPACT, PROTO_PROTOBUF, ZLIB, SNAPPY,
-                                                INFO_KEYVALUE, INFO_INTKEYVALUE, INFO_ACL_TOKEN,
-                                                TO_METHOD)
+    from proxy.protocols.ttheader.constants import (
+        NAME_MAX, CALL, REPLY, EXCEPTION, ONEWAY, ST_OK, ST_EXCEPTION, PROTO_BINARY,
+        PROTO_COMPACT, PROTO_PROTOBUF, ZLIB, SNAPPY, INFO_KEYVALUE, INFO_INTKEYVALUE,
+        INFO_ACL_TOKEN, TO_METHOD)
     from proxy.wire_py import be16_at, be32s_at, i32, unzigzag, uvarint_at
     M_OK, M_NEED, M_BAD = 0, 1, 2
     P_BINARY, P_COMPACT, P_PROTOBUF = 0, 2, 3   # how the payload's message header is encoded
