@@ -364,6 +364,21 @@ def test_garbage_closes_only_that_connection(server):
     c.close()
 
 
+def test_frame_over_apaches_limit_is_refused_from_its_length(server):
+    """Like Apache's NettyDecoder (frameMaxLength 16 MiB): a length word over it closes
+    the connection before any payload; one just under it is read."""
+    import struct
+    s = socket.create_connection(("127.0.0.1", server.broker_port), timeout=5)
+    s.sendall(struct.pack(">I", codes.SERVER_FRAME_MAX) + b"\x00\x00\x00\x10")
+    assert s.recv(10) == b""                     # refused from the header alone
+    s.close()
+    s = socket.create_connection(("127.0.0.1", server.broker_port), timeout=2)
+    s.sendall(struct.pack(">I", codes.SERVER_FRAME_MAX - 4) + b"\x00\x00\x00\x10")
+    with pytest.raises(socket.timeout):          # waiting for the rest of that frame
+        s.recv(10)
+    s.close()
+
+
 # --------------------------------------------------------------------------- CLI
 
 def test_cli_help(capsys):

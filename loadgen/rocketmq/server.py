@@ -89,6 +89,7 @@ from proxy.protocols.rocketmq.constants import (
     PULL_RETRY_IMMEDIATELY,
     QUERY_NOT_FOUND,
     REQUEST_CODE_NOT_SUPPORTED,
+    SERVER_FRAME_MAX,
     SUCCESS,
     SYSTEM_ERROR,
     TOPIC_NOT_EXIST,
@@ -167,7 +168,7 @@ class _Connection(ServerConnection):
         self.client_ids: set[str] = set()
 
     def split_frame(self, buf):
-        return decode(buf, self.server.length_includes_self)
+        return decode(buf, self.server.length_includes_self, max_frame_bytes=SERVER_FRAME_MAX)
 
     def frame_received(self, cmd: RemotingCommand, received: float) -> None:
         self.server._dispatch(self, cmd, received)

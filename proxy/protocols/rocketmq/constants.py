@@ -21,7 +21,7 @@ __all__ = [
     "REQUEST_CODES", "LEGACY_REQUEST_CODES", "RESPONSE_CODES", "LANGUAGE_CODES",
     "LANGUAGE_BY_NAME", "request_name", "response_name", "language_name", "language_code",
     "FLAG_RESPONSE", "FLAG_ONEWAY", "SERIALIZE_JSON", "SERIALIZE_ROCKETMQ",
-    "SERIALIZE_TYPE_NAMES", "MAX_FRAME_BYTES",
+    "SERIALIZE_TYPE_NAMES", "MAX_FRAME_BYTES", "SERVER_FRAME_MAX",
 ]
 
 # --------------------------------------------------------------------------- flags etc.
@@ -44,6 +44,10 @@ DEFAULT_BROKER_PORT = 10911
 #: route's ``max_frame_bytes`` default, the codec's ``decode`` (so the reference server's)
 #: and the loadgen client's. Apache's NettyDecoder ``frameMaxLength`` defaults to 16 MiB.
 MAX_FRAME_BYTES = 32 * 1024 * 1024
+#: What a real broker or name server refuses above (Apache NettyDecoder's
+#: ``frameMaxLength``, 16 MiB): the reference server's limit, so it accepts what the
+#: real server accepts; the proxy's own limit above is the looser one.
+SERVER_FRAME_MAX = 16 * 1024 * 1024
 
 # --------------------------------------------------------------------------- request codes
 
