@@ -9,13 +9,14 @@ and a fuzzer asserts they agree on every counter and record.
 import time
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip_corr, BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
+from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip_corr, BUCKETS_NS, DIRECTIONS, REASONS,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
                                   MAP_ENTRY_BYTES, PENDING_BYTES, MAP_MIN_CAP, FIFO_MIN_CAP,
                                   UNKNOWN_LABELS,
                                   R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
-                                  R_PENDING_BUDGET, HBUF_KEEP, K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict)
+                                  R_PENDING_BUDGET, HBUF_KEEP, K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict,
+                                  route_snapshot)
 
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
@@ -211,46 +212,14 @@ class RouteStats:
         self.error(DIRECTIONS.index(direction), REASONS.index(reason))
 
     def snapshot(self):
+        """Copy every counter into plain Python data (read at scrape time)."""
         stname = self.status_namer or str
-        names = [self.slot_name(s) for s in range(len(self.slot_code))]
-        names.extend(["other"] * (OPCODE_SLOTS - len(names)))
-        statuses = [stname(c) for c in self.status_code]
-        statuses.extend(["other"] * (STATUS_SLOTS - len(statuses)))
-        frames, fbytes, msgs, responses, hist, timeouts, errors = {}, {}, {}, {}, {}, {}, {}
-        for d in range(2):
-            for s in range(OPCODE_SLOTS):
-                key = (DIRECTIONS[d], names[s])
-                if self.frames[d][s]:
-                    frames[key] = frames.get(key, 0) + self.frames[d][s]
-                    fbytes[key] = fbytes.get(key, 0) + self.frame_bytes[d][s]
-                if self.messages[d][s]:
-                    msgs[key] = msgs.get(key, 0) + self.messages[d][s]
-            for r, v in enumerate(self.errors[d]):
-                if v:
-                    errors[(DIRECTIONS[d], REASONS[r])] = v
-        for (s, r), v in self.responses.items():
-            key = (names[s], statuses[r])
-            responses[key] = responses.get(key, 0) + v
-        for (s, o), (counts, total) in self.hist.items():
-            hist[(names[s], OUTCOMES[o])] = (list(counts), total)
-        for s, v in enumerate(self.timeouts):
-            if v:
-                timeouts[names[s]] = timeouts.get(names[s], 0) + v
-        cutoffs = {}
-        for s, v in enumerate(self.cutoffs):
-            if v:
-                cutoffs[names[s]] = cutoffs.get(names[s], 0) + v
-        return {
-            "route": self.route, "protocol": self.protocol,
-            "frames": frames, "frame_bytes": fbytes, "messages": msgs,
-            "bytes": {DIRECTIONS[0]: self.relayed[0], DIRECTIONS[1]: self.relayed[1]},
-            "responses": responses, "hist": hist, "timeouts": timeouts, "cutoffs": cutoffs,
-            "unmatched": self.unmatched, "in_flight": self.in_flight, "errors": errors,
-            "conn_active": self.conn_active, "conn_total": self.conn_total,
-            "conn_rejected": self.conn_rejected,
-            "connect_failures": self.connect_failures,
-            "connect_hist": (list(self.connect_hist), self.connect_sum),
-        }
+        return route_snapshot(
+            self, [self.slot_name(s) for s in range(len(self.slot_code))],
+            [stname(c) for c in self.status_code], self.frames, self.frame_bytes,
+            self.messages, self.errors, sorted(self.responses.items()),
+            sorted(self.hist.items()), self.timeouts, self.cutoffs, self.relayed,
+            self.unmatched, self.in_flight, self.connect_hist, self.connect_sum)
 
 
 class _Dir:
