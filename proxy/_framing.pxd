@@ -182,35 +182,13 @@ cdef class FrameParser:
     cpdef Py_ssize_t feed(self, int direction, object data) except -1
     cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
                           Py_ssize_t n) except -1
-    cdef int _frame_end(self, int d, list out) except -1
-    cdef int _fault_decide(self, int d) noexcept
-    cdef void _fault_rearm(self, int d) noexcept
-    cdef void _mark_injected(self, int d) noexcept
-    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
-                        const uint8_t* buf, list out) except -1
-    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
-                                  Py_ssize_t n, const uint8_t* buf, list out) except -2
-    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
-                                  Py_ssize_t take, Py_ssize_t emit) except -1
-    cdef bint _fault_wants(self, int d) noexcept
-    cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
-                          const uint8_t* h) except -1
-    cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
-                                  const uint8_t* buf, list out) except -1
-    cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1
-    cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
-                                    Py_ssize_t emit, const uint8_t* buf, list out) except -1
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1
-    cdef void _hbuf_release(self, int d) noexcept
-    cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
-                           const uint8_t* attrs, Py_ssize_t alen)
     cdef void _emit(self, FrameRecord* rec) noexcept
     cdef void _timeout(self, Pending* p, int tag) noexcept
     cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1
     cdef int _fifo_full(self, int d) except -1
     cdef CorrState* _corr_state(self) noexcept
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
-    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept
 
 
 # ==== The calls parsers make (inline: compiled into each parser, no vtable) ==========

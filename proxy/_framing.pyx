@@ -120,7 +120,7 @@ cdef inline bint _passes(FrameParser self, int d, int64_t r, Py_ssize_t avail) n
                                            (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1):
         return 0
     if not s.body and r <= avail and not s.open:
-        self._fault_rearm(d)               # it ends here and _frame_end() won't run
+        _fault_rearm(self, d)               # it ends here and _frame_end() won't run
     return 1
 
 
@@ -413,13 +413,13 @@ cdef class FrameParser:
                 if take > s.remaining:
                     take = s.remaining
                 if s.capture:
-                    emit = self._capture_more(d, buf + pos, pos, take, emit)
+                    emit = _capture_more(self, d, buf + pos, pos, take, emit)
                 elif s.body:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
                 pos += take
                 if s.remaining == 0 and (s.capture or s.body or s.open):
-                    self._frame_end(d, out)
+                    _frame_end(self, d, out)
                 continue
             if s.have == 0:
                 s.frame_start = chunk_start + pos
@@ -430,10 +430,10 @@ cdef class FrameParser:
                         self.feed_frames += 1
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
-                            return self._contract_error(d, r, asked, pos, emit, buf, out)
+                            return _contract_error(self, d, r, asked, pos, emit, buf, out)
                         if s.capture and not (s.capture == CAP_NEXT and
                                               _passes(self, d, r, n - pos)):
-                            take = self._capture_head(d, r, pos, emit, n, buf, out)
+                            take = _capture_head(self, d, r, pos, emit, n, buf, out)
                             if take >= 0:      # held: the read goes on after its bytes
                                 pos = emit = take
                                 continue
@@ -441,11 +441,11 @@ cdef class FrameParser:
                             pos += s.skip
                             s.remaining = r - s.skip
                             if s.remaining == 0:
-                                self._frame_end(d, out)
+                                _frame_end(self, d, out)
                         elif r <= n - pos:
                             pos += r
                             if s.open:
-                                self._frame_end(d, out)
+                                _frame_end(self, d, out)
                         else:
                             s.remaining = r - (n - pos)
                             pos = n
@@ -457,7 +457,7 @@ cdef class FrameParser:
                     return pos                 # fatal: the valid prefix ends here
             # header split across reads: copy just the header bytes
             if s.need > s.hcap and self._hbuf_reserve(d, s.need) < 0:
-                return self._fatal_prefix(d, chunk_start, emit, buf, out)
+                return _fatal_prefix(self, d, chunk_start, emit, buf, out)
             take = s.need - s.have
             if take > n - pos:
                 take = n - pos
@@ -478,11 +478,11 @@ cdef class FrameParser:
             if r > 0:
                 self.feed_frames += 1
                 if r < asked or (s.body and (s.skip > asked or s.skip > r)):
-                    self._short_frame(d, r, asked)
-                    return self._fatal_prefix(d, chunk_start, emit, buf, out)
+                    _short_frame(self, d, r, asked)
+                    return _fatal_prefix(self, d, chunk_start, emit, buf, out)
                 if hold:
                     if s.capture & (CAP_UNDECIDED | CAP_NEXT):
-                        self._fault_decide(d)
+                        _fault_decide(self, d)
                     hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
                     if s.capture & ~CAP_NEXT:
                         if hs > emit:
@@ -493,73 +493,14 @@ cdef class FrameParser:
                         # release the withheld header bytes ahead of this read's bytes
                         out.append(bytes(s.hbuf[:held]))
                     held = 0
-                self._header_done(d, r, asked, s.hbuf)
+                _header_done(self, d, r, asked, s.hbuf)
                 if s.remaining == 0 and (s.capture or s.body or s.open):
-                    self._frame_end(d, out)
+                    _frame_end(self, d, out)
             elif r < 0:
-                return self._fatal_prefix(d, chunk_start, emit, buf, out)
+                return _fatal_prefix(self, d, chunk_start, emit, buf, out)
         if hold and emit < n:
-            self._hold_tail(d, n, emit, data, buf, out)
+            _hold_tail(self, d, n, emit, data, buf, out)
         return n
-
-    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
-                        const uint8_t* buf, list out) except -1:
-        """End of a read with hold on: what is not yet placed in ``out`` goes there,
-        except a split header whose on_header() asked for more (want_header): that is
-        withheld like any incomplete header (out of line: the loop stays small)."""
-        cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t hs
-        if s.have:
-            hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
-            if hs > emit:
-                out.append(_span(buf, emit, hs))
-        elif emit == 0 and PyBytes_Check(data):
-            if out:
-                out.append(data)               # the whole read goes on: no copy
-            else:
-                self.output = None             # as it came: the relay writes it itself
-        else:
-            out.append(_span(buf, emit, n))
-        return 0
-
-    cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
-                          const uint8_t* h) except -1:
-        """A header gathered across reads was accepted: `seen` bytes of the frame are
-        consumed.  Body bytes among them go to on_body() (copied out of hbuf first,
-        since on_body() may gather() into hbuf)."""
-        cdef DirState* s = &self.st[d]
-        cdef bytes rest
-        s.have = 0
-        s.need = self.header_size
-        s.remaining = r - seen
-        if s.body and s.skip < seen:           # (a held frame streams its body too)
-            rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
-            self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
-        if s.hcap > HBUF_KEEP:
-            self._hbuf_release(d)
-        return 0
-
-    cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
-                                  const uint8_t* buf, list out) except -1:
-        cdef Py_ssize_t take = <Py_ssize_t>(self.st[d].frame_start - chunk_start)
-        if take < 0:
-            take = 0
-        if out is not None and emit < take:
-            out.append(_span(buf, emit, take))
-        return take
-
-    cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
-                                    Py_ssize_t emit, const uint8_t* buf, list out) except -1:
-        self._short_frame(d, r, asked)
-        if out is not None and emit < pos:
-            out.append(_span(buf, emit, pos))
-        return pos
-
-    cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1:
-        self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
-                  "header bytes its parser read, or its body skip is longer (parser "
-                  "contract)" % (r, self.st[d].frame_start, asked))
-        return 0
 
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1:
         """Grow direction d's header buffer to n bytes; -2 after fail() past header_limit
@@ -591,113 +532,6 @@ cdef class FrameParser:
         s.hbuf = nb
         s.hcap = cap
         return 0
-
-    cdef void _hbuf_release(self, int d) noexcept:
-        """A big split-header buffer is given back once its header is done."""
-        cdef DirState* s = &self.st[d]
-        if s.hcap > HBUF_KEEP and s.ghave == 0 and s.have == 0:
-            pending_charge(-s.hcap)
-            PyMem_Free(s.hbuf)
-            s.hbuf = NULL
-            s.hcap = 0
-
-    cdef int _frame_end(self, int d, list out) except -1:
-        """The frame's last byte has passed: finish body/capture, emit its record."""
-        cdef DirState* s = &self.st[d]
-        cdef bytes frame
-        cdef int cap = s.capture
-        if s.body:
-            s.body = 0
-            self.on_body_end(d)
-        s.capture = 0
-        if cap & ~CAP_NEXT:                    # a held frame
-            if cap & CAP_UNDECIDED:
-                s.capture = cap
-                self._fault_decide(d)
-                cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
-                s.capture = 0
-            frame = bytes(self.captured[d])
-            self.captured[d] = None
-            if cap & CAP_REWRITE:
-                frame = self.rewrite(d, frame)
-            if cap & CAP_FAULT and self.fault_hook is not None:
-                out.append(self.fault_hook(d, frame))
-            else:
-                out.append(frame)
-        s.ghave = 0
-        if s.hcap > HBUF_KEEP:
-            self._hbuf_release(d)
-        if s.open:
-            s.open = 0
-            self._emit(&s.rec)
-        if self.fault_mode[d] and self.hold[d]:
-            self._fault_rearm(d)               # decide the next frame at its header
-        return 0
-
-    cdef bint _fault_wants(self, int d) noexcept:
-        cdef int slot = self.st[d].rec.slot
-        if self.fault_mode[d] == 2:
-            return 1
-        return self.fault_mode[d] == 1 and 0 <= slot < OPCODE_SLOTS and \
-            (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
-
-    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
-                                  Py_ssize_t n, const uint8_t* buf, list out) except -2:
-        """A frame whose header is whole in this read, with capture bits set: hold it
-        from its first byte (returns where the read goes on), or -1 when an armed
-        direction's frame turns out not to be armed (it passes as usual).  Out of line,
-        as _capture_more(): the feed loop stays as small as without captures."""
-        cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t take
-        if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not _decide(self, d):
-            if not s.body and r <= n - pos and not s.open:
-                self._fault_rearm(d)           # it ends here and _frame_end() won't run
-            return -1
-        if emit < pos:
-            out.append(_span(buf, emit, pos))
-        take = r if r <= n - pos else n - pos
-        self.captured[d] = PyByteArray_FromStringAndSize(<const char*>buf + pos, take)
-        if s.body and take > s.skip:           # held for faults: the body still streams
-            self.on_body(d, buf + pos + s.skip, take - s.skip)
-        s.remaining = r - take
-        if s.remaining == 0:
-            self._frame_end(d, out)
-        return pos + take
-
-    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
-                                  Py_ssize_t take, Py_ssize_t emit) except -1:
-        """More bytes of a held frame (and its body, for a frame held for faults);
-        returns where the bytes not yet placed in the output start."""
-        cdef DirState* s = &self.st[d]
-        if s.capture & ~CAP_NEXT:
-            _extend(self.captured[d], p, take)
-            emit = pos + take
-        if s.body:
-            self.on_body(d, p, take)
-        return emit
-
-    cdef void _mark_injected(self, int d) noexcept:
-        """A row of a frame the fault engine made: attrs.injected = "1", once per frame
-        (entry()'s later rows share the frame's attrs)."""
-        cdef DirState* s = &self.st[d]
-        if self.fault_marked[d] == s.frame_start + 1:
-            return
-        self.fault_marked[d] = s.frame_start + 1
-        add_attr(self, d, b"injected", 8, b"1", 1)
-
-    cdef int _fault_decide(self, int d) noexcept:
-        """At an armed frame's header (CAP_NEXT) or end: once begin() named its opcode
-        slot, keep it for the fault hook (CAP_FAULT) or let it go (CAP_NEXT: the next
-        frame is decided in turn); until then hold it (CAP_UNDECIDED).  Returns the bits
-        that hold the frame (0: it passes).  begin() always sets rec.messages = 0, over
-        the -1 _fault_rearm() left: that tells a begun frame without recording."""
-        return _decide(self, d)
-
-    cdef void _fault_rearm(self, int d) noexcept:
-        """Between two frames of an armed direction: decide the next at its header."""
-        self.st[d].capture = CAP_NEXT
-        self.st[d].rec.messages = -1
-        self.fault_fifo_mark[d] = self.pt.fifo_seq
 
     # ---- faults (proxy/faults.py; docs/design.md, "Faults") ------------------
 
@@ -731,7 +565,7 @@ cdef class FrameParser:
                 if s.have:
                     return False               # mid-header: at the next boundary
                 if s.remaining == 0:
-                    self._fault_rearm(d)
+                    _fault_rearm(self, d)
                 else:                          # mid-frame: it passes, the next is decided
                     s.capture = CAP_NEXT
             return True
@@ -859,7 +693,7 @@ cdef class FrameParser:
         ev.status = EV_CLOSED if self.closed else EV_TIMEOUT
         ev.outcome = OUTCOME_NONE
         cs = self.cs
-        t = self._ctext_find(ev.direction, p.slot, p.key) if cs is not NULL and cs.len else NULL
+        t = _ctext_find(self, ev.direction, p.slot, p.key) if cs is not NULL and cs.len else NULL
         if t is not NULL:                  # the request's string id (set_corr_str)
             ev.corr_fmt = CORR_NONE if t.none else CORR_STR
             cs.ev_text = t.text
@@ -917,16 +751,6 @@ cdef class FrameParser:
         memcpy(t.text, &cs.cid[d][0], t.len)
         return 0
 
-    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept:
-        cdef CorrText* t
-        cdef CorrState* cs = self.cs
-        if cs is NULL or cs.cap == 0:
-            return NULL
-        t = &cs.ctext[_ctext_index(d, slot, key, cs.cap)]
-        if t.slot == slot and t.key == key and t.dir == d:
-            return t
-        return NULL
-
     cdef void _emit(self, FrameRecord* rec) noexcept:
         """Hand one finished record to the frame log (and the tracer, in tests)."""
         cdef DirState* s = &self.st[rec.direction & 1]
@@ -937,7 +761,7 @@ cdef class FrameParser:
         cdef bint same_frame = 0
         if rec is &s.rec:                  # a frame's row (timeout events have neither)
             if self.fault_marking[rec.direction & 1]:
-                self._mark_injected(rec.direction & 1)
+                _mark_injected(self, rec.direction & 1)
             res = &s.res[0]
             res_len = s.res_len
             attrs = s.attrs
@@ -950,7 +774,7 @@ cdef class FrameParser:
                     and rec.latency_ns >= 0):
                 # a response answered its request in time: the request's kept string id
                 # is no longer needed (a response travels the other way)
-                _ctext_drop(self._ctext_find(1 - (rec.direction & 1), rec.req_slot,
+                _ctext_drop(_ctext_find(self, 1 - (rec.direction & 1), rec.req_slot,
                                              rec.corr), self)
         elif rec.corr_fmt == CORR_STR and self.cs is not NULL:   # a timeout row: its
             cid = self.cs.ev_text                                 # request's kept text
@@ -961,7 +785,7 @@ cdef class FrameParser:
         if self._tracer is None:
             return
         try:
-            row = self._record_dict(rec, res, res_len, attrs, alen)
+            row = _record_dict(self, rec, res, res_len, attrs, alen)
             if rec.corr_fmt == CORR_STR and cid is not NULL:
                 row["correlation_id"] = cid[:cid_len].decode("utf-8", "replace")
             self._tracer(row)
@@ -985,13 +809,6 @@ cdef class FrameParser:
         self.log = log
         self.log_route = route
         self.recording = log is not None or self._tracer is not None or self.fault_rec
-
-    cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
-                           const uint8_t* attrs, Py_ssize_t alen):
-        return record_dict(
-            self.stats, self.conn_id, rec[0],
-            res[:res_len].decode("utf-8", "replace") if res_len >= 0 else None,
-            _attrs_dict(attrs, alen) if alen > 0 else None)
 
     # ---- pending requests (the tables: proxy/_pending.pxd/.pyx) ----------------
 
@@ -1138,6 +955,209 @@ cdef class FrameParser:
     def frame_start(self, int d):
         """Stream offset where direction d's current frame began."""
         return self.st[d].frame_start
+
+
+
+# ---- the splitter's and the recording point's helpers: module functions, called
+# directly (no vtable); FrameParser's methods are what other modules call
+
+
+cdef int _frame_end(FrameParser self, int d, list out) except -1:
+    """The frame's last byte has passed: finish body/capture, emit its record."""
+    cdef DirState* s = &self.st[d]
+    cdef bytes frame
+    cdef int cap = s.capture
+    if s.body:
+        s.body = 0
+        self.on_body_end(d)
+    s.capture = 0
+    if cap & ~CAP_NEXT:                    # a held frame
+        if cap & CAP_UNDECIDED:
+            s.capture = cap
+            _fault_decide(self, d)
+            cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
+            s.capture = 0
+        frame = bytes(self.captured[d])
+        self.captured[d] = None
+        if cap & CAP_REWRITE:
+            frame = self.rewrite(d, frame)
+        if cap & CAP_FAULT and self.fault_hook is not None:
+            out.append(self.fault_hook(d, frame))
+        else:
+            out.append(frame)
+    s.ghave = 0
+    if s.hcap > HBUF_KEEP:
+        _hbuf_release(self, d)
+    if s.open:
+        s.open = 0
+        self._emit(&s.rec)
+    if self.fault_mode[d] and self.hold[d]:
+        _fault_rearm(self, d)               # decide the next frame at its header
+    return 0
+
+
+cdef int _fault_decide(FrameParser self, int d) noexcept:
+    """At an armed frame's header (CAP_NEXT) or end: once begin() named its opcode
+    slot, keep it for the fault hook (CAP_FAULT) or let it go (CAP_NEXT: the next
+    frame is decided in turn); until then hold it (CAP_UNDECIDED).  Returns the bits
+    that hold the frame (0: it passes).  begin() always sets rec.messages = 0, over
+    the -1 _fault_rearm() left: that tells a begun frame without recording."""
+    return _decide(self, d)
+
+
+cdef void _fault_rearm(FrameParser self, int d) noexcept:
+    """Between two frames of an armed direction: decide the next at its header."""
+    self.st[d].capture = CAP_NEXT
+    self.st[d].rec.messages = -1
+    self.fault_fifo_mark[d] = self.pt.fifo_seq
+
+
+cdef void _mark_injected(FrameParser self, int d) noexcept:
+    """A row of a frame the fault engine made: attrs.injected = "1", once per frame
+    (entry()'s later rows share the frame's attrs)."""
+    cdef DirState* s = &self.st[d]
+    if self.fault_marked[d] == s.frame_start + 1:
+        return
+    self.fault_marked[d] = s.frame_start + 1
+    add_attr(self, d, b"injected", 8, b"1", 1)
+
+
+cdef int _hold_tail(FrameParser self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
+                    const uint8_t* buf, list out) except -1:
+    """End of a read with hold on: what is not yet placed in ``out`` goes there,
+    except a split header whose on_header() asked for more (want_header): that is
+    withheld like any incomplete header (out of line: the loop stays small)."""
+    cdef DirState* s = &self.st[d]
+    cdef Py_ssize_t hs
+    if s.have:
+        hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
+        if hs > emit:
+            out.append(_span(buf, emit, hs))
+    elif emit == 0 and PyBytes_Check(data):
+        if out:
+            out.append(data)               # the whole read goes on: no copy
+        else:
+            self.output = None             # as it came: the relay writes it itself
+    else:
+        out.append(_span(buf, emit, n))
+    return 0
+
+
+cdef Py_ssize_t _capture_head(FrameParser self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
+                              Py_ssize_t n, const uint8_t* buf, list out) except -2:
+    """A frame whose header is whole in this read, with capture bits set: hold it
+    from its first byte (returns where the read goes on), or -1 when an armed
+    direction's frame turns out not to be armed (it passes as usual).  Out of line,
+    as _capture_more(): the feed loop stays as small as without captures."""
+    cdef DirState* s = &self.st[d]
+    cdef Py_ssize_t take
+    if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not _decide(self, d):
+        if not s.body and r <= n - pos and not s.open:
+            _fault_rearm(self, d)           # it ends here and _frame_end() won't run
+        return -1
+    if emit < pos:
+        out.append(_span(buf, emit, pos))
+    take = r if r <= n - pos else n - pos
+    self.captured[d] = PyByteArray_FromStringAndSize(<const char*>buf + pos, take)
+    if s.body and take > s.skip:           # held for faults: the body still streams
+        self.on_body(d, buf + pos + s.skip, take - s.skip)
+    s.remaining = r - take
+    if s.remaining == 0:
+        _frame_end(self, d, out)
+    return pos + take
+
+
+cdef Py_ssize_t _capture_more(FrameParser self, int d, const uint8_t* p, Py_ssize_t pos,
+                              Py_ssize_t take, Py_ssize_t emit) except -1:
+    """More bytes of a held frame (and its body, for a frame held for faults);
+    returns where the bytes not yet placed in the output start."""
+    cdef DirState* s = &self.st[d]
+    if s.capture & ~CAP_NEXT:
+        _extend(self.captured[d], p, take)
+        emit = pos + take
+    if s.body:
+        self.on_body(d, p, take)
+    return emit
+
+
+cdef bint _fault_wants(FrameParser self, int d) noexcept:
+    cdef int slot = self.st[d].rec.slot
+    if self.fault_mode[d] == 2:
+        return 1
+    return self.fault_mode[d] == 1 and 0 <= slot < OPCODE_SLOTS and \
+        (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
+
+
+cdef int _header_done(FrameParser self, int d, int64_t r, Py_ssize_t seen,
+                      const uint8_t* h) except -1:
+    """A header gathered across reads was accepted: `seen` bytes of the frame are
+    consumed.  Body bytes among them go to on_body() (copied out of hbuf first,
+    since on_body() may gather() into hbuf)."""
+    cdef DirState* s = &self.st[d]
+    cdef bytes rest
+    s.have = 0
+    s.need = self.header_size
+    s.remaining = r - seen
+    if s.body and s.skip < seen:           # (a held frame streams its body too)
+        rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
+        self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
+    if s.hcap > HBUF_KEEP:
+        _hbuf_release(self, d)
+    return 0
+
+
+cdef Py_ssize_t _fatal_prefix(FrameParser self, int d, int64_t chunk_start, Py_ssize_t emit,
+                              const uint8_t* buf, list out) except -1:
+    cdef Py_ssize_t take = <Py_ssize_t>(self.st[d].frame_start - chunk_start)
+    if take < 0:
+        take = 0
+    if out is not None and emit < take:
+        out.append(_span(buf, emit, take))
+    return take
+
+
+cdef int _short_frame(FrameParser self, int d, int64_t r, Py_ssize_t asked) except -1:
+    self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
+              "header bytes its parser read, or its body skip is longer (parser "
+              "contract)" % (r, self.st[d].frame_start, asked))
+    return 0
+
+
+cdef Py_ssize_t _contract_error(FrameParser self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
+                                Py_ssize_t emit, const uint8_t* buf, list out) except -1:
+    _short_frame(self, d, r, asked)
+    if out is not None and emit < pos:
+        out.append(_span(buf, emit, pos))
+    return pos
+
+
+cdef void _hbuf_release(FrameParser self, int d) noexcept:
+    """A big split-header buffer is given back once its header is done."""
+    cdef DirState* s = &self.st[d]
+    if s.hcap > HBUF_KEEP and s.ghave == 0 and s.have == 0:
+        pending_charge(-s.hcap)
+        PyMem_Free(s.hbuf)
+        s.hbuf = NULL
+        s.hcap = 0
+
+
+cdef dict _record_dict(FrameParser self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
+                       const uint8_t* attrs, Py_ssize_t alen):
+    return record_dict(
+        self.stats, self.conn_id, rec[0],
+        res[:res_len].decode("utf-8", "replace") if res_len >= 0 else None,
+        _attrs_dict(attrs, alen) if alen > 0 else None)
+
+
+cdef CorrText* _ctext_find(FrameParser self, int d, int slot, int64_t key) noexcept:
+    cdef CorrText* t
+    cdef CorrState* cs = self.cs
+    if cs is NULL or cs.cap == 0:
+        return NULL
+    t = &cs.ctext[_ctext_index(d, slot, key, cs.cap)]
+    if t.slot == slot and t.key == key and t.dir == d:
+        return t
+    return NULL
 
 
 cdef dict _attrs_dict(const uint8_t* a, Py_ssize_t n):
