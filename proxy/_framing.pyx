@@ -1123,8 +1123,9 @@ cdef int _short_frame(FrameParser self, int d, int64_t r, Py_ssize_t asked) exce
     return 0
 
 
-cdef Py_ssize_t _contract_error(FrameParser self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
-                                Py_ssize_t emit, const uint8_t* buf, list out) except -1:
+cdef Py_ssize_t _contract_error(FrameParser self, int d, int64_t r, Py_ssize_t asked,
+                                Py_ssize_t pos, Py_ssize_t emit, const uint8_t* buf,
+                                list out) except -1:
     _short_frame(self, d, r, asked)
     if out is not None and emit < pos:
         out.append(_span(buf, emit, pos))

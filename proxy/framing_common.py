@@ -41,13 +41,13 @@ REASONS = (
     "ws_bad_control_frame", "ws_bad_continuation", "ws_oversized", "ws_text_message",
     "ws_bad_close", "ws_frame_after_close", "ws_truncated_frame",
 )
-R_WS_FIRST = 14                # the first WebSocket reason (_framing.pxd R_WS_FIRST)
+R_WS_FIRST = 14                # the first WebSocket reason (_counters.pxd R_WS_FIRST)
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
     R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE, \
     R_PARSER_ERROR, R_HEADER_RULE, R_PENDING_BUDGET = range(14)
 HBUF_KEEP = 4096               # a split-header buffer bigger than this is freed after use
 
-#: Frame kinds (frame log ``kind``), by the ids of _framing.pxd's K_* enum.
+#: Frame kinds (frame log ``kind``), by the ids of _counters.pxd's K_* enum.
 KINDS = ("request", "response", "oneway", "event")
 K_REQUEST, K_RESPONSE, K_ONEWAY, K_EVENT = range(4)
 OUTCOME_OK, OUTCOME_ERROR, OUTCOME_NONE = 0, 1, -1

@@ -1,4 +1,5 @@
-"""Pure-Python twin of the compiled framing core (proxy/_framing.pyx).
+"""Pure-Python twin of the compiled framing core (proxy/_framing.pyx, _pending.pyx,
+_framelog.pyx).
 
 Same behaviour, same API (the calls of _framing.pxd, as Python methods); used with
 FRAMETAP_NO_EXTENSIONS=1 and as the baseline of the parser benchmarks.  Keep the two
@@ -26,19 +27,19 @@ _U64 = (1 << 64) - 1
 
 
 def ctext_index(d, slot, key, cap):
-    """_framing.pxd's _ctext_index: where a kept string id lives in a table of cap."""
+    """_framelog.pxd's _ctext_index: where a kept string id lives in a table of cap."""
     z = ((key & _U64) ^ ((slot * 2 + d) << 48)) * 0x9E3779B97F4A7C15 & _U64
     return (z >> 32) & (cap - 1)
 CORR_HI_SIGNED = -2
 
 
-# The process's pending-request memory (twin of _framing's): tables are accounted by
+# The process's pending-request memory (twin of _pending.pyx's): tables are accounted by
 # their capacity in the compiled core's units, against [proxy] max_pending_bytes.
 _pending = {"bytes": 0, "budget": 1 << 62}
 
 
 def set_pending_budget(budget):
-    """Twin of _framing.set_pending_budget."""
+    """Twin of _pending.set_pending_budget."""
     _pending["budget"] = int(budget)
 
 
@@ -261,7 +262,7 @@ class Pending:
 
 
 class Record:
-    """One frame-log row (the twin of _framing.pxd's FrameRecord)."""
+    """One frame-log row (the twin of _counters.pxd's FrameRecord)."""
     __slots__ = ("t_ns", "frame_bytes", "header_bytes", "messages", "latency_ns", "corr",
                  "status", "opcode", "corr_hi", "resource", "attrs", "slot", "req_slot",
                  "direction", "kind", "outcome", "corr_fmt", "has_status", "abytes", "cid")
@@ -909,7 +910,7 @@ class FrameParser:
         ev.corr_hi = p.aux if not p.fifo else -1
         ev.corr_fmt = _corr_fmt(ev.corr_hi)
         ev.req_slot = p.slot
-        ev.status = 1 if self.closed else 0     # _framing.pxd EV_CLOSED / EV_TIMEOUT
+        ev.status = 1 if self.closed else 0     # _counters.pxd EV_CLOSED / EV_TIMEOUT
         i = self._ctext_find(p.dir, p.slot, p.key) if self.ctext_len else -1
         if i >= 0:                          # the request's string id (set_corr_str)
             ev.cid = self.ctext[i][3]
@@ -919,7 +920,7 @@ class FrameParser:
             ev.corr_fmt = CORR_NONE
         self._emit(ev)
 
-    # ---- string correlation ids kept for timeout rows (_framing.pxd, CorrText) ----
+    # ---- string correlation ids kept for timeout rows (_framelog.pxd, CorrText) ----
 
     def _ctext_keep(self, d, rec):
         cap = len(self.ctext) if self.ctext else 0
@@ -1160,7 +1161,7 @@ class FrameParser:
 
 
 class FrameLogBuffer:
-    """Twin of _framing.FrameLogBuffer: a bounded list of (route index, row dict);
+    """Twin of _framelog.FrameLogBuffer: a bounded list of (route index, row dict);
     drained by proxy.framelog_native.TwinSource."""
 
     def __init__(self, chunks=8, chunk_records=32768, arena_bytes=8 << 20):
