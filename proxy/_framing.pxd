@@ -1,6 +1,11 @@
 # cython: language_level=3
-# The framing core shared by every protocol: read this file first, then
-# docs/adding-a-protocol.md.
+# The framing core's contract: what a protocol parser implements and what it may call.
+# Read this file first, then docs/adding-a-protocol.md.  The core's other jobs live in
+# their own files, which a parser author need not read: proxy/_counters.pxd (the label
+# bounds, the frame-log row and the per-route counters), proxy/_pending.pxd/.pyx (the
+# pending-request tables), proxy/_framelog.pxd/.pyx (the frame-log buffer and its
+# transpose), and proxy/_framing.pyx (RouteStats, the splitter FrameParser.feed(), the
+# recording point, faults).  framing_py.py is the pure-Python twin of all of it.
 #
 # A protocol parser subclasses FrameParser and implements on_header() (once per
 # frame, with at least the header bytes it asked for), and optionally on_body() /
@@ -26,72 +31,21 @@
 #   capture_frame(d)       hold the whole frame and forward rewrite()'s result instead
 #   gather(d, p, n, want, &out, &used)   first `want` body bytes, copied only when split
 
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.mem cimport PyMem_Malloc
 from libc.stdint cimport uint8_t, int8_t, int16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memmove, memcpy
 
-# Label and histogram bounds: docs/design.md, "Prometheus metrics".
-cdef enum:
-    C2S = 0                  # direction: client -> server
-    S2C = 1                  # direction: server -> client
-    OPCODE_SLOTS = 257       # 256 distinct opcodes per route + "other"
-    OTHER_SLOT = 256         # slot of every opcode after the first 256
-    CODE_TABLE = 65536       # numeric opcodes 0..65535 map through a direct table
-    NAME_TABLE = 512         # hash table of interned opcode names (power of two)
-    UNKNOWN_LABELS = 16      # unknown_<n> labels per route; later unknown codes share "unknown"
-    STATUS_SLOTS = 32        # distinct status values per route; the last is "other"
-    REASON_SLOTS = 32        # protocol-error reasons (framing_common.REASONS)
-    N_BUCKETS = 17           # latency histogram bounds; +Inf is bucket 17
-    HEADER_LIMIT = 65536     # default header_limit: most header bytes a parser may want
-    RESOURCE_MAX = 256       # frame-log resource bytes kept per frame (longer: truncated)
-    ATTRS_MAX = 4096         # frame-log attrs bytes per frame (further pairs are dropped)
-    CORR_STR_MAX = 128       # set_corr_str(): bytes of a string correlation id kept (longer:
-                             # cut at a UTF-8 character boundary, framing_common.clip_corr)
-    CORR_TEXT_SLOTS = 1024   # most string ids a connection keeps for its timeout rows
-    OUTCOME_OK = 0
-    OUTCOME_ERROR = 1
-    OUTCOME_NONE = -1
+# The names a parser uses (proxy/_counters.pxd defines them): directions C2S / S2C;
+# frame kinds K_REQUEST, K_RESPONSE, K_ONEWAY, K_EVENT; OUTCOME_OK / OUTCOME_ERROR;
+# the error reasons R_* (framing_common.REASONS, same order); limits OPCODE_SLOTS,
+# OTHER_SLOT, HEADER_LIMIT, RESOURCE_MAX, ATTRS_MAX, CORR_STR_MAX; FrameRecord (a
+# frame's row: DirState.rec) and Counters (FrameParser.c).
+from proxy._counters cimport *
+# A request's pending entry: DirState.taken points at one (aux: what expect_fifo() got).
+from proxy._pending cimport (Pending, PendingTables, P_EXPIRED, P_FIFO, pending_set,
+                             pt_insert_fast, pt_take, pt_push_fast, pt_take_fifo)
+from proxy._framelog cimport FrameLogBuffer, CorrText, CorrState
 
-# Frame kinds (frame log `kind`; framing_common.KINDS)
-cdef enum:
-    K_REQUEST = 0
-    K_RESPONSE = 1
-    K_ONEWAY = 2
-    K_EVENT = 3
-
-# Correlation id formats of a record (frame log `correlation_id`)
-cdef enum:
-    CORR_NONE = 0
-    CORR_INT = 1             # str(corr) as unsigned 64-bit        (corr_hi == -1)
-    CORR_PAIR = 2            # "%d:%d" % (corr_hi, corr)            (corr_hi >= 0: Stream publishes)
-    CORR_SINT = 3            # str(corr) as signed 64-bit          (corr_hi == -2: RocketMQ opaque)
-    CORR_STR = 4             # set_corr_str()'s text; in a LogRecord, corr = its arena offset
-    CORR_HI_SIGNED = -2
-
-# Error reasons (frametap_protocol_errors_total{reason}); names in framing_common.REASONS,
-# same order (tests/test_conformance.py checks).  Append only.
-cdef enum Reason:
-    R_BAD_MAGIC = 0
-    R_BAD_VERSION = 1
-    R_TOO_LARGE = 2
-    R_TOO_SMALL = 3
-    R_TRUNCATED = 4
-    R_OVERFLOW = 5
-    R_MISMATCH = 6
-    R_BAD_HEADER = 7
-    R_UNKNOWN = 8
-    R_BAD_BODY = 9
-    R_HEADER_TOO_LARGE = 10
-    R_PARSER_ERROR = 11
-    R_HEADER_RULE = 12       # per-type header rules broken (required/forbidden fields)
-    R_PENDING_BUDGET = 13    # a split header's buffer did not fit [proxy] max_pending_bytes
-    R_WS_FIRST = 14          # 14..27: fleximq over WebSocket (framing_common.REASONS)
-    N_REASONS = 28
-
-cdef enum:
-    P_EXPIRED = 1            # Pending.flags: counted as a timeout; the late answer is not observed
-    P_FIFO = 2               # from the FIFO (correlation id = sequence number)
-    P_S2C = 4                # the request travelled server -> client
 
 # DirState.capture bits: why the current frame is held whole (docs/design.md, "Faults")
 cdef enum:
@@ -103,55 +57,10 @@ cdef enum:
                              # (set while a frame that was let go finishes, too)
     FAULT_WORDS = 5          # fault_bits words: OPCODE_SLOTS bits
 
-# Longest probe an insert walks before the map is rehashed under a new seed: at most half
-# full, linear probing with a keyed hash makes a 128-slot chain vanishingly rare.
-cdef enum:
-    EV_TIMEOUT = 0           # FrameRecord.status of a K_EVENT row: no answer in time
-    EV_CLOSED = 1            # ... its connection closed before the answer (a cut-off)
-cdef enum:
-    MAP_PROBE_LIMIT = 128
-    HBUF_KEEP = 4096         # framing_common.HBUF_KEEP
 
-
-cdef struct Pending:         # 24 bytes
-    int64_t t_ns             # monotonic time of the read that carried the request
-    int64_t key              # correlation id (map) or request sequence number (FIFO)
-    int32_t aux              # map: corr_hi (-1 none); FIFO: the parser's value (e.g. opcode)
-    int16_t slot             # opcode slot of the request
-    uint8_t flags            # P_*
-    uint8_t spare
-
-cdef struct MapEntry:        # 32 bytes; the key is p.key
-    int32_t tag              # namespace of key (protocol-defined: direction, publisher id)
-    int32_t used             # 0: empty; else 1 + the entry's slot in the request ring
-    Pending p
-
-# One frame-log row, filled by the recording calls (docs/design.md, "Frame log").  Strings
-# are table lookups done by the writer: opcode name from `slot`/`opcode`, request
-# opcode name from `req_slot`, status name from `status` via the route's namer,
-# route/protocol/peer/run id from the connection.  `resource` and `attrs` are
-# references into a per-connection side arena (-1: none), filled by protocols that
-# have them.
-cdef struct FrameRecord:
-    int64_t t_ns             # monotonic ns of the read that completed the frame's header
-    int64_t frame_bytes      # whole frame (0 on the extra rows of a multi-entry frame)
-    int64_t header_bytes
-    int64_t messages
-    int64_t latency_ns       # -1: none (only on a response matched to its request)
-    int64_t corr             # correlation id (see corr_fmt)
-    int64_t status           # protocol status code (has_status)
-    int64_t opcode           # the protocol's numeric opcode (-1 for an interned name)
-    int32_t corr_hi
-    int32_t resource         # side-arena offset, -1 none
-    int32_t attrs            # side-arena offset, -1 none
-    int16_t slot             # opcode slot (names: RouteStats)
-    int16_t req_slot         # slot of the request answered / timed out, -1 none
-    int8_t direction
-    int8_t kind              # K_*
-    int8_t outcome           # OUTCOME_*; OUTCOME_NONE when no status
-    int8_t corr_fmt          # CORR_*
-    int8_t has_status
-
+# One direction of a connection, as the splitter sees it.  Parsers read frame_start (for
+# error messages), rec (the frame being recorded) and taken (after take*()); the
+# transitions above write the rest.
 cdef struct DirState:
     int64_t remaining        # bytes of the current frame still to pass (payload)
     int64_t frame_start      # stream offset where the current frame began
@@ -176,78 +85,26 @@ cdef struct DirState:
     Py_ssize_t alen
 
 
-# A request's string correlation id, kept while recording so that its timeout row can
-# carry it (CorrState.ctext: a direct-mapped table, docs/design.md, "Frame log").
-cdef struct CorrText:
-    int64_t key              # the request's Pending.key
-    int16_t slot             # its opcode slot; -1: the entry is free
-    int8_t dir               # the direction it travelled
-    int8_t none              # 1: the request's row has no correlation id (null)
-    int16_t refs             # pending requests with this (dir, slot, key): PINGs that
-                             # share a timestamp (answer()/timeout: one less; 0: free)
-    int16_t len
-    uint8_t text[CORR_STR_MAX]
-
-
-# A connection's string-id state (FrameParser.cs), allocated by the first set_corr_str()
-# while recording: kept off the FrameParser object, whose layout the counting path uses.
-cdef struct CorrState:
-    CorrText* ctext          # kept texts of pending requests, direct-mapped (NULL: none yet)
-    Py_ssize_t cap
-    Py_ssize_t len
-    const uint8_t* ev_text   # _timeout(): the text of the event being emitted
-    Py_ssize_t ev_text_len
-    int cid_len[2]           # set_corr_str(): per direction, the current row's text
-    uint8_t cid[2][CORR_STR_MAX]
-
-
-# Every per-route counter the hot path bumps, in one C struct inside RouteStats: parsers
-# reach it through FrameParser.c, a plain pointer (no reference counting, no vtable).
-cdef struct Counters:
-    uint64_t frames[2][OPCODE_SLOTS]
-    uint64_t frame_bytes[2][OPCODE_SLOTS]
-    uint64_t messages[2][OPCODE_SLOTS]
-    uint64_t relayed[2]                 # frametap_bytes_total
-    uint64_t timeouts[OPCODE_SLOTS]
-    uint64_t cutoffs[OPCODE_SLOTS]      # unanswered when the connection closed
-    uint64_t unmatched
-    int64_t in_flight
-    uint64_t errors[2][REASON_SLOTS]
-    # status code <-> slot (linear scan: a route sees a handful of statuses)
-    int64_t status_code[STATUS_SLOTS]
-    int nstatus
-    # per (request opcode slot, status slot)
-    uint64_t* responses                 # OPCODE_SLOTS * STATUS_SLOTS (heap)
-    # latency histogram per (request opcode slot, outcome): N_BUCKETS+1 counts, sum
-    uint64_t* hist                      # OPCODE_SLOTS * 2 * (N_BUCKETS + 1) (heap)
-    double hist_sum[OPCODE_SLOTS][2]
-    int64_t bounds[N_BUCKETS]           # the histogram's upper bounds, ns
-
-
+# The counters of one route, shared by its connections.  A parser gets slots from it:
+# slot_for(code) for a numeric opcode, slot_for_name(p, n) for a named one (Thrift).
 cdef class RouteStats:
-    # Names and identity (Python objects, touched at scrape time only).
     cdef readonly str route
     cdef readonly str protocol
     cdef public object opcode_namer     # callable code -> name, set by the parser
     cdef public object status_namer     # callable status code -> name
-
     # opcode code <-> slot.  slot_of[code]: the slot once seen; before, -2 for a code of
     # the protocol's table (set_known), -1 for any other.  Unknown codes take at most
-    # UNKNOWN_LABELS slots, then share one labelled "unknown": garbage cannot use up the
-    # labels of real opcodes.
+    # UNKNOWN_LABELS slots, then share one labelled "unknown".
     cdef int16_t* slot_of               # CODE_TABLE entries (heap)
     cdef int64_t slot_code[OPCODE_SLOTS]
     cdef int nslots
     cdef readonly bint has_known        # set_known() was called: unknown codes are capped
     cdef int n_unknown
     cdef int unknown_slot               # the shared "unknown" slot, -1 until needed
-    # interned opcode names (Thrift methods...): hash -> slot, names kept as bytes
-    cdef int16_t name_slot_of[NAME_TABLE]
+    cdef int16_t name_slot_of[NAME_TABLE]   # interned names: hash -> slot
     cdef uint64_t name_hash[OPCODE_SLOTS]
     cdef list slot_label                # bytes per slot for interned names, else None
-
     cdef Counters c
-
     # connection-level (bumped from Python by the relay, once per connection)
     cdef public int64_t conn_active
     cdef public uint64_t conn_total
@@ -262,54 +119,8 @@ cdef class RouteStats:
     cdef void error(self, int direction, int reason) noexcept
 
 
-# One frame-log row as buffered for the writer: the record plus who produced it.
-cdef struct LogRecord:
-    FrameRecord r            # r.resource / r.attrs: offsets into the chunk's arena
-    int64_t conn_id
-    int32_t route            # FrameLogBuffer.add_route() index
-    int32_t spare
-
-
-cdef struct LogChunk:
-    LogRecord* recs
-    Py_ssize_t n
-    uint8_t* arena           # resource: u16 len + bytes; attrs: u16 total + pairs
-    Py_ssize_t alen
-    Py_ssize_t acap
-
-
-# The per-process frame-log buffer (docs/design.md, "Frame log"): parsers append fixed-
-# size records to the chunk being filled; the writer thread takes whole chunks, turns
-# them into Arrow columns (columns()) and gives them back (release()).  With every
-# chunk full, records are dropped and counted per route: relaying never waits.
-cdef class FrameLogBuffer:
-    cdef LogChunk* chunks
-    cdef int nchunks
-    cdef Py_ssize_t chunk_records
-    cdef Py_ssize_t arena_limit
-    cdef int cur                        # chunk being filled, -1 none
-    cdef int* full                      # FIFO of full chunks (indexes)
-    cdef int full_head, full_len
-    cdef int* free_list
-    cdef int nfree
-    cdef uint64_t* dropped              # per route
-    cdef uint64_t* appended             # per route
-    cdef int nroutes, routes_cap
-    cdef readonly list routes           # RouteStats per route index
-    cdef public object wake             # threading.Event set when wake_at chunks are full
-    cdef public int wake_at             # full chunks that wake the writer (>= 1)
-    cdef int32_t last_res               # chunk arena offset of the last resource copied, -1
-    cdef int64_t last_conn              # ... and whose it was (connection, direction)
-    cdef int last_dir
-    cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
-                     const uint8_t* res, Py_ssize_t res_len,
-                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame,
-                     const uint8_t* cid, Py_ssize_t cid_len) noexcept
-    cdef int _next_chunk(self) noexcept
-    cdef void _chunk_full(self) noexcept
-
-
 cdef class FrameParser:
+    # ---- what a parser sets (in __init__) and reads ----------------------------------
     cdef readonly RouteStats stats
     cdef Counters* c                    # &stats.c (stats is kept alive by the reference above)
     cdef DirState st[2]
@@ -317,63 +128,29 @@ cdef class FrameParser:
     cdef public Py_ssize_t header_limit # most bytes want_header()/gather() may ask for
     cdef public int64_t max_frame_bytes # limit on a frame's declared size (protocol-defined)
     cdef public int64_t timeout_ns      # request_timeout
+    cdef public object options          # the route's [routes.options] table (dict)
+    cdef readonly bint recording        # records are wanted (a tracer, the frame log, faults):
+                                        # skip work only the frame log needs when false
+
+    # ---- the core's own state (proxy/_framing.pyx) --------------------------------
     cdef public int64_t conn_id         # frame-log conn_id (set by the relay)
     cdef int64_t now_ns                 # one clock read per feed() call
     cdef readonly object error          # FrameError after a fatal protocol error, else None
     cdef readonly bint closed
     cdef readonly Py_ssize_t feed_frames # headers parsed by the last feed() (the relay's yield)
-    cdef public object options          # the route's [routes.options] table (dict)
     cdef object _tracer                 # callable(dict) per record (tests), or None
-    cdef object _tracer_error           # what the tracer raised, re-raised when feed()/close()/expire() return
-    cdef readonly bint recording        # records are wanted (a tracer or the frame log)
+    cdef object _tracer_error           # what the tracer raised, re-raised by the public call
     cdef FrameLogBuffer log             # the frame log this connection writes to, or None
     cdef int32_t log_route              # this route's index in log
-
-    # Rewriting (address rewriting): with hold[d] set, a header split across reads is
-    # not forwarded until complete, so the frame can still be captured; feed() then
-    # leaves the bytes to forward in ``output`` (a list) instead of "forward data".
+    # Rewriting: with hold[d] set, a header split across reads is not forwarded until
+    # complete, so the frame can still be captured; feed() then leaves the bytes to
+    # forward in ``output`` (a list) instead of "forward data".
     cdef bint hold[2]
     cdef public object output           # list of bytes to forward for the last feed(), or None
     cdef list captured                  # per direction: bytearray of the frame being captured
-
-    # Correlation by key (RabbitMQ Stream, RocketMQ...): open addressing, linear
-    # probing, backward-shift deletion; at most map_limit pending entries.  The request
-    # ring (map_cap slots) holds the entries' indexes in the order their requests were
-    # read, -1 where the request was answered since (take() only marks its slot; the
-    # ring is compacted when it fills up): ring_head..ring_live the expired ones,
-    # ring_live..ring_tail the live ones (ring_live may lag behind ring_head: take()
-    # moves only the head; readers clamp it), so expiry walks only what expires (and the
-    # answered slots among them, once) and a full map evicts its oldest expired entry.
-    # Positions count up; the slot is position & (map_cap - 1).
-    cdef MapEntry* map
-    cdef Py_ssize_t map_cap             # power of two
-    cdef uint64_t map_seed              # keys the hash (_mix): secret, per connection, new
-                                        # when a probe passes MAP_PROBE_LIMIT (hash flooding)
-    cdef readonly int64_t map_reseeds   # times this map was rehashed under a new seed
-    cdef Py_ssize_t map_len
-    cdef public Py_ssize_t map_limit
-    cdef int32_t* ring
-    cdef int64_t ring_head              # oldest request still in the ring
-    cdef int64_t ring_live              # oldest one expire() has not counted
-    cdef int64_t ring_tail              # where the next request goes
-
-    # FIFO of requests awaiting their responses (ring buffer, at most fifo_limit)
-    cdef Pending* fifo
-    cdef Py_ssize_t fifo_head
-    cdef Py_ssize_t fifo_len
-    cdef Py_ssize_t fifo_cap            # power of two (indexes wrap with & (fifo_cap - 1))
-    cdef public Py_ssize_t fifo_limit
-    cdef int64_t fifo_seq               # requests pushed so far (1-based correlation ids)
-    cdef int64_t fifo_live              # sequence number of the oldest request expire() has
-                                        # not counted (those before it are expired)
-
-    # String correlation ids (set_corr_str), only while recording: the rows' texts and
-    # those of pending requests, for their timeout rows (direct-mapped on (direction,
-    # slot, key), grown while at most half full up to CORR_TEXT_SLOTS, then a newer id
-    # evicts an older one, whose timeout row then has a null correlation_id).  NULL
-    # until first used.
-    cdef CorrState* cs
-
+    cdef PendingTables pt               # requests awaiting responses (proxy/_pending.pxd)
+    cdef CorrState* cs                  # string ids (set_corr_str), recording only; NULL
+                                        # until first used (proxy/_framelog.pxd)
     # Faults (proxy/faults.py): an armed direction holds each frame until its opcode slot
     # is known; a frame whose slot is armed goes whole to fault_hook, any other is
     # forwarded without a Python call.  Unarmed directions never look at these fields.
@@ -382,48 +159,12 @@ cdef class FrameParser:
     cdef bint fault_hold[2]             # hold[d] was turned on by set_faults()
     cdef bint fault_rec                 # recording forced on while armed (kind, resource)
     cdef public object fault_hook       # callable(d, frame) -> bytes or a fault marker
-    # (last: the fields above keep the offsets the parsers were compiled against)
     cdef bint fault_marking[2]          # frames fed now were made by the fault engine
     cdef int64_t fault_marked[2]        # 1 + frame_start of the last frame so marked
     cdef list fault_names               # per direction: the rule (bytes) of marked frames, or None
     cdef bint fault_record[2]           # rules of direction d need kind / resource: record
     cdef int64_t fault_fifo_mark[2]     # fifo_seq when direction d's frame began (FIFO
                                         # requests are known without recording)
-
-    cpdef Py_ssize_t feed(self, int direction, object data) except -1
-    cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
-                          Py_ssize_t n) except -1
-    cdef int _frame_end(self, int d, list out) except -1
-    cdef int _fault_decide(self, int d) noexcept
-    cdef void _fault_rearm(self, int d) noexcept
-    cdef void _mark_injected(self, int d) noexcept
-    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
-                        const uint8_t* buf, list out) except -1
-    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
-                                  Py_ssize_t n, const uint8_t* buf, list out) except -2
-    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
-                                  Py_ssize_t take, Py_ssize_t emit) except -1
-    cdef bint _fault_wants(self, int d) noexcept
-    cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
-                          const uint8_t* h) except -1
-    cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
-                                  const uint8_t* buf, list out) except -1
-    cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1
-    cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
-                                    Py_ssize_t emit, const uint8_t* buf, list out) except -1
-    cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
-                           const uint8_t* attrs, Py_ssize_t alen)
-    cdef int _map_grow(self) except -1
-    cdef int _map_resize(self, Py_ssize_t new_cap) except -1
-    cdef int _map_reseed(self) except -1
-    cdef int _fifo_grow(self) except -1
-    cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1
-    cdef int _shrink(self) except -1
-    cdef void _ring_compact(self) noexcept
-    cdef bint _has_expired(self) noexcept
-    cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1
-    cdef void _emit(self, FrameRecord* rec) noexcept
-    cdef void _timeout(self, Pending* p, int tag) noexcept
 
     # ---- protocol hooks -------------------------------------------------------
     # on_header: called once per frame at a frame boundary with `avail` (>= need)
@@ -435,14 +176,20 @@ cdef class FrameParser:
     # arrival order, in pieces.  on_body_end() follows the last piece.
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1
     cdef int on_body_end(self, int d) except -1
-
+    # fail: a fatal protocol error (counted; the connection closes after the valid prefix)
     cdef int fail(self, int d, int reason, str message) except -1
+
+    # ---- the core's methods (proxy/_framing.pyx; not for parsers) ------------------
+    cpdef Py_ssize_t feed(self, int direction, object data) except -1
+    cdef Py_ssize_t _feed(self, int d, object data, const uint8_t* buf,
+                          Py_ssize_t n) except -1
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1
-    cdef void _hbuf_release(self, int d) noexcept
-    # string correlation ids (set_corr_str), recording only
+    cdef void _emit(self, FrameRecord* rec) noexcept
+    cdef void _timeout(self, Pending* p, int tag) noexcept
+    cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1
+    cdef int _fifo_full(self, int d) except -1
     cdef CorrState* _corr_state(self) noexcept
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
-    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept
 
 
 # ==== The calls parsers make (inline: compiled into each parser, no vtable) ==========
@@ -677,88 +424,28 @@ cdef inline void set_status(FrameParser self, int d, int64_t status, int outcome
     rec.outcome = <int8_t>outcome
 
 
-cdef inline void _ring_push(FrameParser self, Py_ssize_t i) noexcept:
-    """Entry i (a live request) becomes the newest in the request ring."""
-    cdef Py_ssize_t r
-    if self.ring_tail - self.ring_head == self.map_cap:
-        self._ring_compact()               # full: at least half its slots are answered
-    r = <Py_ssize_t>self.ring_tail & (self.map_cap - 1)
-    self.ring[r] = <int32_t>i
-    self.map[i].used = <int32_t>(r + 1)
-    self.ring_tail += 1
-
-
-cdef inline void _map_remove(FrameParser self, Py_ssize_t i) noexcept:
-    """Delete entry i (its ring slot already marked -1): backward-shift deletion keeps
-    probe chains intact without tombstones; a moved entry's ring slot follows it."""
-    cdef Py_ssize_t j, k, mask = self.map_cap - 1
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if not self.map[j].used:
-            break
-        k = _mix(self.map_seed, self.map[j].tag, <uint64_t>self.map[j].p.key) & mask
-        if (j > i and (k <= i or k > j)) or (j < i and (k <= i and k > j)):
-            self.map[i] = self.map[j]
-            self.ring[self.map[i].used - 1] = <int32_t>i
-            i = j
-    self.map[i].used = 0
-    self.map_len -= 1
-
-
-cdef inline void _map_insert(FrameParser self, int d, Py_ssize_t i, int32_t tag, uint64_t key,
-                             int32_t corr_hi) noexcept:
-    """A new pending request in free slot i of the map (the newest in request order)."""
-    cdef MapEntry* e = &self.map[i]
-    e.tag = tag
-    self.map_len += 1
-    self.c.in_flight += 1
-    _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
-    _ring_push(self, i)
-
 
 cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
     """The current frame is a request answered by key (tag = namespace).  Inline only
-    the common case, a new key in a table with room; growing, a full table and a key
-    already pending go to FrameParser._expect_key."""
-    cdef Py_ssize_t i, mask, probes = 0
-    cdef MapEntry* e
+    the common case, a new key in a table with room (proxy/_pending.pxd); growing, a
+    full table and a key already pending go to FrameParser._expect_key."""
+    cdef Pending req
     set_corr(self, d, <int64_t>key, corr_hi)
-    if (self.map_len + 1) * 2 > self.map_cap or self.map_len >= self.map_limit:
+    pending_set(&req, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
+    if pt_insert_fast(&self.pt, tag, key, &req):
         return self._expect_key(d, tag, key, corr_hi)
-    mask = self.map_cap - 1
-    i = _mix(self.map_seed, tag, key) & mask
-    while self.map[i].used:                # one probe: the key, or where it goes
-        e = &self.map[i]
-        if e.tag == tag and <uint64_t>e.p.key == key:
-            return self._expect_key(d, tag, key, corr_hi)
-        i = (i + 1) & mask
-        probes += 1
-        if probes == MAP_PROBE_LIMIT:      # chosen colliding keys, or astronomically bad
-            self._map_reseed()             # luck: a new secret seed breaks the cluster
-            return self._expect_key(d, tag, key, corr_hi)
-    _map_insert(self, d, i, tag, key, corr_hi)
+    self.c.in_flight += 1
     return 0
 
 
 cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
     """The current frame is a request answered in order; aux comes back in take_fifo()."""
-    cdef Pending* p
-    self.fifo_seq += 1
-    set_corr(self, d, self.fifo_seq, -1)
-    if self.fifo_len == self.fifo_cap and self.fifo_len < self.fifo_limit:
-        self._fifo_grow()                  # the pending budget may refuse
-    if self.fifo_len >= self.fifo_limit or self.fifo_len == self.fifo_cap:
-        # Too many unanswered requests: give up on the oldest (a timeout).
-        p = &self.fifo[self.fifo_head]
-        self.fifo_head = (self.fifo_head + 1) & (self.fifo_cap - 1)
-        self.fifo_len -= 1
-        if not p.flags & P_EXPIRED:
-            self._timeout(p, 0)
-        _count_error(self.c, d, R_OVERFLOW)
-    p = &self.fifo[(self.fifo_head + self.fifo_len) & (self.fifo_cap - 1)]
-    _pending_set(p, self.now_ns, self.fifo_seq, self.st[d].rec.slot, aux, 1, d)
-    self.fifo_len += 1
+    self.pt.fifo_seq += 1
+    set_corr(self, d, self.pt.fifo_seq, -1)
+    if self.pt.fifo_len == self.pt.fifo_cap or self.pt.fifo_len >= self.pt.fifo_limit:
+        self._fifo_full(d)                 # grow, or give up on the oldest (a timeout)
+    pending_set(pt_push_fast(&self.pt), self.now_ns, self.pt.fifo_seq, self.st[d].rec.slot,
+                aux, 1, d)
     self.c.in_flight += 1
     return 0
 
@@ -766,41 +453,19 @@ cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
 cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcept:
     """Remove the request pending under (tag, key) for answer(); returns its opcode
     slot, or -1 when there is none (answer() then counts an unmatched response)."""
-    cdef Py_ssize_t i, mask
-    cdef MapEntry* e
     cdef DirState* s = &self.st[d]
-    s.taken = NULL
-    if self.map_len == 0:
+    if not pt_take(&self.pt, tag, key, &s.held):
+        s.taken = NULL
         return -1
-    mask = self.map_cap - 1
-    i = _mix(self.map_seed, tag, key) & mask
-    while True:
-        e = &self.map[i]
-        if not e.used:
-            return -1
-        if e.tag == tag and <uint64_t>e.p.key == key:
-            break
-        i = (i + 1) & mask
-    s.held = e.p
     s.taken = &s.held
-    if e.used - 1 == (self.ring_head & mask):
-        self.ring_head += 1                # answered in request order: the ring moves on
-    else:
-        self.ring[e.used - 1] = -1         # answered: expire() and eviction skip it
-    _map_remove(self, i)
     return s.held.slot
 
 
 cdef inline int take_fifo(FrameParser self, int d) noexcept:
     """Remove the oldest request for answer(); returns its slot or -1 (none)."""
     cdef DirState* s = &self.st[d]
-    if self.fifo_len == 0:
-        s.taken = NULL
-        return -1
-    s.taken = &self.fifo[self.fifo_head]
-    self.fifo_head = (self.fifo_head + 1) & (self.fifo_cap - 1)
-    self.fifo_len -= 1
-    return s.taken.slot
+    s.taken = pt_take_fifo(&self.pt)
+    return s.taken.slot if s.taken is not NULL else -1
 
 
 cdef inline void answer(FrameParser self, int d, int64_t status, int outcome) noexcept:
@@ -832,78 +497,3 @@ cdef inline void answer(FrameParser self, int d, int64_t status, int outcome) no
         _observe(self.c, p.slot, outcome, dt)
         self.c.in_flight -= 1
 
-
-cdef inline int _status_slot(Counters* c, int64_t code) noexcept:
-    cdef int i
-    for i in range(c.nstatus):
-        if c.status_code[i] == code:
-            return i
-    if c.nstatus < STATUS_SLOTS - 1:
-        i = c.nstatus
-        c.status_code[i] = code
-        c.nstatus += 1
-        return i
-    return STATUS_SLOTS - 1
-
-
-cdef inline void _count_response(Counters* c, int slot, int64_t status) noexcept:
-    c.responses[slot * STATUS_SLOTS + _status_slot(c, status)] += 1
-
-
-cdef inline int _bucket(const int64_t* bounds, int64_t dt_ns) noexcept:
-    """Histogram bucket of dt_ns (N_BUCKETS is +Inf)."""
-    cdef int b = 0
-    while b < N_BUCKETS and dt_ns > bounds[b]:
-        b += 1
-    return b
-
-
-cdef inline void _observe(Counters* c, int slot, int outcome, int64_t dt_ns) noexcept:
-    if dt_ns < 0:
-        dt_ns = 0
-    c.hist[(slot * 2 + outcome) * (N_BUCKETS + 1) + _bucket(c.bounds, dt_ns)] += 1
-    c.hist_sum[slot][outcome] += dt_ns * 1e-9
-
-
-cdef inline void _count_error(Counters* c, int direction, int reason) noexcept:
-    if 0 <= reason < N_REASONS:
-        c.errors[direction][reason] += 1
-
-
-cdef inline void _pending_set(Pending* p, int64_t t_ns, uint64_t key, int slot,
-                              int32_t aux, int fifo, int d) noexcept:
-    p.t_ns = t_ns
-    p.key = <int64_t>key
-    p.slot = <int16_t>slot
-    p.aux = aux
-    p.flags = (P_FIFO if fifo else 0) | (P_S2C if d else 0)
-
-
-cdef inline void _ctext_drop(CorrText* t, FrameParser self) noexcept:
-    if t is not NULL:
-        t.refs -= 1
-        if t.refs <= 0:
-            t.slot = -1
-            self.cs.len -= 1
-
-
-cdef inline Py_ssize_t _ctext_index(int d, int slot, int64_t key, Py_ssize_t cap) noexcept:
-    # framing_py.ctext_index: the same bits in the twin
-    cdef uint64_t z = (<uint64_t>key ^ (<uint64_t>(slot * 2 + d) << 48)) * 0x9E3779B97F4A7C15ULL
-    return <Py_ssize_t>((z >> 32) & <uint64_t>(cap - 1))
-
-
-cdef inline int8_t _corr_fmt(int32_t corr_hi) noexcept:
-    if corr_hi >= 0:
-        return CORR_PAIR
-    return CORR_SINT if corr_hi == CORR_HI_SIGNED else CORR_INT
-
-
-cdef inline uint64_t _mix(uint64_t seed, int32_t tag, uint64_t key) noexcept:
-    # splitmix64 finalizer of the key under a secret per-map seed: spreads sequential ids
-    # over the table, and a client cannot pick ids that share a probe chain without the
-    # seed (the finalizer alone is invertible: colliding ids were found offline)
-    cdef uint64_t z = (key ^ seed) + (<uint64_t>tag << 56) + 0x9E3779B97F4A7C15ULL
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
-    return z ^ (z >> 31)

@@ -16,11 +16,18 @@ from libc.string cimport memcpy, memset, memcmp, memmove
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport uint8_t, int16_t, int32_t, int64_t, uint64_t
 
+from proxy._pending cimport (PendingWalk, P_S2C, PT_DROPPED, PT_REPLACED, PT_PUSHED_OUT, pt_init,
+                             pt_free, pt_map_resize, pt_expect_key, pt_fifo_room,
+                             pt_expire_next, pt_live_next, pt_shrink, pt_forget_all,
+                             pending_fits, pending_charge)
+from proxy._framelog cimport _ctext_index
+
 import os
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
-                                  DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, record_dict)
+from proxy.framing_common import (BUCKETS_NS, DIRECTIONS, REASONS,
+                                  DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, record_dict,
+                                  route_snapshot)
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -55,42 +62,13 @@ cdef inline int64_t monotonic_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
-# Memory of every connection's pending-request state (map and FIFO capacity), against the
-# process's budget ([proxy] max_pending_bytes, docs/design.md "Pending requests").
-cdef int64_t _pending_bytes = 0
-cdef int64_t _pending_budget = 1LL << 62
-# one map slot: the entry and its request-ring slot (framing_common.MAP_ENTRY_BYTES)
-cdef int64_t _MAP_SLOT_BYTES = sizeof(MapEntry) + sizeof(int32_t)
-
-# Pending-map seeds: a secret drawn once per process, then one per map by splitmix64.
-cdef uint64_t _seed_state = int.from_bytes(os.urandom(8), "little")
-
-
-cdef uint64_t _next_seed() noexcept:
-    global _seed_state
-    cdef uint64_t z
-    _seed_state += 0x9E3779B97F4A7C15ULL
-    z = _seed_state
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
-    return z ^ (z >> 31)
-
-
-def set_pending_budget(int64_t budget):
-    """Most bytes all connections' pending-request tables may hold together; a table
-    that would grow past it stays as it is (the request is dropped and counted as
-    in_flight_overflow, or a full map evicts its oldest expired entry)."""
-    global _pending_budget
-    _pending_budget = budget
-
-
-def pending_bytes():
-    """Bytes the pending-request tables of this process hold now."""
-    return _pending_bytes
-
-
-def pending_budget():
-    return _pending_budget
+# The pending-memory budget lives with the pending tables (proxy/_pending.pyx); the
+# split-header buffers here are charged to it too.
+from proxy._pending import set_pending_budget, pending_bytes, pending_budget  # noqa: F401
+# FrameLogBuffer (proxy/_framelog.pyx) is also reached as proxy._framing.FrameLogBuffer,
+# proxy.framing's import point (a cimported type's name is not a module attribute by itself)
+from proxy import _framelog as _framelog_module
+globals()["FrameLogBuffer"] = _framelog_module.FrameLogBuffer
 
 
 def now_ns():
@@ -142,8 +120,16 @@ cdef inline bint _passes(FrameParser self, int d, int64_t r, Py_ssize_t avail) n
                                            (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1):
         return 0
     if not s.body and r <= avail and not s.open:
-        self._fault_rearm(d)               # it ends here and _frame_end() won't run
+        _fault_rearm(self, d)               # it ends here and _frame_end() won't run
     return 1
+
+
+cdef inline void _ctext_drop(CorrText* t, FrameParser self) noexcept:
+    if t is not NULL:
+        t.refs -= 1
+        if t.refs <= 0:
+            t.slot = -1
+            self.cs.len -= 1
 
 
 cdef class RouteStats:
@@ -308,59 +294,28 @@ cdef class RouteStats:
         return self.slot_code[slot]
 
     def snapshot(self):
-        """Copy every counter into plain Python data (read at scrape time)."""
+        """Copy every counter into plain Python data (read at scrape time;
+        framing_common.route_snapshot, shared with the twin)."""
         cdef int d, s, o, b, r
-        opname = self.opcode_namer or (lambda c: "unknown_%d" % c)
         stname = self.status_namer or str
-        names = [opname(self.slot_code[s]) if self.slot_label[s] is None
-                 else self.slot_label[s].decode("utf-8", "replace")
-                 for s in range(self.nslots)]
-        names.extend(["other"] * (OPCODE_SLOTS - self.nslots))
-        statuses = [stname(self.c.status_code[s]) for s in range(self.c.nstatus)]
-        while len(statuses) < STATUS_SLOTS:
-            statuses.append("other")
-        frames, fbytes, msgs, responses, hist, timeouts, errors = {}, {}, {}, {}, {}, {}, {}
-        cutoffs = {}
-        for d in range(2):
-            for s in range(OPCODE_SLOTS):
-                if self.c.frames[d][s]:
-                    key = (DIRECTIONS[d], names[s])
-                    frames[key] = frames.get(key, 0) + self.c.frames[d][s]
-                    fbytes[key] = fbytes.get(key, 0) + self.c.frame_bytes[d][s]
-                if self.c.messages[d][s]:
-                    key = (DIRECTIONS[d], names[s])
-                    msgs[key] = msgs.get(key, 0) + self.c.messages[d][s]
-            for r in range(N_REASONS):
-                if self.c.errors[d][r]:
-                    errors[(DIRECTIONS[d], REASONS[r])] = self.c.errors[d][r]
+        responses, hist = [], []
         for s in range(OPCODE_SLOTS):
-            name = names[s]
             for r in range(STATUS_SLOTS):
-                v = self.c.responses[s * STATUS_SLOTS + r]
-                if v:
-                    key = (name, statuses[r])
-                    responses[key] = responses.get(key, 0) + v
+                if self.c.responses[s * STATUS_SLOTS + r]:
+                    responses.append(((s, r), self.c.responses[s * STATUS_SLOTS + r]))
             for o in range(2):
                 counts = [self.c.hist[(s * 2 + o) * (N_BUCKETS + 1) + b]
                           for b in range(N_BUCKETS + 1)]
                 if any(counts):
-                    hist[(name, OUTCOMES[o])] = (counts, self.c.hist_sum[s][o])
-            if self.c.timeouts[s]:
-                timeouts[name] = timeouts.get(name, 0) + self.c.timeouts[s]
-            if self.c.cutoffs[s]:
-                cutoffs[name] = cutoffs.get(name, 0) + self.c.cutoffs[s]
-        return {
-            "route": self.route, "protocol": self.protocol,
-            "frames": frames, "frame_bytes": fbytes, "messages": msgs,
-            "bytes": {DIRECTIONS[0]: self.c.relayed[0], DIRECTIONS[1]: self.c.relayed[1]},
-            "responses": responses, "hist": hist, "timeouts": timeouts, "cutoffs": cutoffs,
-            "unmatched": self.c.unmatched, "in_flight": self.c.in_flight, "errors": errors,
-            "conn_active": self.conn_active, "conn_total": self.conn_total,
-            "conn_rejected": self.conn_rejected,
-            "connect_failures": self.connect_failures,
-            "connect_hist": ([self.connect_hist[b] for b in range(N_BUCKETS + 1)],
-                             self.connect_sum),
-        }
+                    hist.append(((s, o), (counts, self.c.hist_sum[s][o])))
+        return route_snapshot(
+            self, [self.slot_name(s) for s in range(self.nslots)],
+            [stname(self.c.status_code[s]) for s in range(self.c.nstatus)],
+            [self.c.frames[d] for d in range(2)], [self.c.frame_bytes[d] for d in range(2)],
+            [self.c.messages[d] for d in range(2)],
+            [[self.c.errors[d][r] for r in range(N_REASONS)] for d in range(2)], responses, hist,
+            self.c.timeouts, self.c.cutoffs, self.c.relayed, self.c.unmatched,
+            self.c.in_flight, self.connect_hist, self.connect_sum)
 
 
 cdef class FrameParser:
@@ -375,30 +330,16 @@ cdef class FrameParser:
     """
 
     def __cinit__(self, RouteStats stats, *args, **kwargs):
-        global _pending_bytes
         self.stats = stats
         self.c = &stats.c
-        self.fifo_cap = 8
-        self.fifo = <Pending*>PyMem_Malloc(self.fifo_cap * sizeof(Pending))
-        if self.fifo is NULL:
-            raise MemoryError()
-        _pending_bytes += self.fifo_cap * sizeof(Pending)
-        self.fifo_limit = DEFAULT_FIFO_LIMIT
-        self.map_seed = _next_seed()
-        self.map_limit = DEFAULT_MAP_LIMIT
+        pt_init(&self.pt, DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT)
         self.header_limit = HEADER_LIMIT
         self.captured = [None, None]
         memset(self.st, 0, sizeof(self.st))
 
     def __dealloc__(self):
-        global _pending_bytes
-        if self.fifo is not NULL:
-            _pending_bytes -= self.fifo_cap * sizeof(Pending)
-        _pending_bytes -= self.map_cap * _MAP_SLOT_BYTES
-        PyMem_Free(self.fifo)
-        PyMem_Free(self.map)
-        PyMem_Free(self.ring)
-        _pending_bytes -= self.st[0].hcap + self.st[1].hcap
+        pt_free(&self.pt)
+        pending_charge(-(self.st[0].hcap + self.st[1].hcap))
         PyMem_Free(self.st[0].hbuf)
         PyMem_Free(self.st[1].hbuf)
         PyMem_Free(self.st[0].attrs)
@@ -472,13 +413,13 @@ cdef class FrameParser:
                 if take > s.remaining:
                     take = s.remaining
                 if s.capture:
-                    emit = self._capture_more(d, buf + pos, pos, take, emit)
+                    emit = _capture_more(self, d, buf + pos, pos, take, emit)
                 elif s.body:
                     self.on_body(d, buf + pos, take)
                 s.remaining -= take
                 pos += take
                 if s.remaining == 0 and (s.capture or s.body or s.open):
-                    self._frame_end(d, out)
+                    _frame_end(self, d, out)
                 continue
             if s.have == 0:
                 s.frame_start = chunk_start + pos
@@ -489,10 +430,10 @@ cdef class FrameParser:
                         self.feed_frames += 1
                         s.need = self.header_size
                         if r < asked or (s.body and (s.skip > n - pos or s.skip > r)):
-                            return self._contract_error(d, r, asked, pos, emit, buf, out)
+                            return _contract_error(self, d, r, asked, pos, emit, buf, out)
                         if s.capture and not (s.capture == CAP_NEXT and
                                               _passes(self, d, r, n - pos)):
-                            take = self._capture_head(d, r, pos, emit, n, buf, out)
+                            take = _capture_head(self, d, r, pos, emit, n, buf, out)
                             if take >= 0:      # held: the read goes on after its bytes
                                 pos = emit = take
                                 continue
@@ -500,11 +441,11 @@ cdef class FrameParser:
                             pos += s.skip
                             s.remaining = r - s.skip
                             if s.remaining == 0:
-                                self._frame_end(d, out)
+                                _frame_end(self, d, out)
                         elif r <= n - pos:
                             pos += r
                             if s.open:
-                                self._frame_end(d, out)
+                                _frame_end(self, d, out)
                         else:
                             s.remaining = r - (n - pos)
                             pos = n
@@ -516,7 +457,7 @@ cdef class FrameParser:
                     return pos                 # fatal: the valid prefix ends here
             # header split across reads: copy just the header bytes
             if s.need > s.hcap and self._hbuf_reserve(d, s.need) < 0:
-                return self._fatal_prefix(d, chunk_start, emit, buf, out)
+                return _fatal_prefix(self, d, chunk_start, emit, buf, out)
             take = s.need - s.have
             if take > n - pos:
                 take = n - pos
@@ -537,11 +478,11 @@ cdef class FrameParser:
             if r > 0:
                 self.feed_frames += 1
                 if r < asked or (s.body and (s.skip > asked or s.skip > r)):
-                    self._short_frame(d, r, asked)
-                    return self._fatal_prefix(d, chunk_start, emit, buf, out)
+                    _short_frame(self, d, r, asked)
+                    return _fatal_prefix(self, d, chunk_start, emit, buf, out)
                 if hold:
                     if s.capture & (CAP_UNDECIDED | CAP_NEXT):
-                        self._fault_decide(d)
+                        _fault_decide(self, d)
                     hs = <Py_ssize_t>(s.frame_start - chunk_start)   # < 0: began earlier
                     if s.capture & ~CAP_NEXT:
                         if hs > emit:
@@ -552,79 +493,19 @@ cdef class FrameParser:
                         # release the withheld header bytes ahead of this read's bytes
                         out.append(bytes(s.hbuf[:held]))
                     held = 0
-                self._header_done(d, r, asked, s.hbuf)
+                _header_done(self, d, r, asked, s.hbuf)
                 if s.remaining == 0 and (s.capture or s.body or s.open):
-                    self._frame_end(d, out)
+                    _frame_end(self, d, out)
             elif r < 0:
-                return self._fatal_prefix(d, chunk_start, emit, buf, out)
+                return _fatal_prefix(self, d, chunk_start, emit, buf, out)
         if hold and emit < n:
-            self._hold_tail(d, n, emit, data, buf, out)
+            _hold_tail(self, d, n, emit, data, buf, out)
         return n
-
-    cdef int _hold_tail(self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
-                        const uint8_t* buf, list out) except -1:
-        """End of a read with hold on: what is not yet placed in ``out`` goes there,
-        except a split header whose on_header() asked for more (want_header): that is
-        withheld like any incomplete header (out of line: the loop stays small)."""
-        cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t hs
-        if s.have:
-            hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
-            if hs > emit:
-                out.append(_span(buf, emit, hs))
-        elif emit == 0 and PyBytes_Check(data):
-            if out:
-                out.append(data)               # the whole read goes on: no copy
-            else:
-                self.output = None             # as it came: the relay writes it itself
-        else:
-            out.append(_span(buf, emit, n))
-        return 0
-
-    cdef int _header_done(self, int d, int64_t r, Py_ssize_t seen,
-                          const uint8_t* h) except -1:
-        """A header gathered across reads was accepted: `seen` bytes of the frame are
-        consumed.  Body bytes among them go to on_body() (copied out of hbuf first,
-        since on_body() may gather() into hbuf)."""
-        cdef DirState* s = &self.st[d]
-        cdef bytes rest
-        s.have = 0
-        s.need = self.header_size
-        s.remaining = r - seen
-        if s.body and s.skip < seen:           # (a held frame streams its body too)
-            rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
-            self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
-        if s.hcap > HBUF_KEEP:
-            self._hbuf_release(d)
-        return 0
-
-    cdef Py_ssize_t _fatal_prefix(self, int d, int64_t chunk_start, Py_ssize_t emit,
-                                  const uint8_t* buf, list out) except -1:
-        cdef Py_ssize_t take = <Py_ssize_t>(self.st[d].frame_start - chunk_start)
-        if take < 0:
-            take = 0
-        if out is not None and emit < take:
-            out.append(_span(buf, emit, take))
-        return take
-
-    cdef Py_ssize_t _contract_error(self, int d, int64_t r, Py_ssize_t asked, Py_ssize_t pos,
-                                    Py_ssize_t emit, const uint8_t* buf, list out) except -1:
-        self._short_frame(d, r, asked)
-        if out is not None and emit < pos:
-            out.append(_span(buf, emit, pos))
-        return pos
-
-    cdef int _short_frame(self, int d, int64_t r, Py_ssize_t asked) except -1:
-        self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
-                  "header bytes its parser read, or its body skip is longer (parser "
-                  "contract)" % (r, self.st[d].frame_start, asked))
-        return 0
 
     cdef int _hbuf_reserve(self, int d, Py_ssize_t n) except -1:
         """Grow direction d's header buffer to n bytes; -2 after fail() past header_limit
         or the pending budget (-1 is a raised exception)."""
         cdef DirState* s = &self.st[d]
-        global _pending_bytes
         cdef uint8_t* nb
         cdef Py_ssize_t cap
         if n <= s.hcap:
@@ -638,7 +519,7 @@ cdef class FrameParser:
             cap *= 2
         if cap > self.header_limit:
             cap = self.header_limit
-        if _pending_bytes + (cap - s.hcap) > _pending_budget:
+        if not pending_fits(cap - s.hcap):
             # partial headers are pending memory too: 10,000 connections each holding a
             # 64 KiB header would otherwise sit outside every budget
             self.fail(d, R_PENDING_BUDGET, "a header of %d bytes at offset %d does not fit "
@@ -647,122 +528,10 @@ cdef class FrameParser:
         nb = <uint8_t*>PyMem_Realloc(s.hbuf, cap)
         if nb is NULL:
             raise MemoryError()
-        _pending_bytes += cap - s.hcap
+        pending_charge(cap - s.hcap)
         s.hbuf = nb
         s.hcap = cap
         return 0
-
-    cdef void _hbuf_release(self, int d) noexcept:
-        """A big split-header buffer is given back once its header is done."""
-        global _pending_bytes
-        cdef DirState* s = &self.st[d]
-        if s.hcap > HBUF_KEEP and s.ghave == 0 and s.have == 0:
-            _pending_bytes -= s.hcap
-            PyMem_Free(s.hbuf)
-            s.hbuf = NULL
-            s.hcap = 0
-
-    cdef int _frame_end(self, int d, list out) except -1:
-        """The frame's last byte has passed: finish body/capture, emit its record."""
-        cdef DirState* s = &self.st[d]
-        cdef bytes frame
-        cdef int cap = s.capture
-        if s.body:
-            s.body = 0
-            self.on_body_end(d)
-        s.capture = 0
-        if cap & ~CAP_NEXT:                    # a held frame
-            if cap & CAP_UNDECIDED:
-                s.capture = cap
-                self._fault_decide(d)
-                cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
-                s.capture = 0
-            frame = bytes(self.captured[d])
-            self.captured[d] = None
-            if cap & CAP_REWRITE:
-                frame = self.rewrite(d, frame)
-            if cap & CAP_FAULT and self.fault_hook is not None:
-                out.append(self.fault_hook(d, frame))
-            else:
-                out.append(frame)
-        s.ghave = 0
-        if s.hcap > HBUF_KEEP:
-            self._hbuf_release(d)
-        if s.open:
-            s.open = 0
-            self._emit(&s.rec)
-        if self.fault_mode[d] and self.hold[d]:
-            self._fault_rearm(d)               # decide the next frame at its header
-        return 0
-
-    cdef bint _fault_wants(self, int d) noexcept:
-        cdef int slot = self.st[d].rec.slot
-        if self.fault_mode[d] == 2:
-            return 1
-        return self.fault_mode[d] == 1 and 0 <= slot < OPCODE_SLOTS and \
-            (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
-
-    cdef Py_ssize_t _capture_head(self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
-                                  Py_ssize_t n, const uint8_t* buf, list out) except -2:
-        """A frame whose header is whole in this read, with capture bits set: hold it
-        from its first byte (returns where the read goes on), or -1 when an armed
-        direction's frame turns out not to be armed (it passes as usual).  Out of line,
-        as _capture_more(): the feed loop stays as small as without captures."""
-        cdef DirState* s = &self.st[d]
-        cdef Py_ssize_t take
-        if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not _decide(self, d):
-            if not s.body and r <= n - pos and not s.open:
-                self._fault_rearm(d)           # it ends here and _frame_end() won't run
-            return -1
-        if emit < pos:
-            out.append(_span(buf, emit, pos))
-        take = r if r <= n - pos else n - pos
-        self.captured[d] = PyByteArray_FromStringAndSize(<const char*>buf + pos, take)
-        if s.body and take > s.skip:           # held for faults: the body still streams
-            self.on_body(d, buf + pos + s.skip, take - s.skip)
-        s.remaining = r - take
-        if s.remaining == 0:
-            self._frame_end(d, out)
-        return pos + take
-
-    cdef Py_ssize_t _capture_more(self, int d, const uint8_t* p, Py_ssize_t pos,
-                                  Py_ssize_t take, Py_ssize_t emit) except -1:
-        """More bytes of a held frame (and its body, for a frame held for faults);
-        returns where the bytes not yet placed in the output start."""
-        cdef DirState* s = &self.st[d]
-        if s.capture & ~CAP_NEXT:
-            _extend(self.captured[d], p, take)
-            emit = pos + take
-        if s.body:
-            self.on_body(d, p, take)
-        return emit
-
-    cdef void _mark_injected(self, int d) noexcept:
-        """A row of a frame the fault engine made: attrs.injected = "1" and attrs.fault =
-        its rule, once per frame (entry()'s later rows share the frame's attrs)."""
-        cdef DirState* s = &self.st[d]
-        cdef bytes name
-        if self.fault_marked[d] == s.frame_start + 1:
-            return
-        self.fault_marked[d] = s.frame_start + 1
-        add_attr(self, d, b"injected", 8, b"1", 1)
-        name = self.fault_names[d] if self.fault_names is not None else None
-        if name is not None:               # the rule that made it (attrs.fault)
-            add_attr(self, d, b"fault", 5, <const uint8_t*>PyBytes_AS_STRING(name), len(name))
-
-    cdef int _fault_decide(self, int d) noexcept:
-        """At an armed frame's header (CAP_NEXT) or end: once begin() named its opcode
-        slot, keep it for the fault hook (CAP_FAULT) or let it go (CAP_NEXT: the next
-        frame is decided in turn); until then hold it (CAP_UNDECIDED).  Returns the bits
-        that hold the frame (0: it passes).  begin() always sets rec.messages = 0, over
-        the -1 _fault_rearm() left: that tells a begun frame without recording."""
-        return _decide(self, d)
-
-    cdef void _fault_rearm(self, int d) noexcept:
-        """Between two frames of an armed direction: decide the next at its header."""
-        self.st[d].capture = CAP_NEXT
-        self.st[d].rec.messages = -1
-        self.fault_fifo_mark[d] = self.fifo_seq
 
     # ---- faults (proxy/faults.py; docs/design.md, "Faults") ------------------
 
@@ -796,7 +565,7 @@ cdef class FrameParser:
                 if s.have:
                     return False               # mid-header: at the next boundary
                 if s.remaining == 0:
-                    self._fault_rearm(d)
+                    _fault_rearm(self, d)
                 else:                          # mid-frame: it passes, the next is decided
                     s.capture = CAP_NEXT
             return True
@@ -823,12 +592,12 @@ cdef class FrameParser:
         res = None
         if s.open and s.res_len >= 0:
             res = (<const char*>&s.res[0])[:s.res_len]
-        if self.fifo_len and self.fifo_seq != self.fault_fifo_mark[d]:
+        if self.pt.fifo_len and self.pt.fifo_seq != self.fault_fifo_mark[d]:
             # this frame pushed the newest FIFO entry: a request answered in order
-            fifo = self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)].key \
-                == self.fifo_seq
+            fifo = self.pt.fifo[(self.pt.fifo_head + self.pt.fifo_len - 1)
+                                & (self.pt.fifo_cap - 1)].key == self.pt.fifo_seq
         return (rec.slot, rec.kind if s.open else -1,
-                <uint64_t>self.fifo_seq if fifo else (<uint64_t>rec.corr if s.open else 0),
+                <uint64_t>self.pt.fifo_seq if fifo else (<uint64_t>rec.corr if s.open else 0),
                 res, fifo)
 
     def fault_attr(self, int d, bytes key, bytes value):
@@ -849,13 +618,13 @@ cdef class FrameParser:
         """The FIFO request just handed over never reaches the server: take it out of
         the FIFO (later answers pair with later requests) and count it as a timeout."""
         cdef Pending* p
-        if self.fifo_len == 0:
+        if self.pt.fifo_len == 0:
             return False
-        p = &self.fifo[(self.fifo_head + self.fifo_len - 1) & (self.fifo_cap - 1)]
-        if p.key != self.fifo_seq or p.flags & P_EXPIRED:
+        p = &self.pt.fifo[(self.pt.fifo_head + self.pt.fifo_len - 1) & (self.pt.fifo_cap - 1)]
+        if p.key != self.pt.fifo_seq or p.flags & P_EXPIRED:
             return False
         self._timeout(p, 0)
-        self.fifo_len -= 1
+        self.pt.fifo_len -= 1
         return True
 
     def fault_step(self, int d):
@@ -867,9 +636,9 @@ cdef class FrameParser:
 
     def fifo_first(self):
         """Sequence number of the oldest request awaiting its answer in order, or -1."""
-        if self.fifo_len == 0:
+        if self.pt.fifo_len == 0:
             return -1
-        return self.fifo[self.fifo_head].key
+        return self.pt.fifo[self.pt.fifo_head].key
 
     def set_hold(self, int d, bint on):
         """Enable frame capture in direction ``d`` (see rewrite())."""
@@ -928,7 +697,7 @@ cdef class FrameParser:
         ev.status = EV_CLOSED if self.closed else EV_TIMEOUT
         ev.outcome = OUTCOME_NONE
         cs = self.cs
-        t = self._ctext_find(ev.direction, p.slot, p.key) if cs is not NULL and cs.len else NULL
+        t = _ctext_find(self, ev.direction, p.slot, p.key) if cs is not NULL and cs.len else NULL
         if t is not NULL:                  # the request's string id (set_corr_str)
             ev.corr_fmt = CORR_NONE if t.none else CORR_STR
             cs.ev_text = t.text
@@ -986,16 +755,6 @@ cdef class FrameParser:
         memcpy(t.text, &cs.cid[d][0], t.len)
         return 0
 
-    cdef CorrText* _ctext_find(self, int d, int slot, int64_t key) noexcept:
-        cdef CorrText* t
-        cdef CorrState* cs = self.cs
-        if cs is NULL or cs.cap == 0:
-            return NULL
-        t = &cs.ctext[_ctext_index(d, slot, key, cs.cap)]
-        if t.slot == slot and t.key == key and t.dir == d:
-            return t
-        return NULL
-
     cdef void _emit(self, FrameRecord* rec) noexcept:
         """Hand one finished record to the frame log (and the tracer, in tests)."""
         cdef DirState* s = &self.st[rec.direction & 1]
@@ -1006,7 +765,7 @@ cdef class FrameParser:
         cdef bint same_frame = 0
         if rec is &s.rec:                  # a frame's row (timeout events have neither)
             if self.fault_marking[rec.direction & 1]:
-                self._mark_injected(rec.direction & 1)
+                _mark_injected(self, rec.direction & 1)
             res = &s.res[0]
             res_len = s.res_len
             attrs = s.attrs
@@ -1019,7 +778,7 @@ cdef class FrameParser:
                     and rec.latency_ns >= 0):
                 # a response answered its request in time: the request's kept string id
                 # is no longer needed (a response travels the other way)
-                _ctext_drop(self._ctext_find(1 - (rec.direction & 1), rec.req_slot,
+                _ctext_drop(_ctext_find(self, 1 - (rec.direction & 1), rec.req_slot,
                                              rec.corr), self)
         elif rec.corr_fmt == CORR_STR and self.cs is not NULL:   # a timeout row: its
             cid = self.cs.ev_text                                 # request's kept text
@@ -1030,7 +789,7 @@ cdef class FrameParser:
         if self._tracer is None:
             return
         try:
-            row = self._record_dict(rec, res, res_len, attrs, alen)
+            row = _record_dict(self, rec, res, res_len, attrs, alen)
             if rec.corr_fmt == CORR_STR and cid is not NULL:
                 row["correlation_id"] = cid[:cid_len].decode("utf-8", "replace")
             self._tracer(row)
@@ -1055,209 +814,61 @@ cdef class FrameParser:
         self.log_route = route
         self.recording = log is not None or self._tracer is not None or self.fault_rec
 
-    cdef dict _record_dict(self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
-                           const uint8_t* attrs, Py_ssize_t alen):
-        return record_dict(
-            self.stats, self.conn_id, rec[0],
-            res[:res_len].decode("utf-8", "replace") if res_len >= 0 else None,
-            _attrs_dict(attrs, alen) if alen > 0 else None)
+    # ---- pending requests (the tables: proxy/_pending.pxd/.pyx) ----------------
 
-    # ---- correlation map ------------------------------------------------------
+    @property
+    def map_limit(self):
+        """Most keyed requests pending at once (then the oldest expired one makes room,
+        else a new one is dropped and counted)."""
+        return self.pt.map_limit
+
+    @map_limit.setter
+    def map_limit(self, Py_ssize_t n):
+        self.pt.map_limit = n
+
+    @property
+    def fifo_limit(self):
+        """Most requests pending in order (then the oldest is given up: a timeout)."""
+        return self.pt.fifo_limit
+
+    @fifo_limit.setter
+    def fifo_limit(self, Py_ssize_t n):
+        self.pt.fifo_limit = n
+
+    @property
+    def map_reseeds(self):
+        """Times this connection's map was rehashed under a new seed (hash flooding)."""
+        return self.pt.map_reseeds
 
     def set_map_seed(self, uint64_t seed):
         """Tests only: key the pending map with ``seed`` (rehashing what it holds)."""
-        self.map_seed = seed
-        if self.map_cap:
-            self._map_resize(self.map_cap)
-
-    cdef int _map_reseed(self) except -1:
-        """A probe passed MAP_PROBE_LIMIT: rehash the table, same size, under a new seed."""
-        self.map_seed = _next_seed()
-        self.map_reseeds += 1
-        return self._map_resize(self.map_cap)
-
-    cdef int _map_grow(self) except -1:
-        """Double the table (64 entries first); 1 when the pending budget refuses."""
-        return self._map_resize(self.map_cap * 2 if self.map_cap else 64)
-
-    cdef int _map_resize(self, Py_ssize_t new_cap) except -1:
-        """Rehash into ``new_cap`` slots (0 frees the table; the map must be empty then),
-        keeping the request order (the new ring holds no answered slots); 1 when growing
-        would pass the pending budget."""
-        global _pending_bytes
-        cdef Py_ssize_t old_cap = self.map_cap, i, j, mask, omask = self.map_cap - 1
-        cdef int64_t r, w = 0, live = -1
-        cdef MapEntry* old = self.map
-        cdef MapEntry* new = NULL
-        cdef int32_t* ring = NULL
-        if new_cap > old_cap and _pending_bytes + (new_cap - old_cap) * _MAP_SLOT_BYTES \
-                > _pending_budget:
-            return 1
-        if new_cap:
-            new = <MapEntry*>PyMem_Malloc(new_cap * sizeof(MapEntry))
-            ring = <int32_t*>PyMem_Malloc(new_cap * sizeof(int32_t))
-            if new is NULL or ring is NULL:
-                PyMem_Free(new)
-                PyMem_Free(ring)
-                raise MemoryError()
-            memset(new, 0, new_cap * sizeof(MapEntry))
-        if self.ring_live < self.ring_head:
-            self.ring_live = self.ring_head
-        mask = new_cap - 1
-        for r in range(self.ring_head, self.ring_tail):   # oldest first: the order is kept
-            if r == self.ring_live:
-                live = w
-            i = self.ring[r & omask]
-            if i < 0:
-                continue                       # answered since
-            j = _mix(self.map_seed, old[i].tag, <uint64_t>old[i].p.key) & mask
-            while new[j].used:
-                j = (j + 1) & mask
-            new[j] = old[i]
-            new[j].used = <int32_t>(w + 1)
-            ring[w] = <int32_t>j
-            w += 1
-        self.ring_head = 0
-        self.ring_tail = w
-        self.ring_live = live if live >= 0 else w
-        PyMem_Free(old)
-        PyMem_Free(self.ring)
-        self.map = new
-        self.ring = ring
-        self.map_cap = new_cap
-        _pending_bytes += (new_cap - old_cap) * _MAP_SLOT_BYTES
-        return 0
-
-    cdef void _ring_compact(self) noexcept:
-        """The request ring is full: drop the answered slots at its head and, when that
-        frees less than half, squeeze out the others, in place, keeping the order (the
-        map holds at most map_cap / 2 entries, so half the ring frees)."""
-        cdef Py_ssize_t mask = self.map_cap - 1
-        cdef int64_t r, w, live = -1, h = self.ring_head, t = self.ring_tail
-        cdef int32_t i
-        cdef int32_t* ring = self.ring
-        # answers mostly come in request order: dropping the answered head is enough
-        while h < t and ring[h & mask] < 0:
-            h += 1
-        self.ring_head = h
-        if self.ring_live < self.ring_head:
-            self.ring_live = self.ring_head
-        if (self.ring_tail - self.ring_head) * 2 <= self.map_cap:
-            return
-        w = self.ring_head
-        for r in range(self.ring_head, self.ring_tail):
-            if r == self.ring_live:
-                live = w
-            i = self.ring[r & mask]
-            if i >= 0:
-                self.ring[w & mask] = i
-                self.map[i].used = <int32_t>((w & mask) + 1)
-                w += 1
-        self.ring_live = live if live >= 0 else w
-        self.ring_tail = w
-
-    cdef bint _has_expired(self) noexcept:
-        """Whether the map holds a request already counted as a timeout (the ring's
-        answered head slots are dropped on the way)."""
-        cdef Py_ssize_t rmask = self.map_cap - 1
-        if self.map_cap == 0:
-            return 0
-        if self.ring_live < self.ring_head:
-            self.ring_live = self.ring_head
-        while self.ring_head < self.ring_live and self.ring[self.ring_head & rmask] < 0:
-            self.ring_head += 1
-        return self.ring_head < self.ring_live
+        self.pt.map_seed = seed
+        if self.pt.map_cap:
+            pt_map_resize(&self.pt, self.pt.map_cap)
 
     cdef int _expect_key(self, int d, int32_t tag, uint64_t key, int32_t corr_hi) except -1:
         """expect() when the table must grow first, is full, or already holds the key
-        (set_corr() done)."""
-        cdef Py_ssize_t i, mask, rmask, probes = 0
-        cdef MapEntry* e
-        cdef int32_t j
-        cdef bint reseeded = 0
-        if (self.map_len + 1) * 2 > self.map_cap and self.map_len < self.map_limit \
-                and not self._has_expired():
-            self._map_grow()                   # keeps the table at most half full (budget
-                                               # permitting: see set_pending_budget); a
-                                               # table holding expired requests drops
-                                               # those first (below) instead of growing
-        if self.map_cap == 0:                  # map_limit <= 0 or no budget: nothing is tracked
+        (set_corr() done): the table decides (pt_expect_key), the core counts."""
+        cdef Pending req, old
+        cdef int r
+        pending_set(&req, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
+        r = pt_expect_key(&self.pt, tag, key, &req, &old)
+        if r == PT_DROPPED:
             _count_error(self.c, d, R_OVERFLOW)
             return 0
-        mask = self.map_cap - 1
-        i = _mix(self.map_seed, tag, key) & mask
-        while self.map[i].used:                # one probe: the key, or where it goes
-            e = &self.map[i]
-            if e.tag == tag and <uint64_t>e.p.key == key:
-                # the older request can never be answered now
-                if not e.p.flags & P_EXPIRED:
-                    self._timeout(&e.p, tag)
-                self.c.in_flight += 1
-                _pending_set(&e.p, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
-                self.ring[e.used - 1] = -1     # a new request: the newest entry
-                _ring_push(self, i)
-                return 0
-            i = (i + 1) & mask
-            probes += 1
-            if probes == MAP_PROBE_LIMIT and not reseeded:
-                reseeded = 1                   # see expect(): break a chosen cluster
-                self._map_reseed()
-                i = _mix(self.map_seed, tag, key) & mask
-                probes = 0
-        if self.map_len >= self.map_limit or (self.map_len + 1) * 2 > self.map_cap:
-            # full (the limit, or the budget refused to grow): the oldest expired entry
-            # makes room, else the request is dropped, and counted
-            rmask = self.map_cap - 1
-            if not self._has_expired():
-                _count_error(self.c, d, R_OVERFLOW)
-                return 0
-            j = self.ring[self.ring_head & rmask]
-            self.ring[self.ring_head & rmask] = -1
-            self.ring_head += 1
-            _map_remove(self, j)
-            i = _mix(self.map_seed, tag, key) & mask
-            while self.map[i].used:
-                i = (i + 1) & mask
-        _map_insert(self, d, i, tag, key, corr_hi)
+        if r == PT_REPLACED and not old.flags & P_EXPIRED:
+            self._timeout(&old, tag)           # the older request can never be answered now
+        self.c.in_flight += 1
         return 0
 
-    cdef int _fifo_grow(self) except -1:
-        """Double the FIFO ring; 1 when the pending budget refuses."""
-        return self._fifo_resize(self.fifo_cap * 2)
-
-    cdef int _fifo_resize(self, Py_ssize_t new_cap) except -1:
-        global _pending_bytes
-        cdef Py_ssize_t i
-        cdef Pending* p
-        if new_cap > self.fifo_cap and _pending_bytes + (new_cap - self.fifo_cap) * \
-                <int64_t>sizeof(Pending) > _pending_budget:
-            return 1
-        p = <Pending*>PyMem_Malloc(new_cap * sizeof(Pending))
-        if p is NULL:
-            raise MemoryError()
-        for i in range(self.fifo_len):
-            p[i] = self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
-        PyMem_Free(self.fifo)
-        _pending_bytes += (new_cap - self.fifo_cap) * <int64_t>sizeof(Pending)
-        self.fifo = p
-        self.fifo_head = 0
-        self.fifo_cap = new_cap
-        return 0
-
-    cdef int _shrink(self) except -1:
-        """After a burst: tables at most 1/8 full are halved or more (map load at most
-        1/4 afterwards, FIFO at most half full); never below 64 / 8 entries."""
-        cdef Py_ssize_t cap
-        if self.map_cap > 64 and self.map_len * 8 <= self.map_cap:
-            cap = 64
-            while cap < self.map_len * 4:
-                cap *= 2
-            self._map_resize(cap)
-        if self.fifo_cap > 8 and self.fifo_len * 8 <= self.fifo_cap:
-            cap = 8
-            while cap < self.fifo_len * 2:
-                cap *= 2
-            self._fifo_resize(cap)
+    cdef int _fifo_full(self, int d) except -1:
+        """expect_fifo() with the FIFO full: it grows, or gives up on its oldest request
+        (too many unanswered: a timeout, and an overflow counted)."""
+        cdef Pending old
+        if pt_fifo_room(&self.pt, &old) == PT_PUSHED_OUT:
+            if not old.flags & P_EXPIRED:
+                self._timeout(&old, 0)
+            _count_error(self.c, d, R_OVERFLOW)
         return 0
 
     # ---- lifecycle ------------------------------------------------------------
@@ -1270,59 +881,33 @@ cdef class FrameParser:
         shrinking, to the next call: the relay's sweep calls again after letting other
         connections run, so an upstream that stopped answering never stalls the loop
         for a whole second's worth of timeouts (docs/design.md, "Pending requests")."""
-        cdef Py_ssize_t i, mask
+        cdef PendingWalk w
         cdef Pending* p
+        cdef int32_t tag
         cdef Py_ssize_t n = 0
         if now == 0:
             now = monotonic_ns()
         if limit <= 0:
             limit = PY_SSIZE_T_MAX
         self.now_ns = now
-        # the expired requests are a prefix of the FIFO, whose sequence numbers are
-        # consecutive: start at the first one not yet expired
-        i = 0
-        if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
-            i = self.fifo_live - self.fifo[self.fifo_head].key
-            if i > self.fifo_len:
-                i = self.fifo_len
-            # a request the fault engine dropped left a gap in the sequence numbers:
-            # step back over entries not expired yet (one check when there is none)
-            while i > 0 and not self.fifo[(self.fifo_head + i - 1) & (self.fifo_cap - 1)].flags \
-                    & P_EXPIRED:
-                i -= 1
-        while i < self.fifo_len and n < limit:
-            p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
-            if now - p.t_ns < self.timeout_ns:
-                break                    # FIFO: everything after is younger
-            if not p.flags & P_EXPIRED:
-                self._timeout(p, 0)
-                n += 1
-            i += 1
-        self.fifo_live = self.fifo_seq + 1 if i == self.fifo_len else (
-            self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].key)
-        if self.ring_live < self.ring_head:
-            self.ring_live = self.ring_head
-        mask = self.map_cap - 1
-        while self.ring_live < self.ring_tail and n < limit:
-            i = self.ring[self.ring_live & mask]
-            if i >= 0:                   # else answered since
-                p = &self.map[i].p
-                if now - p.t_ns < self.timeout_ns:
-                    break                # request order: everything after is younger
-                self._timeout(p, self.map[i].tag)
-                n += 1
-            self.ring_live += 1
+        w.phase = 0
+        while n < limit:
+            p = pt_expire_next(&self.pt, &w, now, self.timeout_ns, &tag)
+            if p is NULL:
+                break
+            self._timeout(p, tag)
+            n += 1
         if n < limit:                    # else more may be due: the caller comes back
-            self._shrink()
+            pt_shrink(&self.pt)
         if self._tracer_error is not None:
             self._raise_tracer_error()
         return n
 
     def close(self):
         """Connection ended: unanswered requests are timeouts, half frames are errors."""
-        cdef Py_ssize_t i, mask
-        cdef int64_t r
+        cdef PendingWalk w
         cdef Pending* p
+        cdef int32_t tag
         cdef int d
         if self.closed:
             return
@@ -1332,19 +917,13 @@ cdef class FrameParser:
             if self.st[d].open:
                 self.st[d].open = 0
                 self._emit(&self.st[d].rec)
-        for i in range(self._fifo_first_live(), self.fifo_len):
-            p = &self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)]
-            if not p.flags & P_EXPIRED:
-                self._timeout(p, 0)
-        self.fifo_len = 0
-        if self.ring_live < self.ring_head:
-            self.ring_live = self.ring_head
-        mask = self.map_cap - 1
-        for r in range(self.ring_live, self.ring_tail):   # the expired ones were counted
-            i = self.ring[r & mask]
-            if i >= 0 and not self.map[i].p.flags & P_EXPIRED:
-                self._timeout(&self.map[i].p, self.map[i].tag)
-        self._forget_all()
+        w.phase = 0
+        while True:
+            p = pt_live_next(&self.pt, &w, &tag)
+            if p is NULL:
+                break
+            self._timeout(p, tag)
+        pt_forget_all(&self.pt)
         if self.error is None:
             for d in range(2):
                 if self.st[d].have > 0 or self.st[d].remaining > 0:
@@ -1352,49 +931,20 @@ cdef class FrameParser:
         if self._tracer_error is not None:
             self._raise_tracer_error()
 
-    def _forget_all(self):
-        """Empty both tables and give their memory back (a closed connection)."""
-        self.fifo_len = 0
-        self.fifo_head = 0
-        self.map_len = 0
-        self.ring_head = self.ring_live = self.ring_tail = 0
-        self._map_resize(0)
-        if self.fifo_cap > 8:
-            self._fifo_resize(8)
-
     def abandon(self):
         """Forget every pending request without counting it as a timeout (the upstream
         was never reached: the relay counts that as a connect failure)."""
-        cdef Py_ssize_t i, mask
-        cdef int64_t r
-        for i in range(self._fifo_first_live(), self.fifo_len):
-            if not self.fifo[(self.fifo_head + i) & (self.fifo_cap - 1)].flags & P_EXPIRED:
-                self.c.in_flight -= 1
-        if self.ring_live < self.ring_head:
-            self.ring_live = self.ring_head
-        mask = self.map_cap - 1
-        for r in range(self.ring_live, self.ring_tail):   # only the live ones are in flight
-            i = self.ring[r & mask]
-            if i >= 0 and not self.map[i].p.flags & P_EXPIRED:
-                self.c.in_flight -= 1
-        self._forget_all()
-
-    def _fifo_first_live(self):
-        """Offset of the first FIFO entry expire() has not counted (those before it are
-        expired: close() and abandon() skip them)."""
-        cdef Py_ssize_t i
-        if self.fifo_len and self.fifo_live > self.fifo[self.fifo_head].key:
-            i = min(self.fifo_live - self.fifo[self.fifo_head].key, self.fifo_len)
-            while i > 0 and not self.fifo[(self.fifo_head + i - 1) & (self.fifo_cap - 1)].flags \
-                    & P_EXPIRED:
-                i -= 1                   # a gap the fault engine left (fault_forget)
-            return i
-        return 0
+        cdef PendingWalk w
+        cdef int32_t tag
+        w.phase = 0
+        while pt_live_next(&self.pt, &w, &tag) is not NULL:
+            self.c.in_flight -= 1          # only the live ones are in flight
+        pt_forget_all(&self.pt)
 
     @property
     def pending_capacity(self):
         """(map slots, FIFO slots) allocated now (tests: tables shrink after a burst)."""
-        return self.map_cap, self.fifo_cap
+        return self.pt.map_cap, self.pt.fifo_cap
 
     @property
     def bytes_fed(self):
@@ -1404,11 +954,219 @@ cdef class FrameParser:
     @property
     def pending(self):
         """Number of requests awaiting a response (expired ones included)."""
-        return self.fifo_len + self.map_len
+        return self.pt.fifo_len + self.pt.map_len
 
     def frame_start(self, int d):
         """Stream offset where direction d's current frame began."""
         return self.st[d].frame_start
+
+
+
+# ---- the splitter's and the recording point's helpers: module functions, called
+# directly (no vtable); FrameParser's methods are what other modules call
+
+
+cdef int _frame_end(FrameParser self, int d, list out) except -1:
+    """The frame's last byte has passed: finish body/capture, emit its record."""
+    cdef DirState* s = &self.st[d]
+    cdef bytes frame
+    cdef int cap = s.capture
+    if s.body:
+        s.body = 0
+        self.on_body_end(d)
+    s.capture = 0
+    if cap & ~CAP_NEXT:                    # a held frame
+        if cap & CAP_UNDECIDED:
+            s.capture = cap
+            _fault_decide(self, d)
+            cap = s.capture & ~(CAP_UNDECIDED | CAP_NEXT)   # never began: let go
+            s.capture = 0
+        frame = bytes(self.captured[d])
+        self.captured[d] = None
+        if cap & CAP_REWRITE:
+            frame = self.rewrite(d, frame)
+        if cap & CAP_FAULT and self.fault_hook is not None:
+            out.append(self.fault_hook(d, frame))
+        else:
+            out.append(frame)
+    s.ghave = 0
+    if s.hcap > HBUF_KEEP:
+        _hbuf_release(self, d)
+    if s.open:
+        s.open = 0
+        self._emit(&s.rec)
+    if self.fault_mode[d] and self.hold[d]:
+        _fault_rearm(self, d)               # decide the next frame at its header
+    return 0
+
+
+cdef int _fault_decide(FrameParser self, int d) noexcept:
+    """At an armed frame's header (CAP_NEXT) or end: once begin() named its opcode
+    slot, keep it for the fault hook (CAP_FAULT) or let it go (CAP_NEXT: the next
+    frame is decided in turn); until then hold it (CAP_UNDECIDED).  Returns the bits
+    that hold the frame (0: it passes).  begin() always sets rec.messages = 0, over
+    the -1 _fault_rearm() left: that tells a begun frame without recording."""
+    return _decide(self, d)
+
+
+cdef void _fault_rearm(FrameParser self, int d) noexcept:
+    """Between two frames of an armed direction: decide the next at its header."""
+    self.st[d].capture = CAP_NEXT
+    self.st[d].rec.messages = -1
+    self.fault_fifo_mark[d] = self.pt.fifo_seq
+
+
+cdef void _mark_injected(FrameParser self, int d) noexcept:
+    """A row of a frame the fault engine made: attrs.injected = "1" and attrs.fault =
+    its rule, once per frame (entry()'s later rows share the frame's attrs)."""
+    cdef DirState* s = &self.st[d]
+    cdef bytes name
+    if self.fault_marked[d] == s.frame_start + 1:
+        return
+    self.fault_marked[d] = s.frame_start + 1
+    add_attr(self, d, b"injected", 8, b"1", 1)
+    name = self.fault_names[d] if self.fault_names is not None else None
+    if name is not None:                   # the rule that made it (attrs.fault)
+        add_attr(self, d, b"fault", 5, <const uint8_t*>PyBytes_AS_STRING(name), len(name))
+
+
+cdef int _hold_tail(FrameParser self, int d, Py_ssize_t n, Py_ssize_t emit, object data,
+                    const uint8_t* buf, list out) except -1:
+    """End of a read with hold on: what is not yet placed in ``out`` goes there,
+    except a split header whose on_header() asked for more (want_header): that is
+    withheld like any incomplete header (out of line: the loop stays small)."""
+    cdef DirState* s = &self.st[d]
+    cdef Py_ssize_t hs
+    if s.have:
+        hs = <Py_ssize_t>(s.frame_start - (s.offset - n))
+        if hs > emit:
+            out.append(_span(buf, emit, hs))
+    elif emit == 0 and PyBytes_Check(data):
+        if out:
+            out.append(data)               # the whole read goes on: no copy
+        else:
+            self.output = None             # as it came: the relay writes it itself
+    else:
+        out.append(_span(buf, emit, n))
+    return 0
+
+
+cdef Py_ssize_t _capture_head(FrameParser self, int d, int64_t r, Py_ssize_t pos, Py_ssize_t emit,
+                              Py_ssize_t n, const uint8_t* buf, list out) except -2:
+    """A frame whose header is whole in this read, with capture bits set: hold it
+    from its first byte (returns where the read goes on), or -1 when an armed
+    direction's frame turns out not to be armed (it passes as usual).  Out of line,
+    as _capture_more(): the feed loop stays as small as without captures."""
+    cdef DirState* s = &self.st[d]
+    cdef Py_ssize_t take
+    if s.capture & (CAP_UNDECIDED | CAP_NEXT) and not _decide(self, d):
+        if not s.body and r <= n - pos and not s.open:
+            _fault_rearm(self, d)           # it ends here and _frame_end() won't run
+        return -1
+    if emit < pos:
+        out.append(_span(buf, emit, pos))
+    take = r if r <= n - pos else n - pos
+    self.captured[d] = PyByteArray_FromStringAndSize(<const char*>buf + pos, take)
+    if s.body and take > s.skip:           # held for faults: the body still streams
+        self.on_body(d, buf + pos + s.skip, take - s.skip)
+    s.remaining = r - take
+    if s.remaining == 0:
+        _frame_end(self, d, out)
+    return pos + take
+
+
+cdef Py_ssize_t _capture_more(FrameParser self, int d, const uint8_t* p, Py_ssize_t pos,
+                              Py_ssize_t take, Py_ssize_t emit) except -1:
+    """More bytes of a held frame (and its body, for a frame held for faults);
+    returns where the bytes not yet placed in the output start."""
+    cdef DirState* s = &self.st[d]
+    if s.capture & ~CAP_NEXT:
+        _extend(self.captured[d], p, take)
+        emit = pos + take
+    if s.body:
+        self.on_body(d, p, take)
+    return emit
+
+
+cdef bint _fault_wants(FrameParser self, int d) noexcept:
+    cdef int slot = self.st[d].rec.slot
+    if self.fault_mode[d] == 2:
+        return 1
+    return self.fault_mode[d] == 1 and 0 <= slot < OPCODE_SLOTS and \
+        (self.fault_bits[d][slot >> 6] >> (slot & 63)) & 1
+
+
+cdef int _header_done(FrameParser self, int d, int64_t r, Py_ssize_t seen,
+                      const uint8_t* h) except -1:
+    """A header gathered across reads was accepted: `seen` bytes of the frame are
+    consumed.  Body bytes among them go to on_body() (copied out of hbuf first,
+    since on_body() may gather() into hbuf)."""
+    cdef DirState* s = &self.st[d]
+    cdef bytes rest
+    s.have = 0
+    s.need = self.header_size
+    s.remaining = r - seen
+    if s.body and s.skip < seen:           # (a held frame streams its body too)
+        rest = PyBytes_FromStringAndSize(<const char*>h + s.skip, seen - s.skip)
+        self.on_body(d, <const uint8_t*>PyBytes_AS_STRING(rest), seen - s.skip)
+    if s.hcap > HBUF_KEEP:
+        _hbuf_release(self, d)
+    return 0
+
+
+cdef Py_ssize_t _fatal_prefix(FrameParser self, int d, int64_t chunk_start, Py_ssize_t emit,
+                              const uint8_t* buf, list out) except -1:
+    cdef Py_ssize_t take = <Py_ssize_t>(self.st[d].frame_start - chunk_start)
+    if take < 0:
+        take = 0
+    if out is not None and emit < take:
+        out.append(_span(buf, emit, take))
+    return take
+
+
+cdef int _short_frame(FrameParser self, int d, int64_t r, Py_ssize_t asked) except -1:
+    self.fail(d, R_BAD_HEADER, "frame of %d bytes at offset %d is shorter than the %d "
+              "header bytes its parser read, or its body skip is longer (parser "
+              "contract)" % (r, self.st[d].frame_start, asked))
+    return 0
+
+
+cdef Py_ssize_t _contract_error(FrameParser self, int d, int64_t r, Py_ssize_t asked,
+                                Py_ssize_t pos, Py_ssize_t emit, const uint8_t* buf,
+                                list out) except -1:
+    _short_frame(self, d, r, asked)
+    if out is not None and emit < pos:
+        out.append(_span(buf, emit, pos))
+    return pos
+
+
+cdef void _hbuf_release(FrameParser self, int d) noexcept:
+    """A big split-header buffer is given back once its header is done."""
+    cdef DirState* s = &self.st[d]
+    if s.hcap > HBUF_KEEP and s.ghave == 0 and s.have == 0:
+        pending_charge(-s.hcap)
+        PyMem_Free(s.hbuf)
+        s.hbuf = NULL
+        s.hcap = 0
+
+
+cdef dict _record_dict(FrameParser self, FrameRecord* rec, const uint8_t* res, Py_ssize_t res_len,
+                       const uint8_t* attrs, Py_ssize_t alen):
+    return record_dict(
+        self.stats, self.conn_id, rec[0],
+        res[:res_len].decode("utf-8", "replace") if res_len >= 0 else None,
+        _attrs_dict(attrs, alen) if alen > 0 else None)
+
+
+cdef CorrText* _ctext_find(FrameParser self, int d, int slot, int64_t key) noexcept:
+    cdef CorrText* t
+    cdef CorrState* cs = self.cs
+    if cs is NULL or cs.cap == 0:
+        return NULL
+    t = &cs.ctext[_ctext_index(d, slot, key, cs.cap)]
+    if t.slot == slot and t.key == key and t.dir == d:
+        return t
+    return NULL
 
 
 cdef dict _attrs_dict(const uint8_t* a, Py_ssize_t n):
@@ -1423,647 +1181,3 @@ cdef dict _attrs_dict(const uint8_t* a, Py_ssize_t n):
         out[key] = a[i + 2:i + 2 + vn].decode("utf-8", "replace")
         i += 2 + vn
     return out
-
-
-# ==== Frame-log buffer ================================================================
-
-from libc.stdlib cimport malloc, calloc, realloc, free
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
-
-
-cdef inline bytearray _raw(Py_ssize_t n):
-    """An uninitialised bytearray of n bytes (columns() writes every byte it exposes)."""
-    return PyByteArray_FromStringAndSize(NULL, n)
-
-
-cdef inline Py_ssize_t _arena_str(uint8_t* dst, const uint8_t* a) noexcept nogil:
-    """Copy one arena string (u16 length, then its bytes) as UTF-8; returns its length."""
-    return _utf8_copy(dst, a + 2, (a[0] << 8) | a[1])
-
-
-cdef Py_ssize_t _utf8_copy(uint8_t* dst, const uint8_t* src, Py_ssize_t n) noexcept nogil:
-    """Copy n bytes, each byte of an invalid UTF-8 sequence replaced by '?': a hostile
-    client's resource bytes never make a frame-log file unreadable."""
-    cdef Py_ssize_t i = 0, k, need
-    cdef uint8_t c
-    while i < n:
-        c = src[i]
-        if c < 0x80:
-            dst[i] = c
-            i += 1
-            continue
-        if 0xC2 <= c <= 0xDF:
-            need = 1
-        elif 0xE0 <= c <= 0xEF:
-            need = 2
-        elif 0xF0 <= c <= 0xF4:
-            need = 3
-        else:
-            dst[i] = 63
-            i += 1
-            continue
-        if i + need >= n:
-            dst[i] = 63                    # sequence cut short by the end
-            i += 1
-            continue
-        for k in range(1, need + 1):
-            if src[i + k] & 0xC0 != 0x80:
-                break
-        else:
-            if not ((c == 0xE0 and src[i + 1] < 0xA0) or (c == 0xED and src[i + 1] > 0x9F)
-                    or (c == 0xF0 and src[i + 1] < 0x90) or (c == 0xF4 and src[i + 1] > 0x8F)):
-                memcpy(dst + i, src + i, need + 1)
-                i += need + 1
-                continue
-        dst[i] = 63
-        i += 1
-    return n
-
-
-# Decimal formatting for the writer's correlation ids: the digit count by comparisons,
-# then two digits per division, written from the end (a digit per division and a reversal
-# cost ~127 instructions per row, a sixth of the transpose).
-cdef uint64_t _POW10[20]
-cdef uint8_t _DIGITS2[200]
-
-
-cdef void _init_decimal() noexcept:
-    cdef int i
-    cdef uint64_t p = 1
-    for i in range(20):
-        _POW10[i] = p
-        if i < 19:
-            p *= 10
-    for i in range(100):
-        _DIGITS2[2 * i] = <uint8_t>(48 + i // 10)
-        _DIGITS2[2 * i + 1] = <uint8_t>(48 + i % 10)
-
-
-_init_decimal()
-
-
-cdef Py_ssize_t _fmt_u64(uint8_t* out, uint64_t v) noexcept nogil:
-    """v in decimal at out; returns the number of digits."""
-    cdef Py_ssize_t n = 1, i
-    cdef uint64_t q
-    while n < 20 and v >= _POW10[n]:
-        n += 1
-    i = n
-    while v >= 100:
-        q = v // 100
-        i -= 2
-        memcpy(out + i, &_DIGITS2[2 * (v - q * 100)], 2)
-        v = q
-    if v >= 10:
-        memcpy(out + i - 2, &_DIGITS2[2 * v], 2)
-    else:
-        out[i - 1] = <uint8_t>(48 + v)
-    return n
-
-
-cdef Py_ssize_t _fmt_i64(uint8_t* out, int64_t v) noexcept nogil:
-    if v < 0:
-        out[0] = 45
-        return 1 + _fmt_u64(out + 1, <uint64_t>0 - <uint64_t>v)
-    return _fmt_u64(out, <uint64_t>v)
-
-
-cdef inline void _setbit(uint8_t* bits, Py_ssize_t i) noexcept nogil:
-    bits[i >> 3] |= <uint8_t>(1 << (i & 7))
-
-
-# columns()'s dictionary encoding of one batch: int64 keys (opcode/status name keys,
-# connection ids) -> dense indices in first-seen order, so that the Arrow side only looks
-# each distinct key up once and never hashes a column (a pyarrow dictionary_encode
-# pass per column cost ~230 instructions per row).  Rows of one connection come in
-# runs, hence the last-key shortcut.
-cdef struct Dense:
-    int64_t* slot_key           # open addressing, power-of-two capacity
-    int32_t* slot_val           # 1 + index; 0: empty
-    int64_t* keys               # distinct keys by index (capacity cap // 2)
-    Py_ssize_t cap
-    Py_ssize_t n
-    int64_t last_key
-    int32_t last_val            # -1: no last key
-    int failed                  # an allocation failed (columns() raises MemoryError)
-
-
-cdef int _dense_init(Dense* d, Py_ssize_t cap) noexcept nogil:
-    d.cap = cap
-    d.n = 0
-    d.last_val = -1
-    d.failed = 0
-    d.slot_key = <int64_t*>malloc(cap * sizeof(int64_t))
-    d.slot_val = <int32_t*>calloc(cap, sizeof(int32_t))
-    d.keys = <int64_t*>malloc((cap // 2) * sizeof(int64_t))
-    if d.slot_key is NULL or d.slot_val is NULL or d.keys is NULL:
-        d.failed = 1
-        return -1
-    return 0
-
-
-cdef void _dense_free(Dense* d) noexcept nogil:
-    free(d.slot_key)
-    free(d.slot_val)
-    free(d.keys)
-    d.slot_key = NULL
-    d.slot_val = NULL
-    d.keys = NULL
-
-
-cdef inline Py_ssize_t _dense_slot(Dense* d, int64_t key) noexcept nogil:
-    cdef Py_ssize_t mask = d.cap - 1
-    cdef Py_ssize_t h = <Py_ssize_t>(((<uint64_t>key) * <uint64_t>0x9E3779B97F4A7C15ULL) >> 33) & mask
-    while d.slot_val[h] and d.slot_key[h] != key:
-        h = (h + 1) & mask
-    return h
-
-
-cdef int32_t _dense_index(Dense* d, int64_t key) noexcept nogil:
-    """The index of key (added when new); 0 after an allocation failure."""
-    cdef Py_ssize_t h, i, cap
-    cdef int64_t* nk
-    cdef int32_t* nv
-    cdef int64_t* nkeys
-    if d.last_val >= 0 and d.last_key == key:
-        return d.last_val
-    if d.failed:
-        return 0
-    h = _dense_slot(d, key)
-    if not d.slot_val[h]:
-        if (d.n + 1) * 2 > d.cap:                 # grow: rehash the keys by index
-            cap = d.cap * 2
-            nk = <int64_t*>malloc(cap * sizeof(int64_t))
-            nv = <int32_t*>calloc(cap, sizeof(int32_t))
-            nkeys = <int64_t*>realloc(d.keys, (cap // 2) * sizeof(int64_t))
-            if nk is NULL or nv is NULL or nkeys is NULL:
-                free(nk)
-                free(nv)
-                if nkeys is not NULL:
-                    d.keys = nkeys
-                d.failed = 1
-                return 0
-            free(d.slot_key)
-            free(d.slot_val)
-            d.slot_key, d.slot_val, d.keys, d.cap = nk, nv, nkeys, cap
-            for i in range(d.n):
-                h = _dense_slot(d, d.keys[i])
-                d.slot_key[h] = d.keys[i]
-                d.slot_val[h] = <int32_t>(i + 1)
-            h = _dense_slot(d, key)
-        d.slot_key[h] = key
-        d.slot_val[h] = <int32_t>(d.n + 1)
-        d.keys[d.n] = key
-        d.n += 1
-    d.last_key = key
-    d.last_val = d.slot_val[h] - 1
-    return d.last_val
-
-
-cdef list _dense_keys(Dense* d):
-    return [d.keys[i] for i in range(d.n)]
-
-
-cdef class FrameLogBuffer:
-    """Chunks of fixed-size frame-log records, filled on the event loop, drained by the
-    frame-log writer thread (proxy/framelog_native.py).  See _framing.pxd."""
-
-    def __cinit__(self, int chunks=8, Py_ssize_t chunk_records=32768,
-                  Py_ssize_t arena_bytes=8 << 20):
-        cdef int i
-        if chunks < 2 or chunk_records < 1:
-            raise ValueError("a frame-log buffer needs >= 2 chunks of >= 1 record")
-        self.nchunks = chunks
-        self.chunk_records = chunk_records
-        self.arena_limit = arena_bytes
-        self.chunks = <LogChunk*>malloc(chunks * sizeof(LogChunk))
-        self.full = <int*>malloc(chunks * sizeof(int))
-        self.free_list = <int*>malloc(chunks * sizeof(int))
-        self.routes_cap = 16
-        self.dropped = <uint64_t*>malloc(self.routes_cap * sizeof(uint64_t))
-        self.appended = <uint64_t*>malloc(self.routes_cap * sizeof(uint64_t))
-        if (self.chunks is NULL or self.full is NULL or self.free_list is NULL
-                or self.dropped is NULL or self.appended is NULL):
-            raise MemoryError()
-        memset(self.chunks, 0, chunks * sizeof(LogChunk))
-        memset(self.dropped, 0, self.routes_cap * sizeof(uint64_t))
-        memset(self.appended, 0, self.routes_cap * sizeof(uint64_t))
-        for i in range(chunks):
-            self.free_list[i] = chunks - 1 - i
-        self.nfree = chunks
-        self.cur = -1
-        self.last_res = -1
-        self.wake_at = 1
-        self.routes = []
-
-    def __dealloc__(self):
-        cdef int i
-        if self.chunks is not NULL:
-            for i in range(self.nchunks):
-                free(self.chunks[i].recs)
-                free(self.chunks[i].arena)
-        free(self.chunks)
-        free(self.full)
-        free(self.free_list)
-        free(self.dropped)
-        free(self.appended)
-
-    def add_route(self, RouteStats stats):
-        """Register a route; returns its index for FrameParser.attach_log()."""
-        cdef int n = len(self.routes)
-        if n >= self.routes_cap:
-            self.routes_cap *= 2
-            self.dropped = <uint64_t*>realloc(self.dropped, self.routes_cap * sizeof(uint64_t))
-            self.appended = <uint64_t*>realloc(self.appended, self.routes_cap * sizeof(uint64_t))
-            if self.dropped is NULL or self.appended is NULL:
-                raise MemoryError()
-            memset(self.dropped + n, 0, (self.routes_cap - n) * sizeof(uint64_t))
-            memset(self.appended + n, 0, (self.routes_cap - n) * sizeof(uint64_t))
-        self.routes.append(stats)
-        self.nroutes = n + 1
-        return n
-
-    cdef int _next_chunk(self) noexcept:
-        """Make a free chunk current; -1 when none is free (the writer is behind)."""
-        cdef LogChunk* c
-        if self.nfree == 0:
-            self.cur = -1
-            return -1
-        self.nfree -= 1
-        self.cur = self.free_list[self.nfree]
-        c = &self.chunks[self.cur]
-        if c.recs is NULL:                 # first use: allocate
-            c.recs = <LogRecord*>malloc(self.chunk_records * sizeof(LogRecord))
-            if c.recs is NULL:
-                self.free_list[self.nfree] = self.cur
-                self.nfree += 1
-                self.cur = -1
-                return -1
-        c.n = 0
-        c.alen = 0
-        return self.cur
-
-    cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
-                     const uint8_t* res, Py_ssize_t res_len,
-                     const uint8_t* attrs, Py_ssize_t alen, bint same_frame,
-                     const uint8_t* cid, Py_ssize_t cid_len) noexcept:
-        cdef LogChunk* c
-        cdef LogRecord* out
-        cdef Py_ssize_t extra = 0, need
-        cdef int32_t res_off = -1
-        cdef uint8_t* na
-        if route < 0 or route >= self.nroutes:
-            return
-        if self.cur < 0 and self._next_chunk() < 0:
-            self.dropped[route] += 1
-            return
-        c = &self.chunks[self.cur]
-        if rec.corr_fmt != CORR_STR:
-            cid_len = -1
-        if (res_len >= 0 and same_frame and alen <= 0 and cid_len < 0 and self.last_res >= 0
-                and self.last_conn == conn_id and self.last_dir == rec.direction):
-            # another row of the frame whose resource this chunk holds already (a
-            # Stream Publish: a row per publishing id): point at that copy
-            res_off = self.last_res
-            res_len = -1
-        if res_len >= 0:
-            extra += 2 + res_len
-        if alen > 0:
-            extra += 2 + alen
-        if cid_len >= 0:
-            extra += 2 + cid_len
-        if extra and c.alen + extra > c.acap:
-            need = c.acap * 2 if c.acap else 65536
-            while need < c.alen + extra:
-                need *= 2
-            if need > self.arena_limit:
-                need = self.arena_limit
-            if c.alen + extra <= need:
-                na = <uint8_t*>realloc(c.arena, need)
-                if na is not NULL:
-                    c.arena = na
-                    c.acap = need
-        if extra and c.alen + extra > c.acap:
-            # this chunk's arena is full: hand the chunk over, continue in the next
-            self._chunk_full()
-            if self.cur < 0 and self._next_chunk() < 0:
-                self.dropped[route] += 1
-                return
-            c = &self.chunks[self.cur]
-            if c.alen + extra > c.acap:
-                need = 65536
-                while need < extra:
-                    need *= 2
-                na = <uint8_t*>realloc(c.arena, need)
-                if na is NULL:
-                    self.dropped[route] += 1
-                    return
-                c.arena = na
-                c.acap = need
-        out = &c.recs[c.n]
-        out.r = rec[0]
-        out.conn_id = conn_id
-        out.route = route
-        out.r.resource = res_off
-        out.r.attrs = -1
-        if res_len >= 0:
-            out.r.resource = <int32_t>c.alen
-            self.last_res = <int32_t>c.alen
-            self.last_conn = conn_id
-            self.last_dir = rec.direction
-            c.arena[c.alen] = <uint8_t>(res_len >> 8)
-            c.arena[c.alen + 1] = <uint8_t>res_len
-            memcpy(c.arena + c.alen + 2, res, res_len)
-            c.alen += 2 + res_len
-        if alen > 0:
-            out.r.attrs = <int32_t>c.alen
-            c.arena[c.alen] = <uint8_t>(alen >> 8)
-            c.arena[c.alen + 1] = <uint8_t>alen
-            memcpy(c.arena + c.alen + 2, attrs, alen)
-            c.alen += 2 + alen
-        if cid_len >= 0:                   # a string correlation id: corr = its offset
-            out.r.corr = c.alen
-            c.arena[c.alen] = <uint8_t>(cid_len >> 8)
-            c.arena[c.alen + 1] = <uint8_t>cid_len
-            memcpy(c.arena + c.alen + 2, cid, cid_len)
-            c.alen += 2 + cid_len
-        elif out.r.corr_fmt == CORR_STR:
-            out.r.corr_fmt = CORR_NONE
-        c.n += 1
-        self.appended[route] += 1
-        if c.n == self.chunk_records:
-            self._chunk_full()
-
-    cdef void _chunk_full(self) noexcept:
-        self.full[(self.full_head + self.full_len) % self.nchunks] = self.cur
-        self.full_len += 1
-        self.cur = -1
-        self.last_res = -1
-        if self.wake is not None and self.full_len >= self.wake_at:
-            try:
-                self.wake.set()
-            except Exception:
-                pass
-
-    # ---- the writer's side (holds the GIL for take/release only) ------------------
-
-    def take(self, bint partial=True):
-        """A chunk to write: the oldest full one, else (``partial``) the current one
-        when it holds records; returns its index, or -1 when there is nothing to write.
-        The writer leaves the chunk being filled alone when a full one woke it: a
-        part-filled chunk makes a small row group, which costs more per row."""
-        cdef int i
-        if self.full_len:
-            i = self.full[self.full_head]
-            self.full_head = (self.full_head + 1) % self.nchunks
-            self.full_len -= 1
-            return i
-        if partial and self.cur >= 0 and self.chunks[self.cur].n > 0:
-            i = self.cur
-            self.cur = -1
-            self.last_res = -1
-            return i
-        return -1
-
-    def release(self, int i):
-        """Give chunk i back after columns() (its records are gone)."""
-        self.chunks[i].n = 0
-        self.chunks[i].alen = 0
-        self.free_list[self.nfree] = i
-        self.nfree += 1
-
-    def route_counts(self, chunks):
-        """{route index: records} in chunks ``chunks`` (indexes): what a batch that could
-        not be converted held, so the writer counts those rows as dropped."""
-        cdef dict out = {}
-        cdef int i
-        cdef Py_ssize_t j
-        cdef LogChunk* c
-        for i in chunks:
-            if i < 0 or i >= self.nchunks:
-                raise IndexError("no chunk %d" % i)
-            c = &self.chunks[i]
-            for j in range(c.n):
-                out[c.recs[j].route] = out.get(c.recs[j].route, 0) + 1
-        return out
-
-    def dropped_counts(self):
-        """{route name: records dropped because every chunk was full}."""
-        return {self.routes[i].route: self.dropped[i] for i in range(self.nroutes)
-                if self.dropped[i]}
-
-    def appended_counts(self):
-        return {self.routes[i].route: self.appended[i] for i in range(self.nroutes)}
-
-    def columns(self, chunks, int64_t wall_offset_ns):
-        """Chunk ``chunks`` (an index, or a list of indexes: one batch, in that order) as
-        column buffers (bytearrays) for Arrow: fixed-width values, validity bitmaps (None:
-        no nulls), and offsets + data for the strings.  Runs without the GIL over the
-        records.  Several chunks make one table, hence one larger row group: the Parquet
-        writer's cost per row falls with the row group's size."""
-        cdef list idx = [chunks] if isinstance(chunks, int) else list(chunks)
-        cdef Py_ssize_t nidx = len(idx), q
-        cdef int ci[64]
-        cdef LogChunk* c
-        cdef Py_ssize_t n = 0, j, k, nb, pos, npairs = 0, m, o, arena = 0
-        cdef Py_ssize_t cpos = 0, rpos = 0, kpos = 0, vpos = 0, pend, alen
-        cdef LogRecord* r
-        cdef FrameRecord* f
-        cdef const uint8_t* a
-        cdef Py_ssize_t rbytes = 0, cbytes = 0
-        if nidx < 1 or nidx > 64:
-            raise ValueError("columns() takes 1 to 64 chunks, not %d" % nidx)
-        for q in range(nidx):
-            ci[q] = idx[q]
-            if ci[q] < 0 or ci[q] >= self.nchunks:
-                raise IndexError("no chunk %d" % ci[q])
-            n += self.chunks[ci[q]].n
-            arena += self.chunks[ci[q]].alen
-        nb = (n + 7) // 8
-        # count attribute pairs and resource bytes first (sizes the arrays; rows of one
-        # frame share one arena copy of their resource)
-        for q in range(nidx):
-            c = &self.chunks[ci[q]]
-            for j in range(c.n):
-                if c.recs[j].r.resource >= 0:
-                    a = c.arena + c.recs[j].r.resource
-                    rbytes += (a[0] << 8) | a[1]
-                if c.recs[j].r.corr_fmt == CORR_STR:
-                    a = c.arena + c.recs[j].r.corr
-                    cbytes += (a[0] << 8) | a[1]
-                if c.recs[j].r.attrs >= 0:
-                    a = c.arena + c.recs[j].r.attrs
-                    alen = (a[0] << 8) | a[1]
-                    k = 2
-                    while k + 2 <= alen + 2:
-                        m = (a[k] << 8) | a[k + 1]
-                        k += 2 + m
-                        m = (a[k] << 8) | a[k + 1]
-                        k += 2 + m
-                        npairs += 1
-        # value buffers are written for every row (or up to their offsets): not zeroed;
-        # the validity bitmaps are (_setbit ORs)
-        ts = _raw(n * 8); conn = _raw(n * 8); route = _raw(n * 4)
-        direction = _raw(n); kind = _raw(n); outcome = _raw(n)
-        outcome_v = bytearray(nb); opcode = _raw(n * 4); opcode_v = bytearray(nb)
-        op_idx = _raw(n * 4); req_idx = _raw(n * 4); req_v = bytearray(nb)
-        st_idx = _raw(n * 4); st_v = bytearray(nb); conn_idx = _raw(n * 4)
-        fbytes = _raw(n * 8); hbytes = _raw(n * 8); pbytes = _raw(n * 8)
-        msgs = _raw(n * 8); lat = _raw(n * 8); lat_v = bytearray(nb)
-        corr_off = _raw((n + 1) * 4); corr_data = _raw(n * 32 + cbytes + 1)
-        corr_v = bytearray(nb)
-        res_off = _raw((n + 1) * 4); res_data = _raw(rbytes + 1); res_v = bytearray(nb)
-        map_off = _raw((n + 1) * 4); map_v = bytearray(nb)
-        key_off = _raw((npairs + 1) * 4); key_data = _raw(arena + 1)
-        val_off = _raw((npairs + 1) * 4); val_data = _raw(arena + 1)
-        cdef Dense d_name, d_status, d_conn
-        _dense_init(&d_name, 64)
-        _dense_init(&d_status, 64)
-        _dense_init(&d_conn, 256)
-        cdef int64_t* p_ts = <int64_t*>PyByteArray_AS_STRING(ts)
-        cdef int64_t* p_conn = <int64_t*>PyByteArray_AS_STRING(conn)
-        cdef int32_t* p_route = <int32_t*>PyByteArray_AS_STRING(route)
-        cdef int8_t* p_dir = <int8_t*>PyByteArray_AS_STRING(direction)
-        cdef int8_t* p_kind = <int8_t*>PyByteArray_AS_STRING(kind)
-        cdef int8_t* p_out = <int8_t*>PyByteArray_AS_STRING(outcome)
-        cdef uint8_t* v_out = <uint8_t*>PyByteArray_AS_STRING(outcome_v)
-        cdef int32_t* p_op = <int32_t*>PyByteArray_AS_STRING(opcode)
-        cdef uint8_t* v_op = <uint8_t*>PyByteArray_AS_STRING(opcode_v)
-        cdef int32_t* p_opk = <int32_t*>PyByteArray_AS_STRING(op_idx)
-        cdef int32_t* p_reqk = <int32_t*>PyByteArray_AS_STRING(req_idx)
-        cdef uint8_t* v_req = <uint8_t*>PyByteArray_AS_STRING(req_v)
-        cdef int32_t* p_sk = <int32_t*>PyByteArray_AS_STRING(st_idx)
-        cdef uint8_t* v_sk = <uint8_t*>PyByteArray_AS_STRING(st_v)
-        cdef int32_t* p_ci = <int32_t*>PyByteArray_AS_STRING(conn_idx)
-        cdef int64_t* p_fb = <int64_t*>PyByteArray_AS_STRING(fbytes)
-        cdef int64_t* p_hb = <int64_t*>PyByteArray_AS_STRING(hbytes)
-        cdef int64_t* p_pb = <int64_t*>PyByteArray_AS_STRING(pbytes)
-        cdef int64_t* p_msg = <int64_t*>PyByteArray_AS_STRING(msgs)
-        cdef int64_t* p_lat = <int64_t*>PyByteArray_AS_STRING(lat)
-        cdef uint8_t* v_lat = <uint8_t*>PyByteArray_AS_STRING(lat_v)
-        cdef int32_t* p_coff = <int32_t*>PyByteArray_AS_STRING(corr_off)
-        cdef uint8_t* p_cdat = <uint8_t*>PyByteArray_AS_STRING(corr_data)
-        cdef uint8_t* v_corr = <uint8_t*>PyByteArray_AS_STRING(corr_v)
-        cdef int32_t* p_roff = <int32_t*>PyByteArray_AS_STRING(res_off)
-        cdef uint8_t* p_rdat = <uint8_t*>PyByteArray_AS_STRING(res_data)
-        cdef uint8_t* v_res = <uint8_t*>PyByteArray_AS_STRING(res_v)
-        cdef int32_t* p_moff = <int32_t*>PyByteArray_AS_STRING(map_off)
-        cdef uint8_t* v_map = <uint8_t*>PyByteArray_AS_STRING(map_v)
-        cdef int32_t* p_koff = <int32_t*>PyByteArray_AS_STRING(key_off)
-        cdef uint8_t* p_kdat = <uint8_t*>PyByteArray_AS_STRING(key_data)
-        cdef int32_t* p_voff = <int32_t*>PyByteArray_AS_STRING(val_off)
-        cdef uint8_t* p_vdat = <uint8_t*>PyByteArray_AS_STRING(val_data)
-        cdef Py_ssize_t pairs = 0
-        with nogil:
-            p_coff[0] = 0
-            p_roff[0] = 0
-            p_moff[0] = 0
-            p_koff[0] = 0
-            p_voff[0] = 0
-            o = 0
-            for q in range(nidx):
-                c = &self.chunks[ci[q]]
-                for j in range(c.n):
-                    r = &c.recs[j]
-                    f = &r.r
-                    p_ts[o] = f.t_ns + wall_offset_ns
-                    p_conn[o] = r.conn_id
-                    p_ci[o] = _dense_index(&d_conn, r.conn_id)
-                    p_route[o] = r.route
-                    p_dir[o] = f.direction
-                    p_kind[o] = f.kind
-                    p_out[o] = f.outcome if f.outcome >= 0 else 0
-                    if f.outcome >= 0:
-                        _setbit(v_out, o)
-                    p_op[o] = <int32_t>f.opcode
-                    if f.opcode >= 0:
-                        _setbit(v_op, o)
-                    # names by key route * OPCODE_SLOTS + slot (one dictionary serves
-                    # opcode_name and request_opcode_name)
-                    p_opk[o] = _dense_index(&d_name, r.route * OPCODE_SLOTS + f.slot)
-                    if f.req_slot >= 0:
-                        p_reqk[o] = _dense_index(&d_name, r.route * OPCODE_SLOTS + f.req_slot)
-                        _setbit(v_req, o)
-                    else:
-                        p_reqk[o] = 0
-                    # status by key route << 32 | code; -1 marks a timeout event, -2 a
-                    # request cut off by its connection's close
-                    if f.kind == K_EVENT:
-                        p_sk[o] = _dense_index(&d_status, -2 if f.status == EV_CLOSED else -1)
-                        _setbit(v_sk, o)
-                    elif f.has_status:
-                        p_sk[o] = _dense_index(&d_status, (<int64_t>r.route << 32)
-                                               | (f.status & <int64_t>0xFFFFFFFFLL))
-                        _setbit(v_sk, o)
-                    else:
-                        p_sk[o] = 0
-                    p_fb[o] = f.frame_bytes
-                    p_hb[o] = f.header_bytes
-                    p_pb[o] = f.frame_bytes - f.header_bytes if f.frame_bytes else 0
-                    p_msg[o] = f.messages
-                    p_lat[o] = f.latency_ns if f.latency_ns >= 0 else 0
-                    if f.latency_ns >= 0:
-                        _setbit(v_lat, o)
-                    # correlation id, formatted here rather than in Python
-                    if f.corr_fmt == CORR_INT:
-                        cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
-                        _setbit(v_corr, o)
-                    elif f.corr_fmt == CORR_SINT:
-                        cpos += _fmt_i64(p_cdat + cpos, f.corr)
-                        _setbit(v_corr, o)
-                    elif f.corr_fmt == CORR_PAIR:
-                        cpos += _fmt_i64(p_cdat + cpos, f.corr_hi)
-                        p_cdat[cpos] = 58
-                        cpos += 1
-                        cpos += _fmt_u64(p_cdat + cpos, <uint64_t>f.corr)
-                        _setbit(v_corr, o)
-                    elif f.corr_fmt == CORR_STR:
-                        cpos += _arena_str(p_cdat + cpos, c.arena + f.corr)
-                        _setbit(v_corr, o)
-                    p_coff[o + 1] = <int32_t>cpos
-                    if f.resource >= 0:
-                        rpos += _arena_str(p_rdat + rpos, c.arena + f.resource)
-                        _setbit(v_res, o)
-                    p_roff[o + 1] = <int32_t>rpos
-                    if f.attrs >= 0:
-                        a = c.arena + f.attrs
-                        pend = 2 + ((a[0] << 8) | a[1])
-                        k = 2
-                        while k + 2 <= pend:
-                            m = (a[k] << 8) | a[k + 1]
-                            kpos += _utf8_copy(p_kdat + kpos, a + k + 2, m)
-                            k += 2 + m
-                            m = (a[k] << 8) | a[k + 1]
-                            vpos += _utf8_copy(p_vdat + vpos, a + k + 2, m)
-                            k += 2 + m
-                            pairs += 1
-                            p_koff[pairs] = <int32_t>kpos
-                            p_voff[pairs] = <int32_t>vpos
-                        _setbit(v_map, o)
-                    p_moff[o + 1] = <int32_t>pairs
-                    o += 1
-        try:
-            if d_name.failed or d_status.failed or d_conn.failed:
-                raise MemoryError("frame log: no memory for a batch's dictionaries")
-            name_keys = _dense_keys(&d_name)
-            status_keys = _dense_keys(&d_status)
-            conn_keys = _dense_keys(&d_conn)
-        finally:
-            _dense_free(&d_name)
-            _dense_free(&d_status)
-            _dense_free(&d_conn)
-        return {
-            "n": n, "npairs": pairs,
-            "ts_ns": ts, "conn_id": conn, "route": route, "direction": direction,
-            "kind": kind, "outcome": (outcome, outcome_v), "opcode": (opcode, opcode_v),
-            # dictionary indices and their keys: name keys are route * OPCODE_SLOTS +
-            # slot, status keys route << 32 | code (-1: a timeout event)
-            "name_idx": op_idx, "req_idx": (req_idx, req_v), "name_keys": name_keys,
-            "status_idx": (st_idx, st_v), "status_keys": status_keys,
-            "conn_idx": conn_idx, "conn_keys": conn_keys,
-            "frame_bytes": fbytes, "header_bytes": hbytes, "payload_bytes": pbytes,
-            "messages": msgs, "latency_ns": (lat, lat_v),
-            "correlation_id": (corr_off, corr_data, corr_v),
-            "resource": (res_off, res_data, res_v),
-            "attrs": (map_off, map_v, key_off, key_data, val_off, val_data),
-        }

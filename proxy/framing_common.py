@@ -41,13 +41,13 @@ REASONS = (
     "ws_bad_control_frame", "ws_bad_continuation", "ws_oversized", "ws_text_message",
     "ws_bad_close", "ws_frame_after_close", "ws_truncated_frame",
 )
-R_WS_FIRST = 14                # the first WebSocket reason (_framing.pxd R_WS_FIRST)
+R_WS_FIRST = 14                # the first WebSocket reason (_counters.pxd R_WS_FIRST)
 R_BAD_MAGIC, R_BAD_VERSION, R_TOO_LARGE, R_TOO_SMALL, R_TRUNCATED, R_OVERFLOW, \
     R_MISMATCH, R_BAD_HEADER, R_UNKNOWN, R_BAD_BODY, R_HEADER_TOO_LARGE, \
     R_PARSER_ERROR, R_HEADER_RULE, R_PENDING_BUDGET = range(14)
 HBUF_KEEP = 4096               # a split-header buffer bigger than this is freed after use
 
-#: Frame kinds (frame log ``kind``), by the ids of _framing.pxd's K_* enum.
+#: Frame kinds (frame log ``kind``), by the ids of _counters.pxd's K_* enum.
 KINDS = ("request", "response", "oneway", "event")
 K_REQUEST, K_RESPONSE, K_ONEWAY, K_EVENT = range(4)
 OUTCOME_OK, OUTCOME_ERROR, OUTCOME_NONE = 0, 1, -1
@@ -123,4 +123,59 @@ def record_dict(stats, conn_id, r, resource=None, attrs=None):
         "latency_ns": lat if lat >= 0 else None,
         "request_opcode_name": stats.slot_name(r["req_slot"]) if r["req_slot"] >= 0 else None,
         "resource": resource, "attrs": attrs,
+    }
+
+
+def route_snapshot(stats, names, statuses, frames, frame_bytes, messages, errors,
+                   responses, hist, timeouts, cutoffs, relayed, unmatched, in_flight,
+                   connect_hist, connect_sum):
+    """RouteStats.snapshot() of both twins: one route's counters as plain Python data,
+    read at scrape time.  The twins hand over their raw tables, by slot: ``names`` (the
+    opcode label of each slot in use), ``statuses`` (the status label of each status
+    slot in use), ``frames`` / ``frame_bytes`` / ``messages`` (per direction, a count
+    per opcode slot), ``errors`` (per direction, a count per reason), ``responses``
+    (((opcode slot, status slot), count) pairs), ``hist`` (((opcode slot, outcome),
+    (bucket counts, sum)) pairs), ``timeouts`` / ``cutoffs`` (a count per opcode slot).
+    Slots past ``names`` are "other", status slots past ``statuses`` too; counts of
+    slots that share a label add up."""
+    names = list(names)
+    names.extend(["other"] * (OPCODE_SLOTS - len(names)))
+    statuses = list(statuses)
+    statuses.extend(["other"] * (STATUS_SLOTS - len(statuses)))
+    out_frames, out_bytes, out_msgs, out_errors = {}, {}, {}, {}
+    for d in range(2):
+        for s, v in enumerate(frames[d]):
+            if v:
+                key = (DIRECTIONS[d], names[s])
+                out_frames[key] = out_frames.get(key, 0) + v
+                out_bytes[key] = out_bytes.get(key, 0) + frame_bytes[d][s]
+        for s, v in enumerate(messages[d]):
+            if v:
+                key = (DIRECTIONS[d], names[s])
+                out_msgs[key] = out_msgs.get(key, 0) + v
+        for r, v in enumerate(errors[d]):
+            if v:
+                out_errors[(DIRECTIONS[d], REASONS[r])] = v
+    out_responses, out_hist, out_timeouts, out_cutoffs = {}, {}, {}, {}
+    for (s, r), v in responses:
+        key = (names[s], statuses[r])
+        out_responses[key] = out_responses.get(key, 0) + v
+    for (s, o), (counts, total) in hist:
+        out_hist[(names[s], OUTCOMES[o])] = (list(counts), total)
+    for s, v in enumerate(timeouts):
+        if v:
+            out_timeouts[names[s]] = out_timeouts.get(names[s], 0) + v
+    for s, v in enumerate(cutoffs):
+        if v:
+            out_cutoffs[names[s]] = out_cutoffs.get(names[s], 0) + v
+    return {
+        "route": stats.route, "protocol": stats.protocol,
+        "frames": out_frames, "frame_bytes": out_bytes, "messages": out_msgs,
+        "bytes": {DIRECTIONS[0]: relayed[0], DIRECTIONS[1]: relayed[1]},
+        "responses": out_responses, "hist": out_hist, "timeouts": out_timeouts,
+        "cutoffs": out_cutoffs, "unmatched": unmatched, "in_flight": in_flight,
+        "errors": out_errors,
+        "conn_active": stats.conn_active, "conn_total": stats.conn_total,
+        "conn_rejected": stats.conn_rejected, "connect_failures": stats.connect_failures,
+        "connect_hist": (list(connect_hist), connect_sum),
     }

@@ -1,4 +1,5 @@
-"""Pure-Python twin of the compiled framing core (proxy/_framing.pyx).
+"""Pure-Python twin of the compiled framing core (proxy/_framing.pyx, _pending.pyx,
+_framelog.pyx).
 
 Same behaviour, same API (the calls of _framing.pxd, as Python methods); used with
 FRAMETAP_NO_EXTENSIONS=1 and as the baseline of the parser benchmarks.  Keep the two
@@ -9,13 +10,14 @@ and a fuzzer asserts they agree on every counter and record.
 import time
 
 from proxy.errors import frame_error_class
-from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip_corr, BUCKETS_NS, DIRECTIONS, REASONS, OUTCOMES,
+from proxy.framing_common import (ATTRS_MAX, RESOURCE_MAX, CORR_TEXT_SLOTS, clip_corr, BUCKETS_NS, DIRECTIONS, REASONS,
                                   OPCODE_SLOTS, OTHER_SLOT, STATUS_SLOTS, HEADER_LIMIT,
                                   DEFAULT_FIFO_LIMIT, DEFAULT_MAP_LIMIT, R_OVERFLOW,
                                   MAP_ENTRY_BYTES, PENDING_BYTES, MAP_MIN_CAP, FIFO_MIN_CAP,
                                   UNKNOWN_LABELS,
                                   R_TRUNCATED, R_BAD_HEADER, R_HEADER_TOO_LARGE,
-                                  R_PENDING_BUDGET, HBUF_KEEP, K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict)
+                                  R_PENDING_BUDGET, HBUF_KEEP, K_EVENT, K_REQUEST, OUTCOME_NONE, record_dict,
+                                  route_snapshot)
 
 N_BUCKETS = len(BUCKETS_NS)
 CODE_TABLE = 65536
@@ -25,19 +27,19 @@ _U64 = (1 << 64) - 1
 
 
 def ctext_index(d, slot, key, cap):
-    """_framing.pxd's _ctext_index: where a kept string id lives in a table of cap."""
+    """_framelog.pxd's _ctext_index: where a kept string id lives in a table of cap."""
     z = ((key & _U64) ^ ((slot * 2 + d) << 48)) * 0x9E3779B97F4A7C15 & _U64
     return (z >> 32) & (cap - 1)
 CORR_HI_SIGNED = -2
 
 
-# The process's pending-request memory (twin of _framing's): tables are accounted by
+# The process's pending-request memory (twin of _pending.pyx's): tables are accounted by
 # their capacity in the compiled core's units, against [proxy] max_pending_bytes.
 _pending = {"bytes": 0, "budget": 1 << 62}
 
 
 def set_pending_budget(budget):
-    """Twin of _framing.set_pending_budget."""
+    """Twin of _pending.set_pending_budget."""
     _pending["budget"] = int(budget)
 
 
@@ -211,46 +213,14 @@ class RouteStats:
         self.error(DIRECTIONS.index(direction), REASONS.index(reason))
 
     def snapshot(self):
+        """Copy every counter into plain Python data (read at scrape time)."""
         stname = self.status_namer or str
-        names = [self.slot_name(s) for s in range(len(self.slot_code))]
-        names.extend(["other"] * (OPCODE_SLOTS - len(names)))
-        statuses = [stname(c) for c in self.status_code]
-        statuses.extend(["other"] * (STATUS_SLOTS - len(statuses)))
-        frames, fbytes, msgs, responses, hist, timeouts, errors = {}, {}, {}, {}, {}, {}, {}
-        for d in range(2):
-            for s in range(OPCODE_SLOTS):
-                key = (DIRECTIONS[d], names[s])
-                if self.frames[d][s]:
-                    frames[key] = frames.get(key, 0) + self.frames[d][s]
-                    fbytes[key] = fbytes.get(key, 0) + self.frame_bytes[d][s]
-                if self.messages[d][s]:
-                    msgs[key] = msgs.get(key, 0) + self.messages[d][s]
-            for r, v in enumerate(self.errors[d]):
-                if v:
-                    errors[(DIRECTIONS[d], REASONS[r])] = v
-        for (s, r), v in self.responses.items():
-            key = (names[s], statuses[r])
-            responses[key] = responses.get(key, 0) + v
-        for (s, o), (counts, total) in self.hist.items():
-            hist[(names[s], OUTCOMES[o])] = (list(counts), total)
-        for s, v in enumerate(self.timeouts):
-            if v:
-                timeouts[names[s]] = timeouts.get(names[s], 0) + v
-        cutoffs = {}
-        for s, v in enumerate(self.cutoffs):
-            if v:
-                cutoffs[names[s]] = cutoffs.get(names[s], 0) + v
-        return {
-            "route": self.route, "protocol": self.protocol,
-            "frames": frames, "frame_bytes": fbytes, "messages": msgs,
-            "bytes": {DIRECTIONS[0]: self.relayed[0], DIRECTIONS[1]: self.relayed[1]},
-            "responses": responses, "hist": hist, "timeouts": timeouts, "cutoffs": cutoffs,
-            "unmatched": self.unmatched, "in_flight": self.in_flight, "errors": errors,
-            "conn_active": self.conn_active, "conn_total": self.conn_total,
-            "conn_rejected": self.conn_rejected,
-            "connect_failures": self.connect_failures,
-            "connect_hist": (list(self.connect_hist), self.connect_sum),
-        }
+        return route_snapshot(
+            self, [self.slot_name(s) for s in range(len(self.slot_code))],
+            [stname(c) for c in self.status_code], self.frames, self.frame_bytes,
+            self.messages, self.errors, sorted(self.responses.items()),
+            sorted(self.hist.items()), self.timeouts, self.cutoffs, self.relayed,
+            self.unmatched, self.in_flight, self.connect_hist, self.connect_sum)
 
 
 class _Dir:
@@ -293,7 +263,7 @@ class Pending:
 
 
 class Record:
-    """One frame-log row (the twin of _framing.pxd's FrameRecord)."""
+    """One frame-log row (the twin of _counters.pxd's FrameRecord)."""
     __slots__ = ("t_ns", "frame_bytes", "header_bytes", "messages", "latency_ns", "corr",
                  "status", "opcode", "corr_hi", "resource", "attrs", "slot", "req_slot",
                  "direction", "kind", "outcome", "corr_fmt", "has_status", "abytes", "cid")
@@ -944,7 +914,7 @@ class FrameParser:
         ev.corr_hi = p.aux if not p.fifo else -1
         ev.corr_fmt = _corr_fmt(ev.corr_hi)
         ev.req_slot = p.slot
-        ev.status = 1 if self.closed else 0     # _framing.pxd EV_CLOSED / EV_TIMEOUT
+        ev.status = 1 if self.closed else 0     # _counters.pxd EV_CLOSED / EV_TIMEOUT
         i = self._ctext_find(p.dir, p.slot, p.key) if self.ctext_len else -1
         if i >= 0:                          # the request's string id (set_corr_str)
             ev.cid = self.ctext[i][3]
@@ -954,7 +924,7 @@ class FrameParser:
             ev.corr_fmt = CORR_NONE
         self._emit(ev)
 
-    # ---- string correlation ids kept for timeout rows (_framing.pxd, CorrText) ----
+    # ---- string correlation ids kept for timeout rows (_framelog.pxd, CorrText) ----
 
     def _ctext_keep(self, d, rec):
         cap = len(self.ctext) if self.ctext else 0
@@ -1195,7 +1165,7 @@ class FrameParser:
 
 
 class FrameLogBuffer:
-    """Twin of _framing.FrameLogBuffer: a bounded list of (route index, row dict);
+    """Twin of _framelog.FrameLogBuffer: a bounded list of (route index, row dict);
     drained by proxy.framelog_native.TwinSource."""
 
     def __init__(self, chunks=8, chunk_records=32768, arena_bytes=8 << 20):
