@@ -20,7 +20,7 @@ command line, else from the master's (Locust hands the master's custom options t
 workers with the first spawn message, which is why the log starts at ``test_start``).
 
 Rows: one per request event whose ``context`` carries a ``"frametap"`` entry (the
-convention is documented on :class:`loadgen.common.RequestReporter`; events without one,
+convention is documented on :class:`loadgen.userbase.RequestReporter`; events without one,
 such as Deliver chunks or failed connects, are not logged):
 
 ==================  ===================================================================
@@ -75,7 +75,8 @@ import os
 import sys
 import time
 
-from loadgen.common import RequestReporter
+from loadgen.pluginbase import install_once
+from loadgen.userbase import RequestReporter
 from proxy.framelog import FORMATS, FrameLog, RowBuffer, new_run_id
 from proxy.runinfo import RunInfo
 
@@ -171,7 +172,7 @@ class ClientLog:
     def on_request(self, request_type, name, response_time, response_length=0,
                    exception=None, context=None, start_time=None, **_kwargs) -> None:
         """Locust ``request`` event listener: the event's row(s), if it has a frame-log
-        context (see :class:`loadgen.common.RequestReporter`)."""
+        context (see :class:`loadgen.userbase.RequestReporter`)."""
         if not context:
             return
         ft = context.get("frametap")
@@ -475,19 +476,14 @@ def _iso(seconds):
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
     process, so a locustfile may call it unconditionally."""
-    from loadgen.plugins import install_once
     install_once(_Plugin, add_arguments, events)
 
 
 # ---------------------------------------------------------------------- launcher
 
-def main(argv=None):
-    """``python -m loadgen.clientlog [locust options]``: the same as
-    :func:`loadgen.plugins.main` (Locust with every frametap plugin loaded first)."""
-    from loadgen import plugins
-    return plugins.main(argv)
-
-
 if __name__ == "__main__":
-    from loadgen import plugins
-    sys.exit(plugins.main())
+    # ``python -m loadgen.clientlog [locust options]``: the same as ``python -m
+    # loadgen.plugins`` (Locust with every frametap plugin loaded first). Run as a script
+    # this file is ``__main__``, not loadgen.clientlog, so the import is no cycle.
+    from loadgen.plugins import main
+    sys.exit(main())

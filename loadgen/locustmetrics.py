@@ -65,6 +65,7 @@ import logging
 import sys
 import time
 
+from loadgen.pluginbase import install_once
 from proxy.errors import ConfigError
 from proxy.framing_common import BUCKETS, BUCKETS_NS
 from proxy.metrics import _buckets as cumulative_buckets
@@ -422,5 +423,4 @@ class _Plugin:
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
     process, so a locustfile may call it unconditionally."""
-    from loadgen.plugins import install_once
     install_once(_Plugin, add_arguments, events)
