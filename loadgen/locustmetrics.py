@@ -66,6 +66,7 @@ import sys
 import time
 
 from loadgen.pluginbase import install_once
+from proxy.addresses import format_peer, parse_address
 from proxy.errors import ConfigError
 from proxy.framing_common import BUCKETS, BUCKETS_NS
 from proxy.metrics import _buckets as cumulative_buckets
@@ -267,7 +268,7 @@ class MetricsServer:
     @property
     def address(self) -> str:
         """``host:port`` (``[v6]:port``) as bound."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return format_peer((self.host, self.port))
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -279,7 +280,6 @@ class MetricsServer:
 def address_arg(text: str) -> str:
     """argparse type of ``--frametap-metrics``: validates ``HOST:PORT``, keeps the text
     (the master hands it to the workers as it is)."""
-    from proxy.addresses import parse_address
     try:
         parse_address(text, "--frametap-metrics", allow_port_zero=True)
     except ConfigError as exc:
@@ -355,8 +355,7 @@ class _Plugin:
         address = _option(environment, "frametap_metrics")
         if not address:
             return
-        from proxy.addresses import parse_address
-        host, port = parse_address(address, "--frametap-metrics", allow_port_zero=True)
+            host, port = parse_address(address, "--frametap-metrics", allow_port_zero=True)
         metrics = LocustMetrics()
         runner = environment.runner
         collector = LocustCollector(metrics, lambda: getattr(runner, "user_count", 0))
