@@ -130,7 +130,8 @@ class SocketClient:
     request frame it sends. ``requests_sent`` counts those; ``recent`` keeps the last few
     (:class:`SentRequest`), for :meth:`sent_after`.
 
-    The read loop (:meth:`_read_frame`), the same for every protocol: read up to
+    Frames go out with :meth:`_send_frame`. The read loop (:meth:`_read_frame`), the
+    same for every protocol: read up to
     :attr:`read_size` bytes at a time into the connection's buffer and cut whole frames
     off it with :meth:`split_frame`, the protocol's one hook (frame length from the
     header, then its codec). Frames that arrived together stay buffered for the next
@@ -212,6 +213,17 @@ class SocketClient:
     def where(self) -> str:
         """Where the connection goes, for error messages."""
         return self.remote_address or "the server"
+
+    def _send_frame(self, data: bytes) -> None:
+        """Send one whole frame; a socket error closes the connection and propagates."""
+        sock = self._sock
+        if sock is None:
+            raise ConnectionError(f"{self.what}: connection to {self.where} is closed")
+        try:
+            sock.sendall(data)
+        except OSError:
+            self.close()
+            raise
 
     def take_frame(self):
         """A whole frame already received (:meth:`split_frame`'s), or None; no read."""

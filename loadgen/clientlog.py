@@ -60,11 +60,11 @@ distributed one or of ``--processes``) writes a run file into the same directory
 classes and their protocols, and at the end of each test Locust's own totals and errors
 per request type and name - what the analysis report's headline quotes.
 
-Cost per request on the users' side: building the small context dict, and here one row
-dict appended to a :class:`~proxy.framelog.RowBuffer` (never blocks; overflow is dropped
-and counted). Encoding and writing happen off the users' event loop: Locust runs under
-gevent, whose monkey-patching turns the writer's thread into a greenlet, so the writer's
-flushes are handed to gevent's pool of native threads (:class:`GeventFrameLog`).
+Per request the users' side appends one row dict to a :class:`~proxy.framelog.RowBuffer`
+(never blocks; overflow is dropped and counted); encoding and writing happen off the
+users' event loop, in gevent's pool of native threads (:class:`GeventFrameLog`: gevent's
+monkey-patching would turn the writer's thread into a greenlet). What that costs is in
+docs/benchmarks-loadgen.md.
 """
 
 from __future__ import annotations

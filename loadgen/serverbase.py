@@ -1,9 +1,11 @@
 """What every reference server shares: listeners, the read loop, the service-time model.
 
-A reference server (FlyMQ, RabbitMQ Stream, RocketMQ) is a :class:`ReferenceServer`
-subclass holding the protocol's state, plus a :class:`ServerConnection` subclass saying
-how to cut frames off the received bytes and what to do with each. Everything else lives
-here, once:
+Each of the five reference servers (FlyMQ, fleximq, RabbitMQ Stream, RocketMQ and the
+Thrift service of ``ttheader``) is a :class:`ReferenceServer` subclass holding the
+protocol's state, plus a :class:`ServerConnection` subclass saying how to cut frames off
+the received bytes (:meth:`ServerConnection.split_frame`, the same hook as the sync
+clients' :meth:`loadgen.clientbase.SocketClient.split_frame`) and what to do with each.
+Everything else lives here, once:
 
 Connection lifecycle
     :meth:`ReferenceServer.listen` binds a listener (a server may have several, each with

@@ -115,7 +115,7 @@ class FlexiMQClient(SocketClient):
         if self.ws is not None:
             self.ws.send(data)
         else:
-            self._sock.sendall(data)
+            self._send_frame(data)
 
     def split_frame(self, buf):
         return codec.decode(buf, self.max_frame_bytes)

@@ -108,11 +108,9 @@ class FlyMQClient(clientbase.SocketClient):
 
         ERROR responses are returned, not raised, at this level.
         """
-        if self._sock is None:
-            raise ConnectionError(f"flymq: client for {self.host}:{self.port} is closed")
         frame = encode_frame(opcode, payload, flags)
         try:
-            self._sock.sendall(frame)
+            self._send_frame(frame)
             # FIFO correlation: the request's number on this connection
             sent = self._sent(str(self.requests_sent + 1), opcode, opcode_name(opcode))
             response = self._read_frame()      # within the socket's timeout

@@ -327,15 +327,8 @@ class StreamClient(clientbase.SocketClient):
         """Encode command ``key`` (version 1) with the codec and send it; returns its size.
         A field the protocol cannot carry (e.g. a string over 32767 UTF-8 bytes) raises
         :class:`~proxy.protocols.rabbitmq_stream.codec.StreamCodecError`, a ValueError."""
-        if self._sock is None:
-            raise ConnectionError(
-                f"rabbitmq-stream: client for {self.host}:{self.port} is closed")
         frame = encode_command(key, **fields)
-        try:
-            self._sock.sendall(frame)
-        except OSError:
-            self.close()
-            raise
+        self._send_frame(frame)
         self.bytes_sent += len(frame)
         return len(frame)
 

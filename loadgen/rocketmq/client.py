@@ -307,15 +307,6 @@ class RocketMQClient(clientbase.SocketClient):
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _send_frame(self, data: bytes) -> None:
-        if self._sock is None:
-            raise ConnectionError(f"rocketmq: connection to {self.address} is closed")
-        try:
-            self._sock.sendall(data)
-        except OSError:
-            self.close()
-            raise
-
     def split_frame(self, buf):
         return decode(buf, max_frame_bytes=MAX_FRAME_BYTES)
 

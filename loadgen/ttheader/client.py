@@ -76,15 +76,6 @@ class ThriftClient(clientbase.SocketClient):
 
     # ---- socket ------------------------------------------------------------------
 
-    def _send(self, frame: bytes) -> None:
-        if self._sock is None:
-            raise ConnectionError("connection closed")
-        try:
-            self._sock.sendall(frame)
-        except OSError:
-            self.close()
-            raise
-
     def split_frame(self, buf):
         return wire.split_frame(buf, self.max_frame_bytes)
 
@@ -162,7 +153,7 @@ class ThriftClient(clientbase.SocketClient):
         self.last_response_bytes = 0
         sent = self._sent(str(self.seq), -1, method, "oneway" if oneway else "request")
         try:
-            self._send(frame)
+            self._send_frame(frame)
             if oneway:
                 return None
             tapp = self._read_reply(method, result)
