@@ -118,7 +118,7 @@ def format_peer(addr, local=None):
     to the proxy's (docs/design.md, "Frame log"): ``ip:port``, ``[ip6]:port``, an IPv4
     client of a dual-stack listener as plain ``ip:port``; a Unix socket client (unnamed)
     as ``unix:<the listener's path>`` (``local``).  The proxy (proxy/relay.py) and the
-    load generator's clients and servers (loadgen/) all format addresses with this."""
+    load generator's clients and servers (loadgen/) all write a peer with this one."""
     if isinstance(addr, (str, bytes)) or (not addr and isinstance(local, (str, bytes))):
         path = os.fsdecode(addr or local or b"")
         return "unix:" + (path or "?")
