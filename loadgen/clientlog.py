@@ -20,7 +20,7 @@ command line, else from the master's (Locust hands the master's custom options t
 workers with the first spawn message, which is why the log starts at ``test_start``).
 
 Rows: one per request event whose ``context`` carries a ``"frametap"`` entry (the
-convention is documented on :class:`loadgen.common.RequestReporter`; events without one,
+convention is documented on :class:`loadgen.userbase.RequestReporter`; events without one,
 such as Deliver chunks or failed connects, are not logged):
 
 ==================  ===================================================================
@@ -60,11 +60,11 @@ distributed one or of ``--processes``) writes a run file into the same directory
 classes and their protocols, and at the end of each test Locust's own totals and errors
 per request type and name - what the analysis report's headline quotes.
 
-Cost per request on the users' side: building the small context dict, and here one row
-dict appended to a :class:`~proxy.framelog.RowBuffer` (never blocks; overflow is dropped
-and counted). Encoding and writing happen off the users' event loop: Locust runs under
-gevent, whose monkey-patching turns the writer's thread into a greenlet, so the writer's
-flushes are handed to gevent's pool of native threads (:class:`GeventFrameLog`).
+Per request the users' side appends one row dict to a :class:`~proxy.framelog.RowBuffer`
+(never blocks; overflow is dropped and counted); encoding and writing happen off the
+users' event loop, in gevent's pool of native threads (:class:`GeventFrameLog`: gevent's
+monkey-patching would turn the writer's thread into a greenlet). What that costs is in
+docs/benchmarks-loadgen.md.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ import os
 import sys
 import time
 
-from loadgen.common import RequestReporter
+from loadgen.pluginbase import install_once
+from loadgen.userbase import RequestReporter
 from proxy.framelog import FORMATS, FrameLog, RowBuffer, new_run_id
 from proxy.runinfo import RunInfo
 
@@ -171,7 +172,7 @@ class ClientLog:
     def on_request(self, request_type, name, response_time, response_length=0,
                    exception=None, context=None, start_time=None, **_kwargs) -> None:
         """Locust ``request`` event listener: the event's row(s), if it has a frame-log
-        context (see :class:`loadgen.common.RequestReporter`)."""
+        context (see :class:`loadgen.userbase.RequestReporter`)."""
         if not context:
             return
         ft = context.get("frametap")
@@ -475,19 +476,14 @@ def _iso(seconds):
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
     process, so a locustfile may call it unconditionally."""
-    from loadgen.plugins import install_once
     install_once(_Plugin, add_arguments, events)
 
 
 # ---------------------------------------------------------------------- launcher
 
-def main(argv=None):
-    """``python -m loadgen.clientlog [locust options]``: the same as
-    :func:`loadgen.plugins.main` (Locust with every frametap plugin loaded first)."""
-    from loadgen import plugins
-    return plugins.main(argv)
-
-
 if __name__ == "__main__":
-    from loadgen import plugins
-    sys.exit(plugins.main())
+    # ``python -m loadgen.clientlog [locust options]``: the same as ``python -m
+    # loadgen.plugins`` (Locust with every frametap plugin loaded first). Run as a script
+    # this file is ``__main__``, not loadgen.clientlog, so the import is no cycle.
+    from loadgen.plugins import main
+    sys.exit(main())

@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from loadgen.pluginbase import install_once
+
 __all__ = ["install", "add_arguments"]
 
 log = logging.getLogger("frametap.faults")
@@ -137,5 +139,4 @@ class _Plugin:
 
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` once per process."""
-    from loadgen.plugins import install_once
     install_once(_Plugin, add_arguments, events)

@@ -51,10 +51,9 @@ The endpoint is up from Locust's start-up (the ``init`` event, after ``--process
 forked its workers) until Locust quits (the ``quit`` event, after the final statistics
 are printed; plus the linger). A port already in use is one error line and exit 2.
 
-Cost per request on the users' side: a dict lookup, a bisect over 17 bounds and four
-additions, about 0.7 us per request event on the CI machine (gevent runs one greenlet at a
-time and nothing here yields, so no lock). A worker's report carries one short list per
-(protocol, opcode, outcome) that changed; merging ten of them takes about 40 us.
+Per request event the users' side does a dict lookup, a bisect over the bounds and four
+additions, without a lock (gevent runs one greenlet at a time and nothing here yields);
+its cost is in docs/benchmarks-loadgen.md.
 """
 
 from __future__ import annotations
@@ -65,6 +64,8 @@ import logging
 import sys
 import time
 
+from loadgen.pluginbase import install_once
+from proxy.addresses import format_peer, parse_address
 from proxy.errors import ConfigError
 from proxy.framing_common import BUCKETS, BUCKETS_NS
 from proxy.metrics import _buckets as cumulative_buckets
@@ -266,7 +267,7 @@ class MetricsServer:
     @property
     def address(self) -> str:
         """``host:port`` (``[v6]:port``) as bound."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return format_peer((self.host, self.port))
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -278,7 +279,6 @@ class MetricsServer:
 def address_arg(text: str) -> str:
     """argparse type of ``--frametap-metrics``: validates ``HOST:PORT``, keeps the text
     (the master hands it to the workers as it is)."""
-    from proxy.addresses import parse_address
     try:
         parse_address(text, "--frametap-metrics", allow_port_zero=True)
     except ConfigError as exc:
@@ -354,8 +354,7 @@ class _Plugin:
         address = _option(environment, "frametap_metrics")
         if not address:
             return
-        from proxy.addresses import parse_address
-        host, port = parse_address(address, "--frametap-metrics", allow_port_zero=True)
+            host, port = parse_address(address, "--frametap-metrics", allow_port_zero=True)
         metrics = LocustMetrics()
         runner = environment.runner
         collector = LocustCollector(metrics, lambda: getattr(runner, "user_count", 0))
@@ -422,5 +421,4 @@ class _Plugin:
 def install(events=None) -> None:
     """Hook the plugin into Locust's ``events`` (default ``locust.events``); once per
     process, so a locustfile may call it unconditionally."""
-    from loadgen.plugins import install_once
     install_once(_Plugin, add_arguments, events)

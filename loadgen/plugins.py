@@ -13,26 +13,12 @@ from __future__ import annotations
 import os
 import sys
 
+from loadgen import clientlog, faultplugin, locustmetrics, tlsopts
+from loadgen.pluginbase import install_once, installed
+from proxy.addresses import format_peer
+from proxy.readyfile import remove_ready_file, write_ready_file
+
 __all__ = ["install", "install_once", "main"]
-
-_installed: dict[type, object] = {}
-
-
-def install_once(plugin_cls, add_arguments, events=None):
-    """Hook one plugin into Locust's ``events`` (default ``locust.events``), once per
-    process: its command-line options via ``add_arguments`` and one listener per entry of
-    ``plugin_cls.LISTENERS`` (event name -> method name). Returns the plugin instance."""
-    plugin = _installed.get(plugin_cls)
-    if plugin is not None:
-        return plugin
-    if events is None:
-        from locust import events
-    plugin = _installed[plugin_cls] = plugin_cls()
-    events.init_command_line_parser.add_listener(add_arguments)
-    for event, method in plugin_cls.LISTENERS.items():
-        getattr(events, event).add_listener(getattr(plugin, method))
-    return plugin
-
 
 def _add_run_arguments(parser) -> None:
     group = parser.add_argument_group("frametap run")
@@ -86,11 +72,9 @@ class RunPlumbing:
             host = options.master_bind_host
             host = "0.0.0.0" if host in ("*", "") else host
             port = runner.server.port
-            master = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        from loadgen import locustmetrics
-        exporter = _installed.get(locustmetrics._Plugin)
+            master = format_peer((host, port))
+        exporter = installed(locustmetrics._Plugin)
         server = getattr(exporter, "server", None)
-        from proxy.readyfile import write_ready_file
         try:
             write_ready_file(path, {"pid": os.getpid(),
                                     "role": "master" if master else "local",
@@ -104,20 +88,17 @@ class RunPlumbing:
 
     def on_quit(self, **_kwargs) -> None:
         if self.ready_file is not None:
-            from proxy.readyfile import remove_ready_file
             remove_ready_file(self.ready_file)
             self.ready_file = None
 
 
 def install(events=None) -> None:
     """Install every plugin into Locust's ``events`` (each once per process)."""
-    from loadgen import clientlog, locustmetrics, tlsopts
     clientlog.install(events)
     locustmetrics.install(events)
     tlsopts.install(events)
     install_once(RunPlumbing, _add_run_arguments, events)
-    from loadgen import faultplugin        # --frametap-fault: faults armed for a run
-    faultplugin.install(events)
+    faultplugin.install(events)            # --frametap-fault: faults armed for a run
 
 
 def main(argv=None):

@@ -1,9 +1,11 @@
 """What every reference server shares: listeners, the read loop, the service-time model.
 
-A reference server (FlyMQ, RabbitMQ Stream, RocketMQ) is a :class:`ReferenceServer`
-subclass holding the protocol's state, plus a :class:`ServerConnection` subclass saying
-how to cut frames off the received bytes and what to do with each. Everything else lives
-here, once:
+Each of the five reference servers (FlyMQ, fleximq, RabbitMQ Stream, RocketMQ and the
+Thrift service of ``ttheader``) is a :class:`ReferenceServer` subclass holding the
+protocol's state, plus a :class:`ServerConnection` subclass saying how to cut frames off
+the received bytes (:meth:`ServerConnection.split_frame`, the same hook as the sync
+clients' :meth:`loadgen.clientbase.SocketClient.split_frame`) and what to do with each.
+Everything else lives here, once:
 
 Connection lifecycle
     :meth:`ReferenceServer.listen` binds a listener (a server may have several, each with
@@ -56,8 +58,8 @@ import itertools
 import logging
 from collections.abc import Awaitable
 
-from loadgen.common import format_address
 from loadgen.servicetime import ServiceTime, as_service_time
+from proxy.addresses import format_peer
 
 __all__ = ["ReferenceServer", "ServerConnection", "READ_SIZE", "describe_exception"]
 
@@ -95,7 +97,7 @@ class ServerConnection:
         peer = writer.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.peer_address: tuple[str, int] = (peer[0], peer[1])
-            self.peer = format_address(peer)
+            self.peer = format_peer(peer)
         else:
             self.peer_address = ("127.0.0.1", 0)
             self.peer = str(peer or "?")
@@ -422,7 +424,7 @@ class ReferenceServer:
         for listener in self._listeners:
             for sock in listener.sockets[:1]:
                 name = sock.getsockname()
-                address = ("unix:" + name) if isinstance(name, str) else format_address(name)
+                address = ("unix:" + name) if isinstance(name, str) else format_peer(name)
                 out.append((self._roles.get(listener, ""), address))
         return out
 

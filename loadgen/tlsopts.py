@@ -1,6 +1,6 @@
 """TLS for the load generator: the Locust users' client side and the reference servers.
 
-Clients (every sync client connects through :func:`loadgen.common.connect_tcp`, which
+Clients (every sync client connects through :func:`loadgen.clientbase.connect_tcp`, which
 wraps the socket when TLS is on): Locust options, or the same settings as environment
 variables (what a worker on another machine reads too):
 
@@ -21,7 +21,7 @@ option                      variable                         meaning
 Any of the ``--tls-*`` options implies ``--tls``.  A bad file is one line and exit status 2.
 
 Servers: ``frametap serve P --tls-cert FILE --tls-key FILE`` (every reference server,
-:func:`loadgen.common.serve_main`).
+:func:`loadgen.servecli.serve_main`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from __future__ import annotations
 import os
 import ssl
 import sys
+
+from loadgen.pluginbase import install_once
 
 __all__ = ["ClientTLS", "default", "configure", "from_env", "server_context", "install"]
 
@@ -149,5 +151,4 @@ class _Plugin:
 
 
 def install(events=None) -> None:
-    from loadgen.plugins import install_once
     install_once(_Plugin, add_arguments, events)

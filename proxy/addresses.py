@@ -113,6 +113,23 @@ def format_address(addr):
     return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
 
 
+def format_peer(addr, local=None):
+    """A socket address as the frame log's ``peer``, the key that joins the client's rows
+    to the proxy's (docs/design.md, "Frame log"): ``ip:port``, ``[ip6]:port``, an IPv4
+    client of a dual-stack listener as plain ``ip:port``; a Unix socket client (unnamed)
+    as ``unix:<the listener's path>`` (``local``).  The proxy (proxy/relay.py) and the
+    load generator's clients and servers (loadgen/) all write a peer with this one."""
+    if isinstance(addr, (str, bytes)) or (not addr and isinstance(local, (str, bytes))):
+        path = os.fsdecode(addr or local or b"")
+        return "unix:" + (path or "?")
+    if not addr:
+        return "?"
+    host, port = addr[:2]
+    if host.startswith("::ffff:") and "." in host:   # IPv4 client of a dual-stack listener
+        host = host[7:]
+    return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
+
+
 def unix_listener(path, backlog=1024):
     """A listening Unix stream socket at ``path``.
 

@@ -19,7 +19,8 @@ import time
 from proxy import protocols, websocket
 from proxy.protocols import advertise
 from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
-from proxy.addresses import UnixAddress, format_address, remove_unix_socket, unix_listener
+from proxy.addresses import (UnixAddress, format_address, format_peer, remove_unix_socket,
+                             unix_listener)
 from proxy.framing import RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
 from proxy.tls import connection_attrs, route_tls
@@ -27,20 +28,6 @@ from proxy.tls import connection_attrs, route_tls
 _conn_ids = itertools.count(1)            # conn_id of the frame log (docs/design.md, "Frame log")
 
 log = logging.getLogger("frametap.relay")
-
-
-def format_peer(addr, local=None):
-    """A socket address as the frame log's `peer`: ``ip:port``, ``[ip6]:port``; a Unix
-    socket client (unnamed) as ``unix:<the listener's path>`` (``local``)."""
-    if isinstance(addr, (str, bytes)) or (not addr and isinstance(local, (str, bytes))):
-        path = os.fsdecode(addr or local or b"")
-        return "unix:" + (path or "?")
-    if not addr:
-        return "?"
-    host, port = addr[:2]
-    if host.startswith("::ffff:") and "." in host:   # IPv4 client of a dual-stack listener
-        host = host[7:]
-    return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
 
 
 class LogLimiter:

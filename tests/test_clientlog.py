@@ -1,4 +1,5 @@
-"""The client-side frame log's parts without Locust (loadgen/clientlog.py, loadgen/common.py).
+"""The client-side frame log's parts without Locust (loadgen/clientlog.py, loadgen/clientbase.py,
+loadgen/userbase.py).
 
 Locust is never imported here (it would gevent-patch the pytest process): request events
 are fed to ``ClientLog.on_request`` directly, users are RequestReporter subclasses with a
@@ -17,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from loadgen.clientlog import ClientLog, GeventFrameLog
-from loadgen.common import RequestReporter, SocketClient
+from loadgen.clientbase import SocketClient
+from loadgen.userbase import RequestReporter
 from loadgen.flymq.client import FlyMQClient, FlyMQServerError
 from loadgen.flymq.server import FlyMQServerThread
 from loadgen.rabbitmq_stream.client import StreamClient

@@ -53,9 +53,8 @@ def produce_many(port, n, connections=1, size=32):
         frame = bytes([0xAF, 1, 0x01, 1]) + struct.pack(">I", len(payload)) + payload
         c._sock.sendall(frame * n)
         for _ in range(n):
-            header = c._recv_exactly(8)
-            assert header[2] == 0x01, header    # a PRODUCE answer, not ERROR
-            c._recv_exactly(struct.unpack(">I", header[4:])[0])
+            answer = c._read_frame()            # the clients' shared read loop
+            assert answer.opcode == 0x01, answer    # a PRODUCE answer, not ERROR
         c.close()
 
 

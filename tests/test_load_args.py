@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from loadgen.common import Backoff
+from loadgen.userbase import Backoff
 from loadgen.flymq.server import FlyMQServerThread
 from loadgen.loadargs import LoadArgumentError, choose_protocols
 from proxy import protocols

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from loadgen.common import RequestReporter
+from loadgen.userbase import RequestReporter
 
 
 class _RequestEvent:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from loadgen.common import ServerThread
+from loadgen.serverthread import ServerThread
 from loadgen.serverbase import ReferenceServer, ServerConnection
 from proxy.errors import FrameError
 

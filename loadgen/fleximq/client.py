@@ -19,7 +19,7 @@ import socket
 import time
 from collections import deque
 
-from loadgen.common import SocketClient, connect_tcp
+from loadgen.clientbase import SocketClient, connect_tcp
 from loadgen.wsstream import ClientWebSocket
 from proxy import websocket
 from proxy.addresses import UnixAddress, parse_address
@@ -46,6 +46,11 @@ def _error_text(frame) -> str:
 
 
 class FlexiMQClient(SocketClient):
+    """One fleximq connection (see the module docstring); the read loop is
+    :class:`~loadgen.clientbase.SocketClient`'s, the framing the codec's ``decode``."""
+
+    what = "fleximq"
+
     def __init__(self, address, timeout: float = 10.0, auto_pong: bool = True,
                  max_frame_bytes: int = MAX_FRAME_BYTES):
         self.ws = None              # loadgen.wsstream.ClientWebSocket for a ws:// address
@@ -73,7 +78,7 @@ class FlexiMQClient(SocketClient):
             sock = connect_tcp(address[0], address[1], timeout)
         self._sock = sock
         self._connected(sock)
-        self.reader = codec.FrameReader(max_frame_bytes)
+        self.max_frame_bytes = max_frame_bytes
         self.inbox: deque = deque()
         self.client_id = 0
         self.pongs_sent = 0
@@ -84,7 +89,8 @@ class FlexiMQClient(SocketClient):
             except (OSError, ValueError):
                 self.close()
                 raise
-            self._frames_in(self.ws.take_pending())
+            self._rbuf += self.ws.take_pending()
+            self._frames_in()
 
     def _connected(self, sock) -> None:
         if sock.family == socket.AF_UNIX:
@@ -109,30 +115,34 @@ class FlexiMQClient(SocketClient):
         if self.ws is not None:
             self.ws.send(data)
         else:
-            self._sock.sendall(data)
+            self._send_frame(data)
+
+    def split_frame(self, buf):
+        return codec.decode(buf, self.max_frame_bytes)
+
+    def bytes_in(self, data: bytes) -> bytes:
+        return self.ws.receive(data) if self.ws is not None else data
 
     def _read(self, deadline) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
+        frame = self._read_frame(deadline)
+        if frame is None:
             raise TimeoutError("fleximq: no answer in %.1fs" % self.timeout)
-        self._sock.settimeout(left)
-        try:
-            data = self._sock.recv(262144)
-        except socket.timeout:
-            raise TimeoutError("fleximq: no answer in %.1fs" % self.timeout) from None
-        if not data:
-            self.close()
-            raise ConnectionError("fleximq: the connection was closed")
-        self._frames_in(self.ws.receive(data) if self.ws is not None else data)
+        self._frame_in(frame)
+        self._frames_in()
 
-    def _frames_in(self, data) -> None:
-        for f in self.reader.feed(data):
-            if f.type == PING and self.auto_pong and isinstance(f.header.get("keepalive"),
-                                                                dict):
-                self.send(codec.pong(self.client_id, f.header["keepalive"].get("timestamp", 0)))
-                self.pongs_sent += 1
-                continue
-            self.inbox.append(f)
+    def _frames_in(self) -> None:
+        """Handle the frames that arrived with the last read (PINGs are answered now)."""
+        frame = self.take_frame()
+        while frame is not None:
+            self._frame_in(frame)
+            frame = self.take_frame()
+
+    def _frame_in(self, f) -> None:
+        if f.type == PING and self.auto_pong and isinstance(f.header.get("keepalive"), dict):
+            self.send(codec.pong(self.client_id, f.header["keepalive"].get("timestamp", 0)))
+            self.pongs_sent += 1
+            return
+        self.inbox.append(f)
 
     def wait(self, match, timeout: float | None = None):
         """The first frame (kept or arriving) for which ``match(frame)`` is true; the

@@ -98,8 +98,8 @@ import asyncio
 import logging
 import sys
 
-from loadgen.common import (CommandLineError, ServerThread, serve_main, service_time_arg,
-                            user_arg)
+from loadgen.servecli import CommandLineError, serve_main, service_time_arg, user_arg
+from loadgen.serverthread import ServerThread
 from loadgen.serverbase import ReferenceServer, ServerConnection
 from proxy.addresses import (UnixAddress, format_address, parse_address,
                              remove_unix_socket, unix_listener)

@@ -19,7 +19,7 @@ frame per binary message).  Each user opens one connection and JOINs it
 
 Every request fires ``environment.events.request`` with ``request_type="fleximq"``,
 ``name`` = the message type (``JOIN``, ``REQ``, ``PING``, ``PUB``), the time measured
-with ``perf_counter()`` (:func:`loadgen.common.RequestReporter.timed`) and non-2xx
+with ``perf_counter()`` (:func:`loadgen.userbase.RequestReporter.timed`) and non-2xx
 statuses, socket errors and timeouts as failures.  With the client-side frame log on,
 each is a row whose ``correlation_id`` is what the proxy writes for the frame
 (constants.log_correlation_id): the ``reqrep.id`` (a ULID) for JOIN and REQ, ``ping:<timestamp>``
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from locust import User, between, constant, task
 
-from loadgen.common import RequestReporter, env_float, env_int
+from loadgen.userbase import RequestReporter, env_float, env_int
 from loadgen.fleximq.client import FlexiMQClient
 from proxy.protocols.fleximq.codec import PUB, REQ
 
@@ -126,7 +126,7 @@ class FlexiMQSettings:
 class FlexiMQUser(RequestReporter, User):
     """Abstract: one joined :class:`FlexiMQClient` (reconnected and re-joined after a
     failure, on the next task, after a back-off while that keeps failing:
-    :class:`loadgen.common.Backoff`)."""
+    :class:`loadgen.userbase.Backoff`)."""
 
     abstract = True
     wait_time = between(0.001, 0.01)

@@ -4,7 +4,8 @@ One request in flight at a time, as in the reference SDK: FlyMQ has no correlati
 the response to a request is simply the next frame on the connection (docs/design.md, "FlyMQ").
 The proxy therefore correlates FIFO, and its frame log's ``correlation_id`` of a request is
 the request's 1-based number on its connection; the client counts every request frame it
-sends the same way (``requests_sent``, ``recent``: see :class:`loadgen.common.SocketClient`).
+sends the same way (``requests_sent``, ``recent``: see :class:`loadgen.clientbase.SocketClient`,
+whose read loop this client shares; its framing is the codec's :func:`decode_frame`).
 Payload layouts are those of :mod:`proxy.protocols.flymq.codec`.
 
 Errors:
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import socket
 
-from loadgen import common
+from loadgen import clientbase
 from proxy.protocols.flymq.codec import (
     AuthRequest,
     AuthResponse,
@@ -45,11 +46,10 @@ from proxy.protocols.flymq.codec import (
     RecordMetadata,
     SubscribeRequest,
     SubscribeResponse,
-    decode_header,
+    decode_frame,
     encode_frame,
 )
-from proxy.protocols.flymq.constants import (ERROR, FLAG_BINARY, HEADER_SIZE, MAX_FRAME_BYTES,
-                                           opcode_name)
+from proxy.protocols.flymq.constants import ERROR, FLAG_BINARY, MAX_FRAME_BYTES, opcode_name
 
 __all__ = ["FlyMQClient", "FlyMQServerError", "FlyMQAuthError", "parse_host"]
 
@@ -58,9 +58,9 @@ DEFAULT_PORT = 9092
 
 def parse_host(host: str | None) -> tuple[str, int]:
     """``flymq://h:p``, ``h:p`` or ``h`` -> ``(h, p)``; ValueError otherwise."""
-    return common.parse_host(host, ("flymq",), DEFAULT_PORT,
-                             "FlyMQ users need a host: run Locust with --host HOST:PORT "
-                             "(or flymq://HOST:PORT)")
+    return clientbase.parse_host(host, ("flymq",), DEFAULT_PORT,
+                                 "FlyMQ users need a host: run Locust with --host "
+                                 "HOST:PORT (or flymq://HOST:PORT)")
 
 
 class FlyMQServerError(Exception):
@@ -76,12 +76,14 @@ class FlyMQAuthError(FlyMQServerError):
     """AUTH was answered with success = false."""
 
 
-class FlyMQClient(common.SocketClient):
+class FlyMQClient(clientbase.SocketClient):
     """Blocking FlyMQ client; one TCP connection, one request in flight.
 
     ``last_request_bytes`` / ``last_response_bytes`` hold the frame sizes (header
     included) of the most recent exchange, for load-test accounting.
     """
+
+    what = "flymq"
 
     def __init__(self, host: str, port: int, timeout: float | None = 10.0,
                  max_frame_bytes: int = MAX_FRAME_BYTES):
@@ -91,24 +93,14 @@ class FlyMQClient(common.SocketClient):
         self.max_frame_bytes = max_frame_bytes
         self.last_request_bytes = 0
         self.last_response_bytes = 0
-        self._sock: socket.socket | None = common.connect_tcp(host, self.port, timeout)
+        self._sock: socket.socket | None = clientbase.connect_tcp(host, self.port, timeout)
         self._connected(self._sock)
 
     # ------------------------------------------------------------------ plumbing
 
-    def _recv_exactly(self, n: int) -> bytes:
-        sock = self._sock
-        chunks = []
-        left = n
-        while left:
-            chunk = sock.recv(min(left, 1 << 20))
-            if not chunk:
-                raise ConnectionError(
-                    f"flymq: connection to {self.host}:{self.port} closed by the server "
-                    f"({n - left} of {n} bytes received)")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    def split_frame(self, buf):
+        frame = decode_frame(buf, self.max_frame_bytes)
+        return None if frame is None else (frame, frame.size)
 
     def request(self, opcode: int, payload: bytes = b"",
                 flags: int = FLAG_BINARY) -> tuple[int, int, bytes]:
@@ -116,25 +108,20 @@ class FlyMQClient(common.SocketClient):
 
         ERROR responses are returned, not raised, at this level.
         """
-        if self._sock is None:
-            raise ConnectionError(f"flymq: client for {self.host}:{self.port} is closed")
         frame = encode_frame(opcode, payload, flags)
         try:
-            self._sock.sendall(frame)
+            self._send_frame(frame)
             # FIFO correlation: the request's number on this connection
             sent = self._sent(str(self.requests_sent + 1), opcode, opcode_name(opcode))
-            header = self._recv_exactly(HEADER_SIZE)
-            _magic, _version, resp_opcode, resp_flags, length = decode_header(
-                header, self.max_frame_bytes)
-            sent.status = "ERROR" if resp_opcode == ERROR else "OK"
-            resp_payload = self._recv_exactly(length) if length else b""
+            response = self._read_frame()      # within the socket's timeout
+            sent.status = "ERROR" if response.opcode == ERROR else "OK"
         except BaseException:
             # Half-done exchange: the next frame on this socket can't be paired safely.
             self.close()
             raise
         self.last_request_bytes = len(frame)
-        self.last_response_bytes = HEADER_SIZE + length
-        return resp_opcode, resp_flags, resp_payload
+        self.last_response_bytes = response.size
+        return response.opcode, response.flags, response.payload
 
     def _call(self, message, response_cls):
         opcode = message.OPCODE

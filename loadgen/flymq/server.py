@@ -52,15 +52,8 @@ import time
 import zlib
 from collections.abc import Mapping
 
-from loadgen.common import (
-    CommandLineError,
-    ServerThread,
-    address_arg,
-    new_event_loop,
-    serve_main,
-    service_time_arg,
-    user_arg,
-)
+from loadgen.servecli import CommandLineError, address_arg, serve_main, service_time_arg, user_arg
+from loadgen.serverthread import ServerThread, new_event_loop
 from loadgen.serverbase import ReferenceServer, ServerConnection
 from loadgen.servicetime import ServiceTime
 from proxy.protocols.flymq.codec import (

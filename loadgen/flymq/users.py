@@ -7,7 +7,7 @@ Every request fires ``environment.events.request`` with ``request_type="flymq"``
 ``perf_counter()``, ``response_length`` = response frame bytes, and failures through
 ``exception=`` (ERROR responses, socket errors, timeouts). A connection that failed is
 re-opened on the next request, after a back-off while reconnections keep failing
-(:class:`loadgen.common.Backoff`: FRAMETAP_RECONNECT_DELAY, FRAMETAP_RECONNECT_MAX_DELAY).
+(:class:`loadgen.userbase.Backoff`: FRAMETAP_RECONNECT_DELAY, FRAMETAP_RECONNECT_MAX_DELAY).
 
 With the client-side frame log on (``--frametap-framelog DIR``, :mod:`loadgen.clientlog`)
 every reported request that went out on a connection is also one frame-log row whose
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from locust import User, between, task
 
-from loadgen.common import RequestReporter, env_float, env_int
+from loadgen.userbase import RequestReporter, env_float, env_int
 from loadgen.flymq.client import FlyMQClient, FlyMQServerError, parse_host
 
 __all__ = ["FlyMQUser", "FlyMQProducer", "FlyMQConsumer", "FlyMQSettings", "parse_host"]

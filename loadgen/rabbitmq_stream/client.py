@@ -45,14 +45,13 @@ message with one data section (what ``rstream.AMQPMessage(body=...)`` produces a
 from __future__ import annotations
 
 import socket
-import ssl
 import struct
 import time
 from collections import deque
 from time import perf_counter
 from typing import NamedTuple
 
-from loadgen import common
+from loadgen import clientbase
 from proxy.protocols.rabbitmq_stream.codec import (
     Command,
     PublishedMessage,
@@ -122,9 +121,9 @@ _PUBLISH_FRAME_OVERHEAD = 4 + 4 + 1 + 4
 
 def parse_host(host: str | None) -> tuple[str, int]:
     """``rabbitmq-stream://h:p``, ``h:p`` or ``h`` -> ``(h, p)``; ValueError otherwise."""
-    return common.parse_host(host, ("rabbitmq-stream", "rabbitmq_stream"), DEFAULT_PORT,
-                             "RabbitMQ Stream users need a host: run Locust with --host "
-                             "HOST:PORT (or rabbitmq-stream://HOST:PORT)")
+    return clientbase.parse_host(host, ("rabbitmq-stream", "rabbitmq_stream"), DEFAULT_PORT,
+                                 "RabbitMQ Stream users need a host: run Locust with --host "
+                                 "HOST:PORT (or rabbitmq-stream://HOST:PORT)")
 
 
 # ---------------------------------------------------------------------- errors
@@ -257,7 +256,7 @@ def amqp_body(record: bytes) -> bytes:
 
 # ---------------------------------------------------------------------- client
 
-class StreamClient(common.SocketClient):
+class StreamClient(clientbase.SocketClient):
     """Blocking RabbitMQ Stream client; one TCP connection.
 
     ``frame_max`` / ``heartbeat`` are the values the server proposed in Tune (echoed
@@ -265,6 +264,8 @@ class StreamClient(common.SocketClient):
     Open returned. ``last_response_bytes`` is the size of the last response frame and
     ``bytes_sent`` / ``bytes_received`` count everything, for load-test accounting.
     """
+
+    what = "rabbitmq-stream"
 
     def __init__(self, host: str, port: int = DEFAULT_PORT, user: str = "guest",
                  password: str = "guest", vhost: str = "/", timeout: float | None = 10.0,
@@ -279,10 +280,8 @@ class StreamClient(common.SocketClient):
         self.connection_properties: dict = {}
         self.last_response_bytes = 0
         self.bytes_sent = 0
-        self.bytes_received = 0
         self.credit_errors: list[tuple[int, int]] = []      # (subscription_id, code)
         self.metadata_updates: list[tuple[int, str]] = []   # (code, stream)
-        self._buf = bytearray()
         self._correlation = 0
         self._responses: dict[int, tuple[Command, int]] = {}  # corr -> (response, bytes)
         self._deliveries: deque[Delivery] = deque()
@@ -292,7 +291,7 @@ class StreamClient(common.SocketClient):
         self._stage = "PeerProperties"
         try:
             # TCP_NODELAY; TLS too when --tls (loadgen.tlsopts)
-            self._sock: socket.socket | None = common.connect_tcp(host, self.port, timeout)
+            self._sock: socket.socket | None = clientbase.connect_tcp(host, self.port, timeout)
         except OSError as exc:
             exc.command = "PeerProperties"
             raise
@@ -328,15 +327,8 @@ class StreamClient(common.SocketClient):
         """Encode command ``key`` (version 1) with the codec and send it; returns its size.
         A field the protocol cannot carry (e.g. a string over 32767 UTF-8 bytes) raises
         :class:`~proxy.protocols.rabbitmq_stream.codec.StreamCodecError`, a ValueError."""
-        if self._sock is None:
-            raise ConnectionError(
-                f"rabbitmq-stream: client for {self.host}:{self.port} is closed")
         frame = encode_command(key, **fields)
-        try:
-            self._sock.sendall(frame)
-        except OSError:
-            self.close()
-            raise
+        self._send_frame(frame)
         self.bytes_sent += len(frame)
         return len(frame)
 
@@ -351,55 +343,24 @@ class StreamClient(common.SocketClient):
         error.__cause__ = exc
         return error
 
-    def _read_frame(self, timeout: float | None) -> tuple[int, int, bytes] | None:
+    def split_frame(self, buf):
+        # the negotiated frame_max, never less than the client's own limit
+        split = decode_frame(buf, max(self.frame_max or MAX_FRAME_BYTES, MAX_FRAME_BYTES))
+        if split is None:
+            return None
+        key, version, body, size = split
+        return (key, version, body), size
+
+    def bad_frame(self, exc: ValueError) -> Exception:
+        return self._protocol_error(exc)
+
+    def _frame_within(self, timeout: float | None) -> tuple[int, int, bytes] | None:
         """The next frame as ``(key, version, body)`` (body after Key/Version), or None
-        when ``timeout`` (seconds; None = block) passes first. Partial frames stay
-        buffered; a Size over the limit is refused as soon as it has arrived."""
-        sock = self._sock
-        if sock is None:
-            raise ConnectionError(
-                f"rabbitmq-stream: client for {self.host}:{self.port} is closed")
+        when ``timeout`` (seconds; None = block) passes first; 0 takes only what has
+        arrived. Partial frames stay buffered; a Size over the limit is refused as soon
+        as it has arrived."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        buf = self._buf
-        limit = max(self.frame_max or MAX_FRAME_BYTES, MAX_FRAME_BYTES)
-        attempted = False
-        while True:
-            try:
-                split = decode_frame(buf, limit)
-            except StreamCodecError as exc:
-                raise self._protocol_error(exc) from exc
-            if split is not None:
-                key, version, body, size = split
-                del buf[:size]
-                self.bytes_received += size
-                return key, version, body
-            if len(buf) >= 4:
-                want = 4 + _U32.unpack_from(buf)[0] - len(buf)
-            else:
-                want = 4 - len(buf)
-            if deadline is None:
-                sock.settimeout(None)
-            else:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if attempted:
-                        return None
-                    remaining = 0.0  # timeout 0: one non-blocking read
-                sock.settimeout(remaining)
-            attempted = True
-            try:
-                chunk = sock.recv(max(want, 65536))
-            except (socket.timeout, BlockingIOError, ssl.SSLWantReadError):
-                return None         # (a TLS socket's non-blocking read raises the latter)
-            except OSError:
-                self.close()
-                raise
-            if not chunk:
-                self.close()
-                raise ConnectionError(
-                    f"rabbitmq-stream: connection to {self.host}:{self.port} closed by "
-                    f"the server")
-            buf += chunk
+        return self._read_frame(deadline, poll=True)
 
     def _dispatch(self, key: int, version: int, body: bytes) -> None:
         """Handle one received frame: store responses, record the server's own frames."""
@@ -468,7 +429,7 @@ class StreamClient(common.SocketClient):
             remaining = None if deadline is None else deadline - time.monotonic()
             frame = None
             if remaining is None or remaining > 0:
-                frame = self._read_frame(remaining)
+                frame = self._frame_within(remaining)
             if frame is None:
                 exc = TimeoutError(f"rabbitmq-stream: no {name} response from "
                                    f"{self.host}:{self.port} within {timeout} s")
@@ -515,7 +476,7 @@ class StreamClient(common.SocketClient):
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
-            frame = self._read_frame(remaining) if remaining is None or remaining > 0 else None
+            frame = self._frame_within(remaining) if remaining is None or remaining > 0 else None
             if frame is None:
                 raise TimeoutError(f"rabbitmq-stream: no Tune from {self.host}:{self.port} "
                                    f"after authentication")
@@ -587,11 +548,11 @@ class StreamClient(common.SocketClient):
         """Handle the frames already received; when there are none, wait up to
         ``timeout`` seconds for one. Returns the number of frames handled."""
         handled = 0
-        frame = self._read_frame(timeout)
+        frame = self._frame_within(timeout)
         while frame is not None:
             self._dispatch(*frame)
             handled += 1
-            frame = self._read_frame(0.0)
+            frame = self._frame_within(0.0)
         return handled
 
     def take_confirms(self, publisher_id: int) -> tuple[dict, dict]:
@@ -617,7 +578,7 @@ class StreamClient(common.SocketClient):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
-            frame = self._read_frame(remaining)
+            frame = self._frame_within(remaining)
             if frame is None:
                 break
             self._dispatch(*frame)
@@ -701,7 +662,7 @@ class StreamClient(common.SocketClient):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
-            frame = self._read_frame(remaining)
+            frame = self._frame_within(remaining)
             if frame is None:
                 return None
             self._dispatch(*frame)

@@ -77,7 +77,7 @@ from time import perf_counter
 
 from locust import User, between, constant, task
 
-from loadgen.common import RequestReporter, env_float, env_int
+from loadgen.userbase import RequestReporter, env_float, env_int
 from loadgen.rabbitmq_stream.client import (
     OFFSET_TYPES,
     StreamClient,

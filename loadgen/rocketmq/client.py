@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from loadgen import common
+from loadgen import clientbase
 from proxy.protocols.rocketmq.codec import (
     Message,
     RemotingCommand,
@@ -124,9 +124,9 @@ _PULL_STATUS = {SUCCESS: "FOUND", PULL_NOT_FOUND: "NO_NEW_MSG",
 
 def parse_host(host: str | None, default_port: int = DEFAULT_NAMESRV_PORT) -> tuple[str, int]:
     """``rocketmq://h:p``, ``h:p`` or ``h`` -> ``(h, p)``; ValueError otherwise."""
-    return common.parse_host(host, ("rocketmq",), default_port,
-                             "RocketMQ users need a name server: run Locust with --host "
-                             "HOST:PORT (or rocketmq://HOST:PORT)")
+    return clientbase.parse_host(host, ("rocketmq",), default_port,
+                                 "RocketMQ users need a name server: run Locust with --host "
+                                 "HOST:PORT (or rocketmq://HOST:PORT)")
 
 
 # ---------------------------------------------------------------------- errors
@@ -272,16 +272,18 @@ def new_unique_key() -> str:
 
 # ---------------------------------------------------------------------- client
 
-class RocketMQClient(common.SocketClient):
+class RocketMQClient(clientbase.SocketClient):
     """One remoting connection (name server or broker), opened in the constructor.
 
     ``serialize``: ``"json"`` or ``"rocketmq"`` (binary header) for requests.
     ``last_response_bytes``: size of the last response frame (for Locust).
     """
 
+    what = "rocketmq"
+
     def __init__(self, host: str, port: int, timeout: float = 10.0,
                  serialize: str = "json", language: str = "PYTHON",
-                 version: int = DEFAULT_VERSION, tls=common.DEFAULT_TLS):
+                 version: int = DEFAULT_VERSION, tls=clientbase.DEFAULT_TLS):
         if serialize not in ("json", "rocketmq"):
             raise ValueError(f"serialize={serialize!r}: expected 'json' or 'rocketmq'")
         self.host, self.port = host, int(port)
@@ -290,11 +292,10 @@ class RocketMQClient(common.SocketClient):
         self.language = language
         self.version = version
         self._opaque = itertools.count(1)
-        self._buf = bytearray()
         self._sock: socket.socket | None = None
         self.server_requests: list = []     # RemotingCommands the server sent us
         self.last_response_bytes = 0
-        sock = common.connect_tcp(host, self.port, timeout, tls)   # TLS: loadgen.tlsopts
+        sock = clientbase.connect_tcp(host, self.port, timeout, tls)   # TLS: loadgen.tlsopts
         self._sock = sock
         self._connected(sock)   # conn_id, local_address (``ip:port``, ``[v6]:port``)
 
@@ -304,47 +305,11 @@ class RocketMQClient(common.SocketClient):
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _send_frame(self, data: bytes) -> None:
-        if self._sock is None:
-            raise ConnectionError(f"rocketmq: connection to {self.address} is closed")
-        try:
-            self._sock.sendall(data)
-        except OSError:
-            self.close()
-            raise
+    def split_frame(self, buf):
+        return decode(buf, max_frame_bytes=MAX_FRAME_BYTES)
 
-    def _read_frame(self, deadline: float) -> RemotingCommand:
-        """The next frame; TimeoutError at ``deadline`` (monotonic)."""
-        while True:
-            try:
-                got = decode(self._buf, max_frame_bytes=MAX_FRAME_BYTES)
-            except RocketMQCodecError as exc:
-                self.close()
-                raise RocketMQProtocolError(f"rocketmq: from {self.address}: {exc}") from None
-            if got is not None:
-                cmd, consumed = got
-                del self._buf[:consumed]
-                self.last_response_bytes = consumed
-                return cmd
-            if self._sock is None:
-                raise ConnectionError(f"rocketmq: connection to {self.address} is closed")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"rocketmq: no response from {self.address} within "
-                                   f"{self.timeout} s")
-            self._sock.settimeout(remaining)
-            try:
-                chunk = self._sock.recv(262144)
-            except socket.timeout:
-                raise TimeoutError(f"rocketmq: no response from {self.address} within "
-                                   f"{self.timeout} s") from None
-            except OSError:
-                self.close()
-                raise
-            if not chunk:
-                self.close()
-                raise ConnectionError(f"rocketmq: {self.address} closed the connection")
-            self._buf += chunk
+    def bad_frame(self, exc: ValueError) -> Exception:
+        return RocketMQProtocolError(f"rocketmq: from {self.address}: {exc}")
 
     def _answer_server_request(self, cmd: RemotingCommand) -> None:
         self.server_requests.append(cmd)
@@ -380,6 +345,10 @@ class RocketMQClient(common.SocketClient):
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             frame = self._read_frame(deadline)
+            if frame is None:
+                raise TimeoutError(f"rocketmq: no response from {self.address} within "
+                                   f"{self.timeout} s")
+            self.last_response_bytes = self.frame_bytes
             if not frame.is_response:
                 self._answer_server_request(frame)
                 continue

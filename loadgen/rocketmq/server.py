@@ -59,7 +59,8 @@ import socket
 import sys
 import time
 
-from loadgen.common import ServerThread, address_arg, new_event_loop, serve_main, service_time_arg
+from loadgen.servecli import address_arg, serve_main, service_time_arg
+from loadgen.serverthread import ServerThread, new_event_loop
 from loadgen.serverbase import ReferenceServer, ServerConnection, describe_exception
 from loadgen.servicetime import ServiceTime
 from proxy.protocols.rocketmq import constants as codes

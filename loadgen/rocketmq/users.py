@@ -89,7 +89,7 @@ from dataclasses import dataclass
 
 from locust import User, between, task
 
-from loadgen.common import Backoff, RequestReporter, env_bool, env_choice, env_float, env_int
+from loadgen.userbase import Backoff, RequestReporter, env_bool, env_choice, env_float, env_int
 from loadgen.rocketmq.client import (
     DEFAULT_TOPIC,
     RocketMQClient,
@@ -234,7 +234,7 @@ class RocketMQUser(RequestReporter, User):
     def _client(self, addr: str | None) -> RocketMQClient:
         """The connection to the broker at ``addr`` (the name server when None), opened
         when needed, after a back-off while connections to it keep failing
-        (:class:`loadgen.common.Backoff`). An exception from opening it is marked
+        (:class:`loadgen.userbase.Backoff`). An exception from opening it is marked
         ``connecting = True``."""
         try:
             if addr is None:

@@ -9,7 +9,7 @@ info headers: INFO_INTKEYVALUE FROM_SERVICE (3), TO_SERVICE (6), TO_METHOD (9), 
 
 Every call gets its own seq id (1, 2, ... per connection, in the message and the header):
 the id the proxy correlates on and the client-side frame log's ``correlation_id``
-(:class:`loadgen.common.SocketClient`). ``call()`` returns the result; a declared
+(:class:`loadgen.clientbase.SocketClient`). ``call()`` returns the result; a declared
 exception is raised as the IDL's exception class (``client.gen.NotFound``), an exception
 reply as thriftpy2's :class:`TApplicationException` (re-exported here);
 ``last_status`` is the proxy's status name of the answer (``OK``, ``EXCEPTION``,
@@ -21,11 +21,12 @@ from __future__ import annotations
 import itertools
 import os
 
-from loadgen import common
-from loadgen.ttheader import idl
+from loadgen import clientbase
+from loadgen.ttheader import idl, wire
 from loadgen.ttheader.idl import TApplicationException, TMessageType
 from proxy.protocols.ttheader import codec
-from proxy.protocols.ttheader.constants import PROTO_BINARY, PROTO_COMPACT, TAPP_TYPES, ZLIB
+from proxy.protocols.ttheader.constants import (MAX_FRAME_BYTES, PROTO_BINARY, PROTO_COMPACT,
+                                               TAPP_TYPES, ZLIB)
 
 __all__ = ["ThriftClient", "TApplicationException", "parse_host", "TRANSPORTS", "PROTOCOLS"]
 
@@ -37,8 +38,8 @@ _LOG_IDS = itertools.count(1)
 
 def parse_host(host: str | None) -> tuple[str, int]:
     """Locust's ``--host``: ``ttheader://HOST:PORT``, ``thrift://…``, ``HOST:PORT`` or ``HOST``."""
-    return common.parse_host(host, ("ttheader", "thrift"), DEFAULT_PORT,
-                             "no host: pass --host ttheader://HOST:PORT")
+    return clientbase.parse_host(host, ("ttheader", "thrift"), DEFAULT_PORT,
+                                 "no host: pass --host ttheader://HOST:PORT")
 
 
 def _tapp_status(t) -> str:
@@ -46,8 +47,11 @@ def _tapp_status(t) -> str:
     return TAPP_TYPES[t] if 0 <= t < len(TAPP_TYPES) else "TYPE_%d" % t
 
 
-class ThriftClient(common.SocketClient):
+class ThriftClient(clientbase.SocketClient):
     """One connection to a Thrift service (see the module docstring)."""
+
+    what = "ttheader"
+    max_frame_bytes = MAX_FRAME_BYTES
 
     def __init__(self, host: str, port: int, transport: str = "ttheader",
                  protocol: str = "binary", timeout: float = 10.0, zlib: bool = False,
@@ -62,7 +66,7 @@ class ThriftClient(common.SocketClient):
         self.transport, self.protocol, self.zlib = transport, protocol, zlib
         self.from_service, self.to_service = from_service, to_service
         self.timeout = timeout
-        self._sock = common.connect_tcp(host, port, timeout)
+        self._sock = clientbase.connect_tcp(host, port, timeout)
         self._connected(self._sock)
         self._trace = int.from_bytes(os.urandom(8), "big")
         self.seq = 0
@@ -72,26 +76,11 @@ class ThriftClient(common.SocketClient):
 
     # ---- socket ------------------------------------------------------------------
 
-    def _send(self, frame: bytes) -> None:
-        if self._sock is None:
-            raise ConnectionError("connection closed")
-        try:
-            self._sock.sendall(frame)
-        except OSError:
-            self.close()
-            raise
+    def split_frame(self, buf):
+        return wire.split_frame(buf, self.max_frame_bytes)
 
     def _recv_frame(self) -> bytes:
-        if self._sock is None:
-            raise ConnectionError("connection closed")
-        try:
-            frame = codec.read_frame(self._sock)
-        except (OSError, codec.FrameError):
-            self.close()
-            raise
-        if frame is None:
-            self.close()
-            raise ConnectionError("server closed the connection")
+        frame = self._read_frame()             # within the socket's timeout
         self.last_response_bytes = len(frame)
         return frame
 
@@ -164,7 +153,7 @@ class ThriftClient(common.SocketClient):
         self.last_response_bytes = 0
         sent = self._sent(str(self.seq), -1, method, "oneway" if oneway else "request")
         try:
-            self._send(frame)
+            self._send_frame(frame)
             if oneway:
                 return None
             tapp = self._read_reply(method, result)

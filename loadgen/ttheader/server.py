@@ -40,13 +40,13 @@ from __future__ import annotations
 import argparse
 import logging
 import random
-import struct
 import sys
 
-from loadgen.common import ServerThread, address_arg, serve_main, service_time_arg
+from loadgen.servecli import address_arg, serve_main, service_time_arg
+from loadgen.serverthread import ServerThread
 from loadgen.serverbase import ReferenceServer, ServerConnection, describe_exception
 from loadgen.servicetime import ServiceTime, as_service_time
-from loadgen.ttheader import idl
+from loadgen.ttheader import idl, wire
 from loadgen.ttheader.idl import TApplicationException, TMessageType, TType
 from proxy.protocols.ttheader import codec
 from proxy.protocols.ttheader.constants import MAX_FRAME_BYTES, PROTO_COMPACT, TAPP_TYPES
@@ -193,18 +193,7 @@ class _ThriftConnection(ServerConnection):
     """One client: length-prefixed frames (TTHeader, THeader or framed Thrift)."""
 
     def split_frame(self, buf):
-        if len(buf) < 4:
-            return None
-        if buf[0] == 0x80 and buf[1] == 0x01:
-            raise codec.FrameError("unframed Thrift is not served (use framed, THeader or "
-                                   "TTHeader)")
-        (length,) = struct.unpack_from(">I", buf)
-        if length > self.server.max_frame_bytes:
-            raise codec.FrameError("frame length %d over the limit %d" % (
-                length, self.server.max_frame_bytes))
-        if len(buf) < 4 + length:
-            return None
-        return bytes(buf[:4 + length]), 4 + length
+        return wire.split_frame(buf, self.server.max_frame_bytes)
 
     def frame_received(self, frame, received: float) -> None:
         try:

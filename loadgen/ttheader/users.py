@@ -11,7 +11,7 @@ TApplicationException UNKNOWN_METHOD is a failure, as is a declared ``NotFound``
 ``perf_counter()`` (a oneway call: the time to send it), ``response_length`` = the reply
 frame's bytes, failures through ``exception=``. A connection that failed is re-opened on
 the next call, after a back-off while reconnections keep failing
-(:class:`loadgen.common.Backoff`).
+(:class:`loadgen.userbase.Backoff`).
 
 Client-side frame log (``--frametap-framelog DIR``): one row per call, ``correlation_id``
 = the call's seq id (what the proxy correlates on), ``status`` as the proxy names the
@@ -35,7 +35,7 @@ import random
 
 from locust import User, between, task
 
-from loadgen.common import RequestReporter, env_bool, env_choice, env_float
+from loadgen.userbase import RequestReporter, env_bool, env_choice, env_float
 from loadgen.ttheader.client import PROTOCOLS, TRANSPORTS, ThriftClient, parse_host
 from loadgen.ttheader.server import USERS
 

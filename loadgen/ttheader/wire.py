@@ -1,14 +1,17 @@
-"""Shape check of a Thrift message before ``thriftpy2`` decodes it.
+"""The Thrift wire as the reference server and the client read it: :func:`split_frame`
+cuts one length-prefixed frame (TTHeader, THeader or framed Thrift) off the received
+bytes, and :func:`check` checks a message's shape before ``thriftpy2`` decodes it.
 
-thriftpy2's decoders trust the length and count fields they read: over a memory buffer
-its Cython binary codec copies ``length`` bytes whatever is there (a string claiming
-2 GB in a 30-byte message crashed the process), and its Python codecs loop ``count``
-times over a container whose element type reads nothing. A peer's bytes therefore go
-through :func:`check` first: one walk of the message (strict or non-strict binary, or
-compact) that reads every field as the wire says, without the IDL, and refuses a
-length or count past the bytes left, an element or field type that does not exist, a
-nesting deeper than :data:`MAX_DEPTH` or a message cut short. A message that passes
-reads within its own bytes whatever decodes it. Nothing is built, so it costs one pass.
+The shape check: thriftpy2's decoders trust the length and count fields they read: over
+a memory buffer its Cython binary codec copies ``length`` bytes whatever is there (a
+string claiming 2 GB in a 30-byte message crashed the process), and its Python codecs
+loop ``count`` times over a container whose element type reads nothing. A peer's bytes
+therefore go through :func:`check` first: one walk of the message (strict or non-strict
+binary, or compact) that reads every field as the wire says, without the IDL, and
+refuses a length or count past the bytes left, an element or field type that does not
+exist, a nesting deeper than :data:`MAX_DEPTH` or a message cut short. A message that
+passes reads within its own bytes whatever decodes it. Nothing is built, so it costs one
+pass.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import struct
 
 from proxy.protocols.ttheader.codec import FrameError
 
-__all__ = ["MalformedMessage", "check", "MAX_DEPTH"]
+__all__ = ["MalformedMessage", "check", "split_frame", "MAX_DEPTH"]
 
 MAX_DEPTH = 64                      # thriftpy2's own DEFAULT_MAX_DEPTH
+_U32 = struct.Struct(">I")
 
 # binary protocol: TType -> fixed size (None: variable)
 _BIN_FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}
@@ -28,6 +32,23 @@ _BIN_MIN = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8, 11: 4, 12: 1, 13: 6, 14: 5, 15:
 # compact protocol element types (1/2: bool, one byte inside containers)
 _CT_TYPES = frozenset(range(1, 13))
 _CT_MIN = {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 8, 8: 1, 9: 1, 10: 1, 11: 1, 12: 1}
+
+
+def split_frame(buf, max_bytes: int):
+    """One whole length-prefixed frame off the start of ``buf`` (the loadgen read loops'
+    ``split_frame``): ``(frame bytes, size)``, or None when it has not all arrived. A
+    length over ``max_bytes``, or unframed Thrift (a strict binary message begins
+    ``80 01``), is a :class:`FrameError` as soon as the first four bytes are there."""
+    if len(buf) < 4:
+        return None
+    if buf[0] == 0x80 and buf[1] == 0x01:
+        raise FrameError("unframed Thrift is not served (use framed, THeader or TTHeader)")
+    (length,) = _U32.unpack_from(buf)
+    if length > max_bytes:
+        raise FrameError("frame length %d over the limit %d" % (length, max_bytes))
+    if len(buf) < 4 + length:
+        return None
+    return bytes(buf[:4 + length]), 4 + length
 
 
 class MalformedMessage(FrameError):
