@@ -25,8 +25,8 @@ routing targets or keys and deep nesting; FlyMQ runs of small frames; Stream Pub
 Publish v1/v2 mixing sub-entry batches, PublishConfirm and a rewritten Metadata answer)
 fed whole, cut at every element boundary, and (up to --bytes-max) one byte a read: each
 must agree across twins and cuts and stay within the budget.  Floods: --flood requests whose correlation ids collide
-in the compiled pending map's hash as it was unkeyed (``_mix`` of proxy/_framing.pxd on
-8d1b3c1: pending_mix) — Thrift seq ids, RocketMQ opaques, fleximq PING timestamps,
+in the compiled pending map's hash as it was unkeyed (``_mix``, now in proxy/_pending.pxd,
+on 8d1b3c1: pending_mix) — Thrift seq ids, RocketMQ opaques, fleximq PING timestamps,
 Stream publishing and correlation ids (FlyMQ correlates FIFO: nothing to collide) — must
 cost at most FLOOD_RATIO times the same requests with random ids (plus 20 ms), and stay
 within the budget.  On 8d1b3c1 they cost 50-300x; the map's hash is now keyed by a
@@ -135,10 +135,10 @@ def _be(n, v):
     return v.to_bytes(n, "big", signed=v < 0)
 
 
-# ---- colliding ids: the compiled pending map's hash (_mix in proxy/_framing.pxd) ----
+# ---- colliding ids: the compiled pending map's hash (_mix in proxy/_pending.pxd) ----
 
 def pending_mix(tag, key):
-    """_mix(tag, key) of proxy/_framing.pxd as it was before it had a seed (8d1b3c1:
+    """_mix(tag, key) of the pending map (proxy/_pending.pxd today) as it was before it had a seed (8d1b3c1:
     splitmix64's finalizer, invertible): a pending request's slot was
     pending_mix(...) & (capacity - 1).  With a secret seed these ids are random ones."""
     z = (key + (tag << 56) + GOLDEN) & M64
@@ -755,7 +755,7 @@ def main(argv=None) -> int:
     if floods:
         print(f"FAIL: {floods} floods of ids that collide under the unkeyed hash cost more "
               f"than the budget or {FLOOD_RATIO:g}x the same requests with random ids: is "
-              "the compiled pending map's hash (_mix in proxy/_framing.pxd) still keyed "
+              "the compiled pending map's hash (_mix in proxy/_pending.pxd) still keyed "
               "by a secret seed? (issue 19)", flush=True)
     return 1 if bad or floods else 0
 
