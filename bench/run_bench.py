@@ -309,27 +309,22 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
         argv = [sys.executable, str(BENCH_DIR / "passthrough.py"),
                 "--listen", f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{env.server_port}"]
         cwd = BENCH_DIR
-    elif which == ARMED:
-        # a delay rule on CONSUME, which the load never sends: the direction is armed
-        # (every frame's opcode is checked at its header) and nothing fires
+    elif which == ARMED or which in FRAMELOG_TARGETS:
         admin = free_port()
+        before, after = "", ""
+        if which == ARMED:
+            # a delay rule on CONSUME, which the load never sends: the direction is armed
+            # (every frame's opcode is checked at its header) and nothing fires
+            after = ('[[routes.faults]]\nname = "never"\nmatch = {opcode = ["CONSUME"]}\n'
+                     'action = {type = "delay", ms = 10}\n')
+        else:
+            logs = env.logdir / f"{run_id}-{which}-framelogs"
+            before = (f'[framelog]\ndir = "{logs}"\nformat = "{env.framelog_format}"\n'
+                      f'sample = {FRAMELOG_TARGETS[which][0]}\n')
         cfg = env.logdir / f"{run_id}-{which}.toml"
-        cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n[[routes]]\nname = "flymq"\n'
-                       f'protocol = "flymq"\nlisten = "127.0.0.1:{listen}"\n'
-                       f'upstream = "127.0.0.1:{env.server_port}"\n[[routes.faults]]\n'
-                       f'name = "never"\nmatch = {{opcode = ["CONSUME"]}}\n'
-                       f'action = {{type = "delay", ms = 10}}\n')
-        argv = [sys.executable, "-m", "proxy", "proxy", "-c", str(cfg)]
-        cwd = env.frametap_cwd
-    elif which in FRAMELOG_TARGETS:
-        admin = free_port()
-        logs = env.logdir / f"{run_id}-{which}-framelogs"
-        cfg = env.logdir / f"{run_id}-{which}.toml"
-        cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n[framelog]\ndir = "{logs}"\n'
-                       f'format = "{env.framelog_format}"\n'
-                       f'sample = {FRAMELOG_TARGETS[which][0]}\n[[routes]]\nname = "flymq"\n'
-                       f'protocol = "flymq"\nlisten = "127.0.0.1:{listen}"\n'
-                       f'upstream = "127.0.0.1:{env.server_port}"\n')
+        cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n{before}[[routes]]\n'
+                       f'name = "flymq"\nprotocol = "flymq"\nlisten = "127.0.0.1:{listen}"\n'
+                       f'upstream = "127.0.0.1:{env.server_port}"\n{after}')
         argv = [sys.executable, "-m", "proxy", "proxy", "-c", str(cfg)]
         cwd = env.frametap_cwd
     else:

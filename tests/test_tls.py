@@ -30,6 +30,7 @@ from proxy.app import ProxyApp
 from proxy.config import config_from_dict
 from proxy.errors import ConfigError
 from proxy.tls import classify, client_hello_sni
+from tests._support import read_to_eof
 from tests.conftest import LoopThread
 from tests.support import sample
 from tests.tls_certs import certs, server_context  # noqa: F401  (fixture)
@@ -247,12 +248,7 @@ def test_half_close_waits_for_the_answers_on_a_tls_upstream(certs):
                 s.sendall(b"".join(ProduceRequest("half", b"v%d" % i).to_frame()
                                    for i in range(n)))
                 s.shutdown(socket.SHUT_WR)
-                got = b""
-                while True:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    got += chunk
+                got = read_to_eof(s)
             answers = 0
             buf = memoryview(got)
             while buf:

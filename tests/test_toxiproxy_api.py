@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from proxy import protocols
-from tests._support.processes import host_port, proxy_process
+from tests._support.processes import host_port, proxy_process, read_to_eof
 
 CONFIG = """
 [admin]
@@ -639,12 +639,7 @@ def test_connection_cap_answers_503_and_the_relay_goes_on(proxy, api):
         held[-1].sendall(b"GET /version HTTP/1.1\r\nHost: x\r\nUser-Agent: t\r\n\r\n")
         assert held[-1].recv(65536).startswith(b"HTTP/1.1 200")
         with socket.create_connection(host_port(address), timeout=10) as extra:
-            got = b""
-            while True:
-                chunk = extra.recv(65536)
-                if not chunk:
-                    break
-                got += chunk
+            got = read_to_eof(extra)
         assert got.startswith(b"HTTP/1.1 503"), got[:200]
         assert b"too many API connections" in got
         # the proxy's loop is not held up by the flood: its admin endpoint answers

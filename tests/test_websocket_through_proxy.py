@@ -20,7 +20,7 @@ from loadgen.fleximq.server import FlexiMQBrokerThread
 from proxy.app import ProxyApp
 from proxy.config import config_from_dict
 from proxy.protocols.fleximq import codec
-from tests._support import ROOT, run_locust
+from tests._support import ROOT, read_to_eof, run_locust
 from tests.conftest import LoopThread
 from tests.support import sample
 from tests.tls_certs import certs  # noqa: F401  (fixture)
@@ -138,12 +138,7 @@ def test_a_plain_http_request_gets_a_clear_answer(stack):
     host, port = url[5:].split("/")[0].split(":")
     s = socket.create_connection((host, int(port)), 5)
     s.sendall(b"GET /fx HTTP/1.1\r\nHost: x\r\n\r\n")
-    answer = b""
-    while True:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
-        answer += chunk
+    answer = read_to_eof(s)
     s.close()
     assert answer.startswith(b"HTTP/1.1 426 ") and b"Upgrade: websocket" in answer
     frames, errors = counts(app, lt)

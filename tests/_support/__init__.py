@@ -23,11 +23,12 @@ from tests._support.locust import (LOCUST, LocustProcess, LocustRun, csv_stats, 
 from tests._support.ports import PortCollision, collided, free_port, retry_on_collision
 from tests._support.processes import (FRAMETAP, ROOT, ProxyProcess, ReadyProcess,
                                       ServerProcess, frametap_env, host_port, proxy_process,
-                                      server_process, stop_process)
+                                      read_to_eof, server_process, stop_process)
 from tests._support.prometheus import start_prometheus
 
 __all__ = ["LOCUST", "LocustProcess", "LocustRun", "csv_stats", "json_stats", "locust_cmd",
            "locust_env", "run_locust", "start_locust", "start_locust_master",
            "start_locust_worker", "PortCollision", "collided", "free_port", "retry_on_collision",
            "FRAMETAP", "ROOT", "ProxyProcess", "ReadyProcess", "ServerProcess", "frametap_env",
-           "host_port", "proxy_process", "server_process", "stop_process", "start_prometheus"]
+           "host_port", "proxy_process", "read_to_eof", "server_process", "stop_process",
+           "start_prometheus"]

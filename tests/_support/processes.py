@@ -48,6 +48,16 @@ def host_port(address):
     return host.strip("[]"), int(port)
 
 
+def read_to_eof(sock, size=65536):
+    """Every byte a socket gives until the peer closes (its timeout applies per read)."""
+    chunks = []
+    while True:
+        chunk = sock.recv(size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
 def stop_process(proc, timeout=10.0):
     """SIGTERM, wait ``timeout``, then SIGKILL; returns the exit status."""
     if proc is None:
