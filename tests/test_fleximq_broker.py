@@ -319,3 +319,22 @@ def test_cli_help_and_bad_arguments():
     for bad in (["--listen", "nowhere"], ["--ping-interval", "-1"], ["--listen", "unix:"]):
         out = subprocess.run(run + bad, capture_output=True, text=True, timeout=30)
         assert out.returncode == 2 and "Traceback" not in out.stderr, bad
+
+
+def test_a_responder_answers_every_req_that_arrived_together(broker):
+    """Two REQs that reach a responder in one read: it answers the first, drops what it
+    does not wait for (discard) and keeps the second REQ to answer next — the demo's
+    FlexiMQResponder cleared its whole inbox and left a requester waiting 10 s."""
+    requester, responder = client(broker), client(broker)
+    rids = [requester.send_request(responder.client_id, "/a", b"x") for _ in range(2)]
+    responder.ping()                       # a PONG in the inbox too: dropped, REQs kept
+    first = responder.next_request(timeout=5)
+    responder.reply(first, {"ok": True})
+    responder.discard(keep=lambda f: f.type == REQ)
+    second = responder.next_request(timeout=5)
+    responder.reply(second, {"ok": True})
+    assert sorted([first.rid, second.rid]) == sorted(rids)
+    for rid in rids:
+        assert requester.wait_reply(rid, timeout=5).rid == rid
+    requester.close()
+    responder.close()

@@ -203,6 +203,11 @@ class FlexiMQClient(SocketClient):
     def next_request(self, timeout=None):
         return self.wait(lambda f: f.type == REQ, timeout)
 
+    def discard(self, keep=None):
+        """Drop the frames kept in the inbox, except those ``keep(frame)`` is true for
+        (a responder keeps the REQs that arrived with the one it answered)."""
+        self.inbox = deque(f for f in self.inbox if keep is not None and keep(f))
+
     def reply(self, req, payload=None, status=None):
         """Answer a REQ frame: a REP routed back to its sender, same reqrep.id."""
         entry = (req.header.get("routing") or [{}])[0]

@@ -198,7 +198,9 @@ class FlexiMQResponder(FlexiMQUser):
             self._forget()
             return
         client.reply(req, {"ok": True, "n": len(req.payload)})
-        client.inbox.clear()                   # nothing else is waited for here
+        # nothing but REQs is waited for here; a REQ that came in the same read as this
+        # one is answered next (clearing it cost its requester a 10 s timeout)
+        client.discard(keep=lambda f: f.type == REQ)
 
     def _forget(self) -> None:
         if self.client is not None and self.client.client_id in RESPONDERS:
