@@ -354,7 +354,7 @@ class _Plugin:
         address = _option(environment, "frametap_metrics")
         if not address:
             return
-            host, port = parse_address(address, "--frametap-metrics", allow_port_zero=True)
+        host, port = parse_address(address, "--frametap-metrics", allow_port_zero=True)
         metrics = LocustMetrics()
         runner = environment.runner
         collector = LocustCollector(metrics, lambda: getattr(runner, "user_count", 0))

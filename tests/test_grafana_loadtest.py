@@ -28,6 +28,7 @@ import json
 import math
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -40,6 +41,7 @@ import yaml
 from loadgen.flymq.client import FlyMQClient
 from loadgen.locustmetrics import (MAX_OPCODES, LocustCollector, LocustMetrics, MetricsServer,
                                    address_arg, linger_arg)
+from loadgen.tlscerts import throwaway
 from proxy.framing_common import BUCKETS
 from tests._support.locust import (json_stats, locust_env, start_locust, start_locust_master,
                                    start_locust_worker)
@@ -154,6 +156,7 @@ def run(tmp_path_factory):
     final JSON stats."""
     tmp = tmp_path_factory.mktemp("loadtest")
     procs, silent = [], SilentUpstream()
+    certs = throwaway(str(tmp / "tls"))            # the TLS panels' route (openssl)
     try:
         procs.append(server := server_process(tmp, "flymq", "--user", f"{USER}:{PASSWORD}",
                                               "--require-auth"))
@@ -182,8 +185,32 @@ protocol = "flymq"
 listen = "127.0.0.1:0"
 upstream = "127.0.0.1:{silent.port}"
 request_timeout = 0.5
+
+[[routes]]                         # the TLS row's series: handshakes that pass and fail
+name = "tls"
+protocol = "flymq"
+listen = "127.0.0.1:0"
+upstream = "{server.address}"
+[routes.tls]
+mode = "terminate"
+[routes.tls.listen]
+cert = "{certs["cert"]}"
+key = "{certs["key"]}"
 """))
         fly, stall, admin = proxy.port("fly"), proxy.port("stall"), proxy.admin_port
+
+        # TLS: one handshake that succeeds, one plain client on the TLS listener
+        ctx = ssl.create_default_context(cafile=certs["ca"])
+        with socket.create_connection(("127.0.0.1", proxy.port("tls"))) as raw:
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1"):
+                pass
+        with socket.create_connection(("127.0.0.1", proxy.port("tls"))) as s:
+            s.sendall(request(1))
+            s.settimeout(5)
+            try:
+                s.recv(100)          # the proxy counts a failed handshake and closes
+            except OSError:
+                pass
 
         # the Locust master first (on port 0, its exporter too): it waits for its two
         # workers, so no load yet, and its ready file names the ports Prometheus scrapes
@@ -224,6 +251,8 @@ request_timeout = 0.5
                         lambda v: v >= 1, "the stall route's cut-off")
         prom.wait_value('sum(frametap_protocol_errors_total{route="fly"})',
                         lambda v: v >= 1, "the fly route's protocol error")
+        prom.wait_value('count(frametap_tls_handshakes_total{route="tls"} > 0)',
+                        lambda v: v >= 2, "the tls route's handshakes, ok and failed")
 
         # the distributed Locust run: two workers join the master
         for i, extra in enumerate(({"FRAMETAP_FLYMQ_USER": USER,

@@ -392,22 +392,25 @@ def errors_of(counted):
 
 
 def faults_of(counted):
-    """The fault view, FAULTS_COLUMNS: rows a fault rule touched per (route, protocol,
-    opcode, fault) - ``status`` null - and replies the proxy injected per (route,
-    protocol, opcode, status) - ``fault`` null: an injected reply's row does not name
-    its rule (``attribute_faults`` names it when one rule touched that opcode)."""
+    """The fault view, FAULTS_COLUMNS: rows a fault rule touched in the traffic per
+    (route, protocol, opcode, fault) - ``status`` null; the proxy's own replies are not
+    among them - and replies the proxy injected per (route, protocol, opcode, fault,
+    status). An injected reply's row names its rule (``attrs.fault``); in frame logs
+    written before it did, ``fault`` is null there and ``attribute_faults`` names it
+    when one rule touched that opcode."""
     touched = (counted.where(F.col("fault").isNotNull())
                .groupBy("route", "protocol", "op", "fault")
-               .agg(F.sum("records").alias("touched"))
+               .agg((F.sum("records") - F.sum("injected")).alias("touched"))
+               .where(F.col("touched") > 0)
                .select("route", "protocol", "op", "fault",
                        F.lit(None).cast("string").alias("status"), "touched",
                        F.lit(0).cast("long").alias("injected"),
                        F.lit(0).cast("long").alias("injected_errors")))
     injected = (counted.where(F.col("injected") > 0)
-                .groupBy("route", "protocol", "op", "err_status")
+                .groupBy("route", "protocol", "op", "fault", "err_status")
                 .agg(F.sum("injected").alias("injected"),
                      F.sum("injected_errors").alias("injected_errors"))
-                .select("route", "protocol", "op", F.lit(None).cast("string").alias("fault"),
+                .select("route", "protocol", "op", "fault",
                         F.col("err_status").alias("status"),
                         F.lit(0).cast("long").alias("touched"), "injected",
                         "injected_errors"))
