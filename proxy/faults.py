@@ -426,8 +426,8 @@ class ConnFaults:
                 return frame
             self.inject_q.append((reply, corr if fifo else None,
                                   r.name.encode("utf-8", "replace")))
-            if "_relay" not in self.conn.__dict__:
-                self.conn._relay = self.relay   # server reads now pass through relay()
+            if self.conn.relay_hook is None:   # server reads now pass through relay()
+                self.conn.relay_hook = self.relay
             eng.loop.call_soon(self.try_inject)
             hit = b""
         parser.fault_attr(d, b"fault", r.name.encode("utf-8", "replace"))
@@ -463,7 +463,8 @@ class ConnFaults:
     # ---- injected replies ---------------------------------------------------------
 
     def relay(self, d, data):
-        """conn._relay while replies wait: server bytes are fed up to each frame
+        """conn.relay_hook (what reads of both sides go through instead of the relay's
+        ClientSide._relay) while replies wait: server bytes are fed up to each frame
         boundary so that a reply goes in between two frames, in its FIFO place."""
         from proxy.relay import ClientSide
         conn = self.conn
@@ -512,8 +513,8 @@ class ConnFaults:
             finally:
                 parser.fault_mark(1, False)
                 self.injecting = False
-        if not self.inject_q and conn.__dict__.get("_relay") is not None:
-            del conn.__dict__["_relay"]    # back to the class's path
+        if not self.inject_q and conn.relay_hook is not None:
+            conn.relay_hook = None         # back to the relay's own (compiled) path
 
     # ---- toxics and closes ----------------------------------------------------------
 
@@ -567,5 +568,5 @@ class ConnFaults:
             self.retry.cancel()
             self.retry = None
         self.inject_q.clear()
-        conn.__dict__.pop("_relay", None)
+        conn.relay_hook = None
         conn._finish(abort=rst, by="proxy", reason="fault_" + why)

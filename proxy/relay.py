@@ -21,9 +21,19 @@ from proxy.protocols import advertise
 from proxy.acceptor import Acceptor, connect_upstream, listen_sockets
 from proxy.addresses import (UnixAddress, format_address, format_peer, remove_unix_socket,
                              unix_listener)
-from proxy.framing import RouteStats, now_ns
+from proxy.framing import NO_EXTENSIONS, RouteStats, now_ns
 from proxy.framing_common import DIRECTIONS
 from proxy.tls import connection_attrs, route_tls
+
+# The per-read path (data_received, _relay's fast path, the yield check after a full read)
+# is compiled: ClientSide and UpstreamSide subclass its C bases (proxy/_relaycore.pyx,
+# which says why); FRAMETAP_NO_EXTENSIONS=1 takes the pure-Python twin, as proxy.framing.
+if NO_EXTENSIONS:
+    from proxy.relaycore_py import (FULL_READ, YIELD_FRAMES,  # noqa: F401
+                                    ClientCore, UpstreamCore)
+else:
+    from proxy._relaycore import (FULL_READ, YIELD_FRAMES,  # noqa: F401
+                                  ClientCore, UpstreamCore)
 
 _conn_ids = itertools.count(1)            # conn_id of the frame log (docs/design.md, "Frame log")
 
@@ -79,15 +89,8 @@ WRITE_LOW = 64 * 1024
 # faster than the loop or the upstream can take costs no proxy memory (docs/design.md,
 # "File descriptors").
 SETUP_LIMIT = 256
-# A read that filled uvloop's whole receive buffer (256,000 bytes) is the one case where
-# libuv reads the same socket again in the same loop iteration (up to 32 times): the
-# connection yields to the loop before its next read (ClientSide._yield).  Any shorter
-# read ends libuv's run on that socket by itself.
-FULL_READ = 256000
-# ... and only when that read held this many frames: parsing costs per frame, so a read of
-# big frames (16 KiB, 1 MiB) costs what the pass-through pays and never yields, while 32
-# reads of 64 frames in a row stay under a millisecond of parsing
-YIELD_FRAMES = 64
+# FULL_READ and YIELD_FRAMES (when a read makes its side yield to the loop: ClientSide._yield)
+# are defined with the per-read path that tests them (proxy/_relaycore.pyx, its twin).
 #: how often a half-closed client's TLS upstream checks for its last answers
 EOF_POLL = 0.01
 SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
@@ -313,8 +316,9 @@ class Route:
             self.stats.conn_active -= 1
 
 
-class ClientSide(asyncio.Protocol):
-    """The accepted client connection; owns the upstream side and the parser."""
+class ClientSide(ClientCore, asyncio.Protocol):
+    """The accepted client connection; owns the upstream side and the parser.  Its reads
+    (data_received, _relay) are ClientCore's (proxy/_relaycore.pyx)."""
 
     def __init__(self, route, spare_fd=None):
         self.route = route
@@ -440,11 +444,6 @@ class ClientSide(asyncio.Protocol):
         elif not self.paused_by_peer:
             self.transport.resume_reading()
 
-    def data_received(self, data):
-        self._relay(0, data)
-        if len(data) >= FULL_READ and self.parser.feed_frames >= YIELD_FRAMES:
-            self._yield(0)
-
     def _yield(self, d):
         """After a read that filled uvloop's buffer with many frames, stop reading
         direction d until the loop's next iteration: libuv reads a readable socket up to
@@ -474,24 +473,6 @@ class ClientSide(asyncio.Protocol):
                 self.transport.resume_reading()
         elif not self.client_full:
             self.upstream.transport.resume_reading()
-
-    def _relay(self, d, data):
-        """Parse and forward one read (or slice) of direction d: the hot path when every
-        frame was fine and nothing is rewritten or held."""
-        parser = self.parser
-        try:
-            ok = parser.feed(d, data)
-        except Exception as exc:           # a parser bug must cost one connection only
-            self.parser_crashed(d, exc)
-            return
-        if ok == len(data) and parser.output is None:
-            if d == 1:
-                self.transport.write(data)
-                return
-            if self.upstream is not None:
-                self.upstream.transport.write(data)
-                return
-        self._relay_slow(d, data, ok)
 
     def _relay_slow(self, d, data, ok):
         """Rewritten or held bytes, a protocol error, or client bytes before upstream."""
@@ -670,8 +651,9 @@ def _can_half_close(transport):
     return transport is None or transport.can_write_eof()
 
 
-class UpstreamSide(asyncio.Protocol):
-    """The connection to the upstream server; forwards every event to its ClientSide."""
+class UpstreamSide(UpstreamCore, asyncio.Protocol):
+    """The connection to the upstream server; forwards every event to its ClientSide (its
+    reads through UpstreamCore.data_received, proxy/_relaycore.pyx)."""
 
     def __init__(self, client):
         self.client = client
@@ -686,12 +668,6 @@ class UpstreamSide(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-
-    def data_received(self, data):
-        client = self.client
-        client._relay(1, data)
-        if len(data) >= FULL_READ and client.parser.feed_frames >= YIELD_FRAMES:
-            client._yield(1)
 
     def eof_received(self):
         return self.client.upstream_eof_received()
