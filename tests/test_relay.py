@@ -560,3 +560,81 @@ def test_a_big_read_is_parsed_frame_cap_frames_a_turn_and_arrives_whole():
             await app.shutdown(0)
             server.close()
     run(scenario())
+
+
+def test_flooding_connections_cannot_hold_another_routes_round_trip():
+    """Six connections flood one route with small frames (senders in threads, upstream
+    discarding) while a client on another route makes lockstep round trips.  Between
+    sending a request and reading its answer, the client waits for a few loop iterations
+    of the flooders' parsing, each bounded by the Backlog (TURNS slices plus one cut read
+    per connection read): measured, 512 frames a round trip.  Without the frame cap
+    (FRAME_CAP = 0) the same test measured 256,000: whole 256 KB reads of every flooder,
+    32 reads in a row.  Counted in frames parsed, not time (a shared machine)."""
+    import threading
+    from proxy import relay
+    from proxy.app import ProxyApp
+    from proxy.config import config_from_dict
+    flooders, cap = 6, relay.FRAME_CAP
+    parsed = [0]
+
+    async def scenario():
+        async def discard(reader, writer):
+            while await reader.read(1 << 20):
+                pass
+            writer.close()
+        sink = await asyncio.start_server(discard, "127.0.0.1", 0)
+        echo = await FaultyUpstream().start()
+        app = ProxyApp(config_from_dict({"routes": [
+            {"name": "flood", "protocol": "flymq", "listen": "127.0.0.1:0",
+             "upstream": "127.0.0.1:%d" % sink.sockets[0].getsockname()[1]},
+            {"name": "probe", "protocol": "flymq", "listen": "127.0.0.1:0",
+             "upstream": echo.address}], "proxy": {"shutdown_timeout": 1.0}}))
+        await app.start()
+        flood_route = app.routes[0]
+        base = flood_route.parser_class
+
+        class Counting(base):
+            def feed(self, d, data):
+                ok = base.feed(self, d, data)
+                parsed[0] += self.feed_frames
+                return ok
+        flood_route.parser_class = Counting
+        stop = threading.Event()
+        blob = b"".join(frame(0x01, struct.pack(">I", i) + b"q" * 12) for i in range(20000))
+
+        def flood():
+            s = socket.create_connection(("127.0.0.1", proxy_port(app, 0)))
+            try:
+                while not stop.is_set():
+                    s.sendall(blob)
+            except OSError:
+                pass
+            s.close()
+        threads = [threading.Thread(target=flood, daemon=True) for _ in range(flooders)]
+        for t in threads:
+            t.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app, 1))
+        waits = []
+        try:
+            while parsed[0] < 200_000:              # the flood is on
+                await asyncio.sleep(0.01)
+            slices = flood_route.backlog.slices
+            for i in range(40):
+                before = parsed[0]
+                writer.write(request(i))
+                await read_frame(reader)
+                waits.append(parsed[0] - before)
+            assert flood_route.backlog.slices - slices >= 40, "the flood was never cut"
+        finally:
+            stop.set()
+            writer.close()
+            await app.shutdown(0)
+            for t in threads:
+                t.join(5)
+            sink.close()
+            echo.close()
+        waits.sort()
+        # a round trip spans a few loop iterations: allow four full ones
+        assert waits[len(waits) // 2] <= 4 * (relay.TURNS + flooders) * cap, waits
+        assert waits[-1] <= 8 * (relay.TURNS + flooders) * cap, waits
+    run(scenario())
