@@ -138,6 +138,11 @@ cdef class FrameParser:
     cdef readonly object error          # FrameError after a fatal protocol error, else None
     cdef readonly bint closed
     cdef readonly Py_ssize_t feed_frames # headers parsed by the last feed() (the relay's yield)
+    cdef public Py_ssize_t frame_cap    # > 0: feed() stops at the first frame boundary after
+                                        # frame_cap headers + messages (the relay defers the
+                                        # rest: docs/design.md, "Fairness")
+    cdef Py_ssize_t feed_work           # messages and pending requests of the last feed()
+    cdef readonly bint more             # the last feed() stopped at frame_cap, bytes left
     cdef object _tracer                 # callable(dict) per record (tests), or None
     cdef object _tracer_error           # what the tracer raised, re-raised by the public call
     cdef FrameLogBuffer log             # the frame log this connection writes to, or None
@@ -380,6 +385,7 @@ cdef inline void add_messages(FrameParser self, int d, int64_t n) noexcept:
     cdef FrameRecord* rec = &self.st[d].rec
     self.c.messages[d][rec.slot] += n
     rec.messages += n
+    self.feed_work += n
 
 
 cdef inline void entry(FrameParser self, int d) noexcept:
@@ -432,6 +438,7 @@ cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32
     cdef Pending req
     set_corr(self, d, <int64_t>key, corr_hi)
     pending_set(&req, self.now_ns, key, self.st[d].rec.slot, corr_hi, 0, d)
+    self.feed_work += 1
     if pt_insert_fast(&self.pt, tag, key, &req):
         return self._expect_key(d, tag, key, corr_hi)
     self.c.in_flight += 1

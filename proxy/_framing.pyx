@@ -404,6 +404,8 @@ cdef class FrameParser:
             return 0
         s.offset += n
         self.feed_frames = 0
+        self.more = False
+        self.feed_work = 0
         # One clock read per read, not per frame (docs/design.md, "Performance principles").
         self.now_ns = monotonic_ns()
         self.c.relayed[d] += n
@@ -422,6 +424,14 @@ cdef class FrameParser:
                     _frame_end(self, d, out)
                 continue
             if s.have == 0:
+                if self.feed_frames + self.feed_work >= self.frame_cap and self.frame_cap:
+                    # enough frames for one turn: the rest is the next feed()'s
+                    self.more = True
+                    s.offset -= n - pos
+                    self.c.relayed[d] -= n - pos
+                    if hold and emit < pos:
+                        out.append(_span(buf, emit, pos))
+                    return pos
                 s.frame_start = chunk_start + pos
                 if n - pos >= s.need:          # header contiguous in this read: no copy
                     asked = s.need

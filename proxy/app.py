@@ -8,6 +8,7 @@ import logging
 import resource
 import signal
 
+from proxy import websocket
 from proxy.acceptor import FdReserve
 from proxy.addresses import UnixAddress, format_address
 from proxy.admin import AdminServer
@@ -154,7 +155,7 @@ class ProxyApp:
         """What ``--ready-file`` holds: each route's listen address by route name and the
         admin endpoint's (None without one), as bound (a port 0 is the chosen port)."""
         return {"pid": os.getpid(),
-                "routes": {r.cfg.name: format_address(r.address) for r in self.routes},
+                "routes": {r.cfg.name: _listen_text(r) for r in self.routes},
                 "admin": None if self.admin is None else format_address(self.admin.address),
                 "api": None if self.api is None else format_address(self.api.address)}
 
@@ -308,3 +309,12 @@ class ProxyApp:
         await self.wait_stopped()
         log.info("stopping: no new connections")
         await self.shutdown()
+
+
+def _listen_text(route):
+    """A route's bound listen address as its config takes it: ``ws://host:port/path``
+    for a WebSocket route (the port as bound), ``host:port`` or ``unix:/path`` else."""
+    listen = route.cfg.listen
+    if isinstance(listen, websocket.WsAddress):
+        return listen.url(port=route.address[1])
+    return format_address(route.address)

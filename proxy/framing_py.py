@@ -332,6 +332,10 @@ class FrameParser:
         self.error = None
         self.closed = False
         self.feed_frames = 0                 # headers parsed by the last feed()
+        self.frame_cap = 0                   # > 0: feed() stops at a frame boundary past
+                                             # frame_cap headers + messages
+        self.more = False                    # the last feed() stopped there, bytes left
+        self.feed_work = 0                   # messages and pending requests of the last feed()
         self.conn_id = 0
         self._tracer = None
         self._tracer_error = None
@@ -372,6 +376,8 @@ class FrameParser:
         chunk_start = s.offset
         s.offset += n
         self.feed_frames = 0
+        self.more = False
+        self.feed_work = 0
         self.now_ns = monotonic_ns()
         self.stats.relayed[d] += n
         pos = 0
@@ -394,6 +400,13 @@ class FrameParser:
                     self._frame_end(d, out)
                 continue
             if not s.hdr:
+                if self.feed_frames + self.feed_work >= self.frame_cap and self.frame_cap:
+                    self.more = True                # the rest is the next feed()'s
+                    s.offset -= n - pos
+                    self.stats.relayed[d] -= n - pos
+                    if hold and emit < pos:
+                        out.append(bytes(mv[emit:pos]))
+                    return pos
                 s.frame_start = chunk_start + pos
                 if n - pos >= s.need:
                     asked = s.need
@@ -763,6 +776,7 @@ class FrameParser:
     def add_messages(self, d, n):
         s = self.st[d]
         self.stats.messages[d][s.slot] += n
+        self.feed_work += n
         if self.recording:
             s.rec.messages += n
 
@@ -815,6 +829,7 @@ class FrameParser:
 
     def expect(self, d, tag, key, corr_hi):
         self.set_corr(d, key, corr_hi)
+        self.feed_work += 1
         k = (tag, key)
         n = len(self.map) + len(self.map_dead)
         if (n + 1) * 2 > self.map_cap and n < self.map_limit and not self.map_dead:

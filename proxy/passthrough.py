@@ -22,6 +22,7 @@ class PassThroughParser:
     output = None          # never rewrites or holds bytes
     error = None           # never finds a protocol error
     feed_frames = 0        # no frames: the relay's yield after big reads never triggers
+    more = False           # ... and no read is ever cut at the frame cap
     recording = False      # no frame log (nothing to log per frame)
 
     def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):

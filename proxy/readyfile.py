@@ -19,7 +19,8 @@ half a document; it is removed when the process stops listening.
 
 (``listen`` in bind order; ``roles`` names the listeners of a server that has several
 kinds). Addresses are written as the command line takes them: ``host:port``,
-``[v6]:port`` or ``unix:/path``.
+``[v6]:port``, ``unix:/path``, or for a WebSocket route its URL with the bound port
+(``ws://127.0.0.1:40127/fleximq``).
 """
 
 import json

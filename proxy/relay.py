@@ -9,12 +9,14 @@ side aborts the other.
 """
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
 import random
 import socket
 import time
+import weakref
 
 from proxy import protocols, websocket
 from proxy.protocols import advertise
@@ -91,9 +93,63 @@ WRITE_LOW = 64 * 1024
 SETUP_LIMIT = 256
 # FULL_READ and YIELD_FRAMES (when a read makes its side yield to the loop: ClientSide._yield)
 # are defined with the per-read path that tests them (proxy/_relaycore.pyx, its twin).
+# Fairness across connections (docs/design.md, "Fairness"): one feed() parses up to
+# FRAME_CAP frames + pending requests; a read holding more is parsed and forwarded that
+# much at a time, its direction's reading paused, the rest queued in the loop's Backlog,
+# which runs TURNS queued slices per loop iteration.  A read of fewer frames (every read
+# of big frames) is never cut: nothing per byte, one Python call per slice.
+FRAME_CAP = 128
+TURNS = 2
 #: how often a half-closed client's TLS upstream checks for its last answers
 EOF_POLL = 0.01
 SWEEP_SLICE = 2048         # timeouts counted between two yields of the sweep (~0.2 ms)
+
+
+class Backlog:
+    """The loop's queue of read slices cut at the frame cap, first in, first out.
+
+    ``run`` is a ready callback: it runs TURNS slices, then lets the loop poll (the reads
+    of every other connection) before the next TURNS.  A connection with a slice queued
+    reads nothing more in that direction until the slice has run, so a flood waits in
+    the kernel's socket buffer (and then the sender's), not in proxy memory, and a loop
+    iteration costs at most ~TURNS + (connections read in it) slices of FRAME_CAP
+    however many connections flood at once."""
+
+    __slots__ = ("loop", "queue", "scheduled", "slices")
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.queue = collections.deque()
+        self.scheduled = False
+        self.slices = 0                    # slices queued since start (tests, soak)
+
+    def add(self, conn, d, data):
+        self.queue.append((conn, d, data))
+        self.slices += 1
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.run)
+
+    def run(self):
+        self.scheduled = False
+        queue = self.queue
+        for _ in range(min(TURNS, len(queue))):
+            conn, d, data = queue.popleft()
+            conn._run_slice(d, data)
+        if queue and not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.run)
+
+
+_backlogs = weakref.WeakKeyDictionary()
+
+
+def backlog_for(loop):
+    """The one Backlog of ``loop``, shared by every route on it."""
+    backlog = _backlogs.get(loop)
+    if backlog is None:
+        backlog = _backlogs[loop] = Backlog(loop)
+    return backlog
 
 
 class Route:
@@ -128,6 +184,9 @@ class Route:
         if self.tls is not None and self.tls.passthrough:
             self.parser_class = self.tls.parser_class()
         self.faults = None             # proxy.faults.RouteFaults (start_faults)
+        self.backlog = backlog_for(self.loop)
+        # a route whose parser counts frames cuts its reads at FRAME_CAP (Backlog)
+        self.frame_cap = FRAME_CAP if hasattr(self.parser_class, "frame_cap") else 0
 
     def start_faults(self, seed=None):
         """The route's fault engine, when its config has a FaultSet (docs/design.md,
@@ -211,12 +270,15 @@ class Route:
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
                                    self.cfg.options)
         parser.conn_id = next(_conn_ids)            # frame-log conn_id, unique per process
+        if self.frame_cap and not isinstance(self.cfg.listen, websocket.WsAddress):
+            parser.frame_cap = self.frame_cap
         if self.protocol.advertise:                 # the advertise hook (descriptor)
             parser.local_address = advertise.local_address(local_address)
             parser.upstream_address = self.cfg.upstream
         if isinstance(self.cfg.listen, websocket.WsAddress):
             # fleximq over WebSocket: a layer with the parser's interface decodes the
             # frames and feeds the parser; it answers a bad upgrade on ``client``
+            # (its layer feeds the parser whole messages: no frame cap)
             parser = websocket.wrap(parser, self.cfg.listen, self.cfg.upstream,
                                     client.write if client is not None else None,
                                     self.log, self.cfg.name)
@@ -340,6 +402,8 @@ class ClientSide(ClientCore, asyncio.Protocol):
         self.yielding = 0            # bit d: direction d's reading paused until the next
                                      # loop iteration after a big read (_yield)
         self.client_full = False     # our write buffer to the client is over its mark
+        self.deferred = 0            # bit d: direction d's reading paused while the rest
+                                     # of a read cut at FRAME_CAP waits in the Backlog
 
     # -- client events ---------------------------------------------------------
 
@@ -441,7 +505,7 @@ class ClientSide(ClientCore, asyncio.Protocol):
                 return
         if self.client_eof:
             self._pass_client_eof()
-        elif not self.paused_by_peer:
+        elif not self.paused_by_peer and not self.deferred & 1:
             self.transport.resume_reading()
 
     def _yield(self, d):
@@ -466,9 +530,9 @@ class ClientSide(ClientCore, asyncio.Protocol):
 
     def _resume(self, d):
         self.yielding &= ~(1 << d)
-        if self.closed or self.upstream is None:
-            return                         # _connect() resumes the client once connected
-        if d == 0:
+        if self.closed or self.upstream is None or self.deferred & (1 << d):
+            return                         # _connect() resumes the client once connected;
+        if d == 0:                         # _run_slice() after the rest of a cut read
             if not self.paused_by_peer:
                 self.transport.resume_reading()
         elif not self.client_full:
@@ -495,6 +559,35 @@ class ClientSide(ClientCore, asyncio.Protocol):
                 dest.write(data[:ok])
         if parser.error is not None:
             self._protocol_error()
+        elif parser.more:                  # cut at the frame cap: the rest waits its turn
+            self._defer(d, data, ok)
+
+    def _defer(self, d, data, ok):
+        """Pause direction d and queue the rest of its read in the loop's Backlog."""
+        if self.closed:
+            return
+        transport = self.transport if d == 0 else self.upstream.transport
+        self.deferred |= 1 << d
+        transport.pause_reading()
+        self.route.backlog.add(self, d, memoryview(data)[ok:])
+
+    def _run_slice(self, d, data):
+        """The Backlog's turn for direction d: feed the next slice of the cut read; once
+        it is all parsed, direction d reads again (unless something else holds it)."""
+        self.deferred &= ~(1 << d)
+        if self.closed:
+            return
+        # as a read would be: through the fault engine's relay_hook while it has one
+        (self.relay_hook or self._relay)(d, data)
+        if self.deferred & (1 << d) or self.closed or self.upstream is None:
+            return                         # cut again, or _connect() resumes it
+        if self.yielding & (1 << d):
+            return                         # _resume() does
+        if d == 0:
+            if not self.paused_by_peer:
+                self.transport.resume_reading()
+        elif not self.client_full:
+            self.upstream.transport.resume_reading()
 
     def eof_received(self):
         self.client_eof = True
@@ -542,7 +635,7 @@ class ClientSide(ClientCore, asyncio.Protocol):
 
     def resume_writing(self):
         self.client_full = False
-        if self.upstream is not None and not self.yielding & 2:
+        if self.upstream is not None and not (self.yielding | self.deferred) & 2:
             self.upstream.transport.resume_reading()
 
     # -- upstream events (called by UpstreamSide) ------------------------------
@@ -570,7 +663,7 @@ class ClientSide(ClientCore, asyncio.Protocol):
 
     def upstream_resume_writing(self):
         self.paused_by_peer = False
-        if not self.closed and not self.yielding & 1:
+        if not self.closed and not (self.yielding | self.deferred) & 1:
             self.transport.resume_reading()
 
     # -- teardown ---------------------------------------------------------------

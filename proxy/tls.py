@@ -558,6 +558,7 @@ class PassthroughParser:
         self.output = None
         self.error = None
         self.feed_frames = 0
+        self.more = False            # never cut at the frame cap: no frames
         self.recording = False
         self.bytes_fed = 0
         self.peer = "?"

@@ -475,12 +475,13 @@ def test_fd_limit_is_raised_to_the_hard_limit():
     assert capacity == (got - 64) // 2
 
 
-def test_a_big_read_is_relayed_whole_and_the_connection_yields_before_its_next_read():
-    """A read of FULL_READ bytes or more may have more behind it (uvloop hands out up to
-    256,000 bytes, libuv reads a socket up to 32 times in a row): it is parsed and
-    forwarded whole, then that side stops reading until the loop's next iteration, so one
-    busy connection cannot hold the loop for milliseconds.  Both directions arrive whole,
-    in order, with the FIN after the last byte."""
+def test_a_big_read_is_parsed_frame_cap_frames_a_turn_and_arrives_whole():
+    """A read holding more than FRAME_CAP frames (+ pending requests) is parsed and
+    forwarded FRAME_CAP at a time, the rest queued in the loop's Backlog while that
+    direction reads nothing more; the Backlog runs TURNS slices a loop iteration, so one
+    busy connection cannot hold the loop for milliseconds (docs/design.md, "Fairness").
+    A read of FULL_READ bytes still yields before that side's next read.  Both
+    directions arrive whole, in order, with the FIN after the last byte."""
     from proxy import relay
     n = 20_000                                  # 20,000 x 72 B = 1.4 MB each way
     sent = b"".join(frame(0x01, struct.pack(">I", i) + b"q" * 60) for i in range(n))
@@ -510,14 +511,17 @@ def test_a_big_read_is_relayed_whole_and_the_connection_yields_before_its_next_r
         server = await asyncio.start_server(upstream, "127.0.0.1", 0)
         app = await start_proxy(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
         route = app.routes[0]
-        fed = []
+        fed = []                                # (d, bytes given, parsed, frames, tick, slice)
         base = route.parser_class
 
         class Recording(base):                  # the route's own parser, feeds recorded
             def feed(self, d, data):
-                fed.append((d, len(data), ticks[0]))
-                return base.feed(self, d, data)
+                ok = base.feed(self, d, data)
+                fed.append((d, len(data), ok, self.feed_frames, ticks[0],
+                            isinstance(data, memoryview)))
+                return ok
         route.parser_class = Recording
+        slices0 = route.backlog.slices
         reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app))
         writer.write(sent)
         writer.write_eof()
@@ -527,12 +531,22 @@ def test_a_big_read_is_relayed_whole_and_the_connection_yields_before_its_next_r
         try:
             assert bytes(got_up) == sent
             assert got == back
-            assert sum(k for d, k, _ in fed if d == 0) == len(sent)
-            assert sum(k for d, k, _ in fed if d == 1) == len(back)
+            for d, total in ((0, len(sent)), (1, len(back))):
+                assert sum(ok for dd, _, ok, *_ in fed if dd == d) == total
+            # a request is a frame and a pending request: FRAME_CAP // 2 frames a feed;
+            # an answer (FlyMQ's are matched in order) a frame: FRAME_CAP
+            assert max(f for d, _, _, f, _, _ in fed if d == 0) == relay.FRAME_CAP // 2
+            assert max(f for d, _, _, f, _, _ in fed if d == 1) == relay.FRAME_CAP
+            assert route.backlog.slices - slices0 >= n // (relay.FRAME_CAP // 2)
+            per_tick = {}
+            for d, _, _, frames, t, _ in fed:
+                per_tick[t] = per_tick.get(t, 0) + frames
+            # a loop iteration: TURNS slices and at most one fresh read a direction
+            assert max(per_tick.values()) <= (relay.TURNS + 2) * relay.FRAME_CAP
             big = 0
             for d in (0, 1):
-                feeds = [(k, t) for dd, k, t in fed if dd == d]
-                for (k, t), (_, t2) in zip(feeds, feeds[1:]):
+                reads = [(k, t) for dd, k, _, _, t, sl in fed if dd == d and not sl]
+                for (k, t), (_, t2) in zip(reads, reads[1:]):
                     if k >= relay.FULL_READ:
                         big += 1
                         assert t2 > t, ("a read of %d bytes was followed by another in "
@@ -541,7 +555,86 @@ def test_a_big_read_is_relayed_whole_and_the_connection_yields_before_its_next_r
             snap = route.stats.snapshot()
             assert snap["frames"][("c2s", "PRODUCE")] == n
             assert snap["frames"][("s2c", "PRODUCE")] == n
+            assert snap["bytes"] == {"c2s": len(sent), "s2c": len(back)}
         finally:
             await app.shutdown(0)
             server.close()
+    run(scenario())
+
+
+def test_flooding_connections_cannot_hold_another_routes_round_trip():
+    """Six connections flood one route with small frames (senders in threads, upstream
+    discarding) while a client on another route makes lockstep round trips.  Between
+    sending a request and reading its answer, the client waits for a few loop iterations
+    of the flooders' parsing, each bounded by the Backlog (TURNS slices plus one cut read
+    per connection read): measured, 512 frames a round trip.  Without the frame cap
+    (FRAME_CAP = 0) the same test measured 256,000: whole 256 KB reads of every flooder,
+    32 reads in a row.  Counted in frames parsed, not time (a shared machine)."""
+    import threading
+    from proxy import relay
+    from proxy.app import ProxyApp
+    from proxy.config import config_from_dict
+    flooders, cap = 6, relay.FRAME_CAP
+    parsed = [0]
+
+    async def scenario():
+        async def discard(reader, writer):
+            while await reader.read(1 << 20):
+                pass
+            writer.close()
+        sink = await asyncio.start_server(discard, "127.0.0.1", 0)
+        echo = await FaultyUpstream().start()
+        app = ProxyApp(config_from_dict({"routes": [
+            {"name": "flood", "protocol": "flymq", "listen": "127.0.0.1:0",
+             "upstream": "127.0.0.1:%d" % sink.sockets[0].getsockname()[1]},
+            {"name": "probe", "protocol": "flymq", "listen": "127.0.0.1:0",
+             "upstream": echo.address}], "proxy": {"shutdown_timeout": 1.0}}))
+        await app.start()
+        flood_route = app.routes[0]
+        base = flood_route.parser_class
+
+        class Counting(base):
+            def feed(self, d, data):
+                ok = base.feed(self, d, data)
+                parsed[0] += self.feed_frames
+                return ok
+        flood_route.parser_class = Counting
+        stop = threading.Event()
+        blob = b"".join(frame(0x01, struct.pack(">I", i) + b"q" * 12) for i in range(20000))
+
+        def flood():
+            s = socket.create_connection(("127.0.0.1", proxy_port(app, 0)))
+            try:
+                while not stop.is_set():
+                    s.sendall(blob)
+            except OSError:
+                pass
+            s.close()
+        threads = [threading.Thread(target=flood, daemon=True) for _ in range(flooders)]
+        for t in threads:
+            t.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port(app, 1))
+        waits = []
+        try:
+            while parsed[0] < 200_000:              # the flood is on
+                await asyncio.sleep(0.01)
+            slices = flood_route.backlog.slices
+            for i in range(40):
+                before = parsed[0]
+                writer.write(request(i))
+                await read_frame(reader)
+                waits.append(parsed[0] - before)
+            assert flood_route.backlog.slices - slices >= 40, "the flood was never cut"
+        finally:
+            stop.set()
+            writer.close()
+            await app.shutdown(0)
+            for t in threads:
+                t.join(5)
+            sink.close()
+            echo.close()
+        waits.sort()
+        # a round trip spans a few loop iterations: allow four full ones
+        assert waits[len(waits) // 2] <= 4 * (relay.TURNS + flooders) * cap, waits
+        assert waits[-1] <= 8 * (relay.TURNS + flooders) * cap, waits
     run(scenario())

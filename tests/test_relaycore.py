@@ -57,6 +57,9 @@ class Transport:
     def pause_reading(self):
         self.paused += 1
 
+    def resume_reading(self):
+        self.paused -= 1
+
 
 class Conn(relay.ClientSide):
     """A ClientSide without a route: the slow paths only record that they were called."""
@@ -152,6 +155,21 @@ def test_relay_hook_takes_both_directions_and_relay_stays_callable_unbound(parse
     data = request(3)
     relay.ClientSide._relay(conn, 0, data)
     assert conn.upstream.transport.written == [data]
+
+
+def test_the_rest_of_a_cut_read_goes_through_relay_hook_too(parser):
+    """A read cut at the frame cap (ClientSide._run_slice, from the loop's Backlog) is
+    relayed as a read is: through the fault engine's relay_hook while it has one."""
+    conn = Conn(parser)
+    seen = []
+    conn.relay_hook = lambda d, data: seen.append((d, bytes(data)))
+    conn.deferred = 2
+    conn._run_slice(1, memoryview(b"rest"))
+    assert seen == [(1, b"rest")] and conn.deferred == 0
+    conn.relay_hook = None
+    data = request(5)
+    conn._run_slice(0, memoryview(data))
+    assert bytes(conn.upstream.transport.written[0]) == data
 
 
 def _python_relay_spy(monkeypatch):

@@ -342,3 +342,12 @@ def test_broker_clients_and_locust_over_wss(certs):
     for op in ("REQ", "PING"):
         locust = stats[op] + (N if op == "REQ" else 1)
         assert 0 < locust <= s["frames"][("c2s", op)] <= locust + 6, (op, s["frames"], stats)
+
+
+def test_ready_file_names_a_websocket_route_by_its_url(stack):
+    """--ready-file writes addresses as the config takes them: a ws:// route's URL, with
+    its path and the port as bound (not a bare host:port a client could not use)."""
+    app, lt, broker, url = stack
+    routes = lt.call(app.bound_addresses)["routes"]
+    assert routes == {"fxws": url}
+    assert url.startswith("ws://127.0.0.1:") and url.endswith("/fx") and ":0/" not in url
