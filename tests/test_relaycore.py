@@ -100,6 +100,20 @@ def test_a_plain_read_writes_the_same_object_to_the_peer(parser):
     assert parser.feed_frames == 1 and parser.bytes_fed == len(up) + len(down)
 
 
+def test_a_transport_swapped_in_takes_the_next_write(parser):
+    """The fault engine puts a Pipe in a side's transport and takes it out again: the
+    next read is written to whatever ``transport`` is then."""
+    conn = Conn(parser)
+    old_up, old_down = conn.upstream.transport, conn.transport
+    conn.upstream.transport, conn.transport = Transport(), Transport()
+    conn.data_received(request(1))
+    conn.upstream.data_received(frame(0x01, b"\0\0\0\1rrrr"))
+    assert len(conn.upstream.transport.written) == len(conn.transport.written) == 1
+    conn.upstream.transport, conn.transport = old_up, old_down
+    conn.data_received(request(2))
+    assert old_up.written == [request(2)] and old_down.written == []
+
+
 def test_everything_but_a_plain_read_goes_to_the_slow_path(parser):
     conn = Conn(parser, upstream=False)          # client bytes before the upstream is up
     data = request(1)
