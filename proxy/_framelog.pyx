@@ -7,7 +7,7 @@ is the pure-Python twin."""
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport malloc, calloc, realloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memset, memcmp
 
 from proxy._counters cimport (FrameRecord, OPCODE_SLOTS, K_EVENT, EV_CLOSED, CORR_NONE,
                               CORR_INT, CORR_SINT, CORR_PAIR, CORR_STR)
@@ -29,7 +29,14 @@ cdef Py_ssize_t _utf8_copy(uint8_t* dst, const uint8_t* src, Py_ssize_t n) noexc
     client's resource bytes never make a frame-log file unreadable."""
     cdef Py_ssize_t i = 0, k, need
     cdef uint8_t c
+    cdef uint64_t w
     while i < n:
+        if i + 8 <= n:                     # eight ASCII bytes at a time
+            memcpy(&w, src + i, 8)
+            if not (w & 0x8080808080808080ULL):
+                memcpy(dst + i, &w, 8)
+                i += 8
+                continue
         c = src[i]
         if c < 0x80:
             dst[i] = c
@@ -205,6 +212,142 @@ cdef int32_t _dense_index(Dense* d, int64_t key) noexcept nogil:
 
 cdef list _dense_keys(Dense* d):
     return [d.keys[i] for i in range(d.n)]
+
+
+# columns()'s dictionary of resources: each distinct resource is copied (as UTF-8, see
+# _utf8_copy) once per batch into the dictionary's values, and every row gets an index:
+# Parquet writes an Arrow dictionary of strings as it is, where a plain string column
+# had it hash every row's bytes again (~68 instructions per row, bench/callgrind_writer.py).
+# Keyed by the raw arena bytes (valid while columns() runs); a frame's rows share one
+# arena copy and a connection's rows repeat their resource, hence the last-key shortcut.
+cdef struct StrDict:
+    uint64_t* slot_hash         # open addressing, power-of-two capacity
+    int32_t* slot_val           # 1 + index; 0: empty
+    const uint8_t** raw         # by index: the arena bytes and their length
+    int32_t* rlen
+    Py_ssize_t cap
+    Py_ssize_t n
+    const uint8_t* last_raw
+    int32_t last_len
+    int32_t last_val            # -1: no last key
+    int failed
+
+
+cdef int _sdict_init(StrDict* d, Py_ssize_t cap) noexcept nogil:
+    d.cap = cap
+    d.n = 0
+    d.last_val = -1
+    d.last_raw = NULL
+    d.last_len = 0
+    d.failed = 0
+    d.slot_hash = <uint64_t*>malloc(cap * sizeof(uint64_t))
+    d.slot_val = <int32_t*>calloc(cap, sizeof(int32_t))
+    d.raw = <const uint8_t**>malloc((cap // 2) * sizeof(uint8_t*))
+    d.rlen = <int32_t*>malloc((cap // 2) * sizeof(int32_t))
+    if d.slot_hash is NULL or d.slot_val is NULL or d.raw is NULL or d.rlen is NULL:
+        d.failed = 1
+        return -1
+    return 0
+
+
+cdef void _sdict_free(StrDict* d) noexcept nogil:
+    free(d.slot_hash)
+    free(d.slot_val)
+    free(<void*>d.raw)
+    free(d.rlen)
+    d.slot_hash = NULL
+    d.slot_val = NULL
+    d.raw = NULL
+    d.rlen = NULL
+
+
+cdef inline uint64_t _hash_bytes(const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = (<uint64_t>n + 1) * <uint64_t>0x9E3779B97F4A7C15ULL
+    cdef uint64_t w
+    while n >= 8:
+        memcpy(&w, p, 8)
+        h = (h ^ w) * <uint64_t>0xFF51AFD7ED558CCDULL
+        h ^= h >> 32
+        p += 8
+        n -= 8
+    if n:
+        w = 0
+        memcpy(&w, p, n)
+        h = (h ^ w) * <uint64_t>0xFF51AFD7ED558CCDULL
+        h ^= h >> 32
+    return h
+
+
+cdef inline Py_ssize_t _sdict_slot(StrDict* d, uint64_t h, const uint8_t* p,
+                                   int32_t n) noexcept nogil:
+    cdef Py_ssize_t mask = d.cap - 1
+    cdef Py_ssize_t i = <Py_ssize_t>(h >> 33) & mask
+    cdef int32_t v
+    while True:
+        v = d.slot_val[i]
+        if not v:
+            return i
+        if d.slot_hash[i] == h and d.rlen[v - 1] == n and \
+                (n == 0 or memcmp(d.raw[v - 1], p, n) == 0):
+            return i
+        i = (i + 1) & mask
+
+
+cdef int32_t _sdict_index(StrDict* d, const uint8_t* p, int32_t n, int32_t* offsets,
+                          uint8_t* data) noexcept nogil:
+    """The index of the n bytes at p (added when new: copied to data, its end to
+    offsets[index + 1]); 0 after an allocation failure."""
+    cdef Py_ssize_t i, j, cap
+    cdef uint64_t h
+    cdef uint64_t* nh
+    cdef int32_t* nv
+    cdef const uint8_t** nraw
+    cdef int32_t* nlen
+    if d.last_val >= 0 and d.last_len == n and (d.last_raw == p or
+                                                memcmp(d.last_raw, p, n) == 0):
+        d.last_raw = p
+        return d.last_val
+    if d.failed:
+        return 0
+    h = _hash_bytes(p, n)
+    i = _sdict_slot(d, h, p, n)
+    if not d.slot_val[i]:
+        if (d.n + 1) * 2 > d.cap:                 # grow: rehash by index
+            cap = d.cap * 2
+            nh = <uint64_t*>malloc(cap * sizeof(uint64_t))
+            nv = <int32_t*>calloc(cap, sizeof(int32_t))
+            nraw = <const uint8_t**>realloc(<void*>d.raw, (cap // 2) * sizeof(uint8_t*))
+            if nraw is not NULL:
+                d.raw = nraw
+            nlen = <int32_t*>realloc(d.rlen, (cap // 2) * sizeof(int32_t))
+            if nlen is not NULL:
+                d.rlen = nlen
+            if nh is NULL or nv is NULL or nraw is NULL or nlen is NULL:
+                free(nh)
+                free(nv)
+                d.failed = 1
+                return 0
+            for j in range(d.cap):
+                if d.slot_val[j]:
+                    i = <Py_ssize_t>(d.slot_hash[j] >> 33) & (cap - 1)
+                    while nv[i]:
+                        i = (i + 1) & (cap - 1)
+                    nh[i] = d.slot_hash[j]
+                    nv[i] = d.slot_val[j]
+            free(d.slot_hash)
+            free(d.slot_val)
+            d.slot_hash, d.slot_val, d.cap = nh, nv, cap
+            i = _sdict_slot(d, h, p, n)
+        d.slot_hash[i] = h
+        d.slot_val[i] = <int32_t>(d.n + 1)
+        d.raw[d.n] = p
+        d.rlen[d.n] = n
+        offsets[d.n + 1] = offsets[d.n] + <int32_t>_utf8_copy(data + offsets[d.n], p, n)
+        d.n += 1
+    d.last_raw = p
+    d.last_len = n
+    d.last_val = d.slot_val[i] - 1
+    return d.last_val
 
 
 cdef class FrameLogBuffer:
@@ -500,11 +643,14 @@ cdef class FrameLogBuffer:
         msgs = _raw(n * 8); lat = _raw(n * 8); lat_v = bytearray(nb)
         corr_off = _raw((n + 1) * 4); corr_data = _raw(n * 32 + cbytes + 1)
         corr_v = bytearray(nb)
-        res_off = _raw((n + 1) * 4); res_data = _raw(rbytes + 1); res_v = bytearray(nb)
+        res_idx = _raw(n * 4); res_v = bytearray(nb)
+        res_off = _raw((n + 1) * 4); res_data = _raw(rbytes + 1)   # the dictionary
         map_off = _raw((n + 1) * 4); map_v = bytearray(nb)
         key_off = _raw((npairs + 1) * 4); key_data = _raw(arena + 1)
         val_off = _raw((npairs + 1) * 4); val_data = _raw(arena + 1)
         cdef Dense d_name, d_status, d_conn
+        cdef StrDict d_res
+        _sdict_init(&d_res, 64)
         _dense_init(&d_name, 64)
         _dense_init(&d_status, 64)
         _dense_init(&d_conn, 256)
@@ -532,6 +678,7 @@ cdef class FrameLogBuffer:
         cdef int32_t* p_coff = <int32_t*>PyByteArray_AS_STRING(corr_off)
         cdef uint8_t* p_cdat = <uint8_t*>PyByteArray_AS_STRING(corr_data)
         cdef uint8_t* v_corr = <uint8_t*>PyByteArray_AS_STRING(corr_v)
+        cdef int32_t* p_ridx = <int32_t*>PyByteArray_AS_STRING(res_idx)
         cdef int32_t* p_roff = <int32_t*>PyByteArray_AS_STRING(res_off)
         cdef uint8_t* p_rdat = <uint8_t*>PyByteArray_AS_STRING(res_data)
         cdef uint8_t* v_res = <uint8_t*>PyByteArray_AS_STRING(res_v)
@@ -610,9 +757,12 @@ cdef class FrameLogBuffer:
                         _setbit(v_corr, o)
                     p_coff[o + 1] = <int32_t>cpos
                     if f.resource >= 0:
-                        rpos += _arena_str(p_rdat + rpos, c.arena + f.resource)
+                        a = c.arena + f.resource
+                        p_ridx[o] = _sdict_index(&d_res, a + 2, (a[0] << 8) | a[1],
+                                                 p_roff, p_rdat)
                         _setbit(v_res, o)
-                    p_roff[o + 1] = <int32_t>rpos
+                    else:
+                        p_ridx[o] = 0
                     if f.attrs >= 0:
                         a = c.arena + f.attrs
                         pend = 2 + ((a[0] << 8) | a[1])
@@ -631,8 +781,9 @@ cdef class FrameLogBuffer:
                     p_moff[o + 1] = <int32_t>pairs
                     o += 1
         try:
-            if d_name.failed or d_status.failed or d_conn.failed:
+            if d_name.failed or d_status.failed or d_conn.failed or d_res.failed:
                 raise MemoryError("frame log: no memory for a batch's dictionaries")
+            nres = d_res.n
             name_keys = _dense_keys(&d_name)
             status_keys = _dense_keys(&d_status)
             conn_keys = _dense_keys(&d_conn)
@@ -640,6 +791,7 @@ cdef class FrameLogBuffer:
             _dense_free(&d_name)
             _dense_free(&d_status)
             _dense_free(&d_conn)
+            _sdict_free(&d_res)
         return {
             "n": n, "npairs": pairs,
             "ts_ns": ts, "conn_id": conn, "route": route, "direction": direction,
@@ -652,6 +804,7 @@ cdef class FrameLogBuffer:
             "frame_bytes": fbytes, "header_bytes": hbytes, "payload_bytes": pbytes,
             "messages": msgs, "latency_ns": (lat, lat_v),
             "correlation_id": (corr_off, corr_data, corr_v),
-            "resource": (res_off, res_data, res_v),
+            # indices over a dictionary of the batch's distinct resources
+            "resource": (res_idx, res_v, nres, res_off, res_data),
             "attrs": (map_off, map_v, key_off, key_data, val_off, val_data),
         }

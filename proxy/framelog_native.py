@@ -23,8 +23,8 @@ log = logging.getLogger("frametap.framelog")
 #: columns, which spares the writer a definition level per value (~1.5 ns per value and
 #: column).  Readers see the same names and types (docs/design.md, "Frame log").
 REQUIRED = frozenset(("ts_ns", "source", "run_id", "route", "protocol", "conn_id",
-                      "direction", "kind", "frame_bytes", "header_bytes", "payload_bytes",
-                      "messages"))
+                      "direction", "kind", "opcode_name", "frame_bytes", "header_bytes",
+                      "payload_bytes", "messages"))
 
 
 def _fixed(typ, n, values, validity=None):
@@ -213,6 +213,7 @@ class NativeSource:
         ovals, ovalid = c["outcome"]
         opv, opvalid = c["opcode"]
         lvals, lvalid = c["latency_ns"]
+        ridx, rvalid, nres, roff, rdata = c["resource"]
         m_off, m_valid, k_off, k_data, v_off, v_data = c["attrs"]
         npairs = c["npairs"]
         attrs = pa.MapArray.from_arrays(
@@ -244,7 +245,8 @@ class NativeSource:
             "messages": _fixed(pa.int64(), n, c["messages"]),
             "latency_ns": _fixed(pa.int64(), n, lvals, lvalid),
             "request_opcode_name": req_name,
-            "resource": _strings(n, *c["resource"]),
+            "resource": _dict(_fixed(pa.int32(), n, ridx, rvalid),
+                              _strings(nres, roff, rdata, None)),
             "attrs": attrs,
         }
         return pa.Table.from_arrays(list(columns.values()), schema=pa.schema(

@@ -176,6 +176,39 @@ def test_native_batch_with_thousands_of_connections_keeps_each_rows_peer():
     assert all(r["latency_ns"] is not None for r in answers)
 
 
+def test_native_resource_dictionary_across_chunks_and_growth():
+    """columns() dictionary-encodes resources by their bytes: 306 distinct ones (past the
+    table's first size), repeated at random over several chunks of one batch, invalid
+    UTF-8 among them (each byte of a bad sequence a '?'), the empty and a 256-byte one;
+    every row keeps its own frame's resource."""
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    import random
+    import struct
+    from proxy.protocols.flymq import samples
+    rng = random.Random(5)
+    topics = ([b"t%d" % i for i in range(300)] + [b"\xff\xfebad", b"", b"x" * 256,
+              b"caf\xc3\xa9", b"ab\xc3", b"12345678\x80abcdefgh"])
+    seq = [rng.choice(topics) for _ in range(5000)]
+    stats = _framing.RouteStats("r", "flymq")
+    buf = _framing.FrameLogBuffer(8, 1024)
+    route = buf.add_route(stats)
+    p = protocols_load("flymq").load_parser()(stats)
+    p.conn_id = 1
+    p.attach_log(buf, route)
+    src = make_source(buf, "run-r")
+    src.connection(1, "127.0.0.1:1")
+    got = []
+    for i, t in enumerate(seq):
+        p.feed(0, samples.frame(1, struct.pack(">H", len(t)) + t + struct.pack(">II", 0, 1)
+                                + b"v" + struct.pack(">i", -1)))
+        if i % 1500 == 1499:
+            got += [r for tb in src.drain() for r in tb.column("resource").to_pylist()]
+    got += [r for tb in src.drain() for r in tb.column("resource").to_pylist()]
+    want = {b"\xff\xfebad": "??bad", b"ab\xc3": "ab?", b"12345678\x80abcdefgh": "12345678?abcdefgh"}
+    assert got == [want[t] if t in want else t.decode() for t in seq]
+
+
 def test_resource_and_attrs_round_trip_with_invalid_utf8(tmp_path):
     """set_resource/add_attr bytes reach the file; invalid UTF-8 never makes it unreadable."""
     if not HAVE_C:
