@@ -297,6 +297,7 @@ class FrameParser:
     header_size = 0
     max_frame_bytes = 0
     header_limit = HEADER_LIMIT
+    frame_cap = 0            # on the class as on the compiled type: the relay looks here
 
     def __init__(self, stats, max_frame_bytes=None, request_timeout=30.0, options=None):
         self.stats = stats
