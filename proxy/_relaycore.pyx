@@ -147,36 +147,35 @@ cdef int _read(ClientCore conn, int d, object data) except -1:
 cdef int _relay_c(ClientCore conn, int d, object data) except -1:
     cdef FrameParser fp = conn._fp
     cdef Py_ssize_t n
-    cdef object ok, parser
+    cdef object parser
     if fp is not None:
         try:
             n = fp.feed(d, data)
         except Exception as exc:           # a parser bug must cost one connection only
             conn.parser_crashed(d, exc)
             return 0
-        if n == _size(data) and fp.output is None:
-            if d == 1:
-                _send(conn._transport, conn._write, data)
-                return 0
-            if conn.upstream is not None:
-                _send(conn.upstream._transport, conn.upstream._write, data)
-                return 0
-        conn._relay_slow(d, data, n)
-        return 0
+        return _pass_on(conn, d, data, n, n == _size(data) and fp.output is None)
     # a parser that is not a compiled FrameParser (TLS passthrough, the undecoded route,
     # the WebSocket layer, a Python parser): the same steps through its Python interface
     parser = conn._parser
     try:
-        ok = parser.feed(d, data)
+        n = parser.feed(d, data)
     except Exception as exc:
         conn.parser_crashed(d, exc)
         return 0
-    if ok == _size(data) and parser.output is None:
+    return _pass_on(conn, d, data, n, n == _size(data) and parser.output is None)
+
+
+cdef inline int _pass_on(ClientCore conn, int d, object data, Py_ssize_t n,
+                         bint whole) except -1:
+    """Forward a read whose every byte passed unchanged (``whole``) to the peer; anything
+    else is the Python slow path's (relay.py ``_relay_slow``)."""
+    if whole:
         if d == 1:
             _send(conn._transport, conn._write, data)
             return 0
         if conn.upstream is not None:
             _send(conn.upstream._transport, conn.upstream._write, data)
             return 0
-    conn._relay_slow(d, data, ok)
+    conn._relay_slow(d, data, n)
     return 0
