@@ -67,10 +67,9 @@ cdef inline int _send(object transport, object write, object data) except -1:
     return 0
 
 
-cdef class UpstreamCore:
-    """UpstreamSide's base: forwards its reads to its ClientSide's C path."""
+cdef class _Side:
+    """What both sides keep in C: the transport and its bound ``write``."""
 
-    cdef public ClientCore client
     cdef object _transport
     cdef object _write                     # _transport.write (see _bound_write)
 
@@ -82,30 +81,25 @@ cdef class UpstreamCore:
     def transport(self, value):
         self._transport = value
         self._write = _bound_write(value)
+
+
+cdef class UpstreamCore(_Side):
+    """UpstreamSide's base: forwards its reads to its ClientSide's C path."""
+
+    cdef public ClientCore client
 
     @cython.binding(False)                 # a plain METH_O method: uvloop's call of it
     def data_received(self, data):         # needs no argument parsing
         _read(self.client, 1, data)
 
 
-cdef class ClientCore:
+cdef class ClientCore(_Side):
     """ClientSide's base: the hot fields and the per-read path (see the module's doc)."""
 
-    cdef object _transport
-    cdef object _write                     # _transport.write (see _bound_write)
     cdef public UpstreamCore upstream      # UpstreamSide once connected, else None
     cdef public object relay_hook          # proxy.faults: callable(d, data) or None
     cdef object _parser
     cdef FrameParser _fp                   # _parser when it is a compiled FrameParser
-
-    @property
-    def transport(self):
-        return self._transport
-
-    @transport.setter
-    def transport(self, value):
-        self._transport = value
-        self._write = _bound_write(value)
 
     @property
     def parser(self):

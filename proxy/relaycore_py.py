@@ -14,18 +14,22 @@ FULL_READ = 256000
 YIELD_FRAMES = 64
 
 
+def _read(conn, d, data):
+    """One read of direction d (data_received of either side)."""
+    hook = conn.relay_hook
+    if hook is None:
+        conn._relay(d, data)
+    else:
+        hook(d, data)
+    if len(data) >= FULL_READ and conn.parser.feed_frames >= YIELD_FRAMES:
+        conn._yield(d)
+
+
 class UpstreamCore:
     """UpstreamSide's base: forwards its reads to its ClientSide."""
 
     def data_received(self, data):
-        client = self.client
-        hook = client.relay_hook
-        if hook is None:
-            client._relay(1, data)
-        else:
-            hook(1, data)
-        if len(data) >= FULL_READ and client.parser.feed_frames >= YIELD_FRAMES:
-            client._yield(1)
+        _read(self.client, 1, data)
 
 
 class ClientCore:
@@ -34,13 +38,7 @@ class ClientCore:
     relay_hook = None          # proxy.faults: callable(d, data) replacing _relay, or None
 
     def data_received(self, data):
-        hook = self.relay_hook
-        if hook is None:
-            self._relay(0, data)
-        else:
-            hook(0, data)
-        if len(data) >= FULL_READ and self.parser.feed_frames >= YIELD_FRAMES:
-            self._yield(0)
+        _read(self, 0, data)
 
     def _relay(self, d, data):
         """Parse and forward one read (or slice) of direction d: the hot path when every

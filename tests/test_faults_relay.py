@@ -157,7 +157,8 @@ def test_delay_accuracy_and_order():
         # the late sleeps' worst: their p99 and the delays' p99 are drawn apart, and a
         # loaded machine's tail moves between them (on a quiet one this is ~0.3 ms)
         assert p(errors, .99) <= 2.0 + late[-1]
-        assert p(errors, .5) <= 1.0
+        # the median too sits on the loop's own lateness (a plain sleep's, measured beside)
+        assert p(errors, .5) <= 1.0 + p(late, .5)
         # pipelined: everything behind a delayed frame waits, in order
         up.arrivals.clear()
         fs.set(rules=[Rule("one", "delay", opcodes=["PRODUCE"], delay_ms=30,
