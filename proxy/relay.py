@@ -185,8 +185,10 @@ class Route:
             self.parser_class = self.tls.parser_class()
         self.faults = None             # proxy.faults.RouteFaults (start_faults)
         self.backlog = backlog_for(self.loop)
-        # a route whose parser counts frames cuts its reads at FRAME_CAP (Backlog)
-        self.frame_cap = FRAME_CAP if hasattr(self.parser_class, "frame_cap") else 0
+        # a route whose parser counts frames cuts its reads at FRAME_CAP (Backlog); not a
+        # WebSocket route, whose layer feeds its parser whole messages
+        self.frame_cap = (FRAME_CAP if hasattr(self.parser_class, "frame_cap")
+                          and not isinstance(cfg.listen, websocket.WsAddress) else 0)
 
     def start_faults(self, seed=None):
         """The route's fault engine, when its config has a FaultSet (docs/design.md,
@@ -270,7 +272,7 @@ class Route:
         parser = self.parser_class(self.stats, self.max_frame_bytes, self.cfg.request_timeout,
                                    self.cfg.options)
         parser.conn_id = next(_conn_ids)            # frame-log conn_id, unique per process
-        if self.frame_cap and not isinstance(self.cfg.listen, websocket.WsAddress):
+        if self.frame_cap:
             parser.frame_cap = self.frame_cap
         if self.protocol.advertise:                 # the advertise hook (descriptor)
             parser.local_address = advertise.local_address(local_address)
@@ -278,7 +280,6 @@ class Route:
         if isinstance(self.cfg.listen, websocket.WsAddress):
             # fleximq over WebSocket: a layer with the parser's interface decodes the
             # frames and feeds the parser; it answers a bad upgrade on ``client``
-            # (its layer feeds the parser whole messages: no frame cap)
             parser = websocket.wrap(parser, self.cfg.listen, self.cfg.upstream,
                                     client.write if client is not None else None,
                                     self.log, self.cfg.name)
