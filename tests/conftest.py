@@ -115,9 +115,18 @@ def tests_parser_twins(module):
     return module.__name__.rpartition(".")[2] in TWINS_MODULES
 
 
-#: Fixtures that start a real service (a Spark session, a RabbitMQ node, Prometheus): a
-#: test using one, even indirectly, is ``slow`` (``make test-fast`` leaves it out).
-SLOW_FIXTURES = {"spark", "rabbitmq_node", "prometheus"}
+#: Fixtures that start a real service (a Spark session or any other JVM, a RabbitMQ node,
+#: Prometheus): a test using one, even indirectly, is ``slow`` (``make test-fast`` leaves
+#: it out).
+SLOW_FIXTURES = {"spark", "java", "rabbitmq_node", "prometheus"}
+
+
+@pytest.fixture(scope="session")
+def java():
+    """A Java runtime for a test that starts Spark itself (``frametap analyze`` as a
+    process, a session of its own): such a test is slow, as one using ``spark``."""
+    from tests.test_analyze import require_java
+    require_java()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1144,10 +1144,9 @@ def test_unreachable_master_is_one_line_at_once(tmp_path, known):
     assert time.monotonic() - started < 30          # no JVM was started for either
 
 
-def test_a_master_that_never_answers_is_given_up_on(tmp_path, known):
+def test_a_master_that_never_answers_is_given_up_on(tmp_path, known, java):
     """Something listens but is no Spark master (it takes the connection and says
     nothing): --connect-timeout bounds the wait, then one line."""
-    require_java()
     import threading
     import time
     server = socket.socket()
@@ -1205,10 +1204,9 @@ def corrupt_pages(path, rows, seed):
 
 
 @pytest.mark.parametrize("seed", [2, 10])
-def test_corrupt_pages_behind_a_valid_footer_are_named(tmp_path, known, seed):
+def test_corrupt_pages_behind_a_valid_footer_are_named(tmp_path, known, java, seed):
     """Spark fails deep in its Parquet reader (an index out of bounds, no file name):
     the command finds the file that does not decode and names it, in one line."""
-    require_java()
     logs = tmp_path / "logs"
     logs.mkdir()
     bad = logs / "proxy-h-1-20261118T193320Z-000001.parquet"

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.test_analyze import T0, proxy_pair, require_java, row, write_parquet
+from tests.test_analyze import T0, proxy_pair, row, write_parquet
 
 MS = 1_000_000
 
@@ -59,8 +59,7 @@ def fault_rows():
 
 
 @pytest.fixture(scope="module")
-def analysed(tmp_path_factory):
-    require_java()
+def analysed(tmp_path_factory, java):
     from loadgen.analysis.job import analyze
     from loadgen.analysis.session import start_session, stop_session
     logs = tmp_path_factory.mktemp("fault-logs")
