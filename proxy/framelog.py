@@ -70,15 +70,17 @@ DICTIONARY_COLUMNS = ["source", "run_id", "route", "protocol", "peer", "directio
                       "opcode_name", "kind", "status", "outcome", "request_opcode_name",
                       "resource"]
 
-#: Integer ids, sizes and counts: BYTE_STREAM_SPLIT (the bytes of each value spread over
-#: eight streams that zstd then compresses) rather than a dictionary or deltas.  Parquet's
-#: writer takes no Arrow dictionary of integers directly (it decodes one and hashes every
-#: value again); the delta encoder bit-packs differences for ~47 instructions per value;
-#: the byte-stream split is a transpose, ~65 instructions per row less over these six
-#: columns, and the files come out 1-11 % smaller on the demo's logs
-#: (bench/callgrind_writer.py).  Spark (parquet-java >= 1.14) and pyarrow read it
-#: (tests/test_analyze.py).
-SPLIT_COLUMNS = ["conn_id", "opcode", "frame_bytes", "header_bytes", "payload_bytes",
+#: Integer columns with few distinct values or runs (ids, sizes, counts): DELTA_BINARY_PACKED
+#: rather than a dictionary.  Parquet's writer takes no Arrow dictionary of integers
+#: directly (it decodes one and hashes every value again), and its dictionary encoder
+#: hashes each value: ~40 instructions per value and column, where the delta encoder
+#: bit-packs the differences (constant or alternating sizes, one connection's run of
+#: rows) for ~93 instructions less per row over these six columns, files as small
+#: (bench/callgrind_writer.py).  Spark >= 3.3 and pyarrow read it (tests/test_analyze.py).
+#: BYTE_STREAM_SPLIT would cost ~65 instructions a row less, files as small, but Spark's
+#: vectorised reader takes it for integers only in 4.x: a user's Spark 3.5 cluster could
+#: not read the logs.
+DELTA_COLUMNS = ["conn_id", "opcode", "frame_bytes", "header_bytes", "payload_bytes",
                  "messages"]
 
 #: Writer settings that cut its cost per row (bench/framelog_bench.py; docs/design.md,
@@ -86,7 +88,7 @@ SPLIT_COLUMNS = ["conn_id", "opcode", "frame_bytes", "header_bytes", "payload_by
 #: and the encoders fed 1,024 values at a time (each page is compressed with a fresh
 #: zstd context, and each small batch is a round of per-column bookkeeping); version 2
 #: data pages, whose levels are stored as they are, not compressed again (~24
-#: instructions per row less; Spark and pyarrow read them).
+#: instructions per row less; Spark >= 3.x and pyarrow read them).
 PARQUET_OPTIONS = {"write_batch_size": 65536, "max_rows_per_page": 1 << 22,
                    "data_page_size": 8 << 20, "data_page_version": "2.0"}
 
@@ -261,7 +263,7 @@ class FileSink:
                                             store_schema=False, write_statistics=False,
                                             use_dictionary=DICTIONARY_COLUMNS,
                                             column_encoding=dict.fromkeys(
-                                                SPLIT_COLUMNS, "BYTE_STREAM_SPLIT"),
+                                                DELTA_COLUMNS, "DELTA_BINARY_PACKED"),
                                             **PARQUET_OPTIONS)
         self._opened = time.monotonic()
         self._rows = {}
