@@ -224,6 +224,11 @@ class FileSink:
                  rotate_seconds=300.0, on_finished=None, compression="zstd"):
         if fmt not in FORMATS:
             raise ValueError("format must be one of %s, not %r" % (", ".join(FORMATS), fmt))
+        if fmt == "jsonl":
+            # the compiled JSON Lines writer is imported now, not at the first write: a
+            # process whose code became unreadable since (privileges dropped, a checkout
+            # moved) would otherwise count every row as a write error
+            _jsonl_native()
         self.directory = directory
         self.source = source
         self.fmt = fmt

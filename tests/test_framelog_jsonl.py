@@ -171,3 +171,14 @@ def test_formatting_releases_the_gil():
         os.close(fd)
     assert took > 0.05, took                   # long enough to tell
     assert len(ticks) >= 10, (len(ticks), took)
+
+
+def test_the_writer_is_imported_when_the_sink_is_made(tmp_path, monkeypatch):
+    """A JSON Lines sink resolves its compiled writer when it is made, not at the first
+    write: a child that dropped to another uid after start-up, in a checkout that uid
+    cannot read (a clone under mktemp -d), counted every row as a write error."""
+    from proxy import framelog
+    monkeypatch.setattr(framelog, "_JSONL", None)
+    FileSink(str(tmp_path), "proxy", "jsonl")
+    expected = False if os.environ.get("FRAMETAP_NO_EXTENSIONS") else framelog._jsonl_native()
+    assert framelog._JSONL is expected and framelog._JSONL is not None
