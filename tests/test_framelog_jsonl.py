@@ -180,5 +180,7 @@ def test_the_writer_is_imported_when_the_sink_is_made(tmp_path, monkeypatch):
     from proxy import framelog
     monkeypatch.setattr(framelog, "_JSONL", None)
     FileSink(str(tmp_path), "proxy", "jsonl")
-    expected = False if os.environ.get("FRAMETAP_NO_EXTENSIONS") else framelog._jsonl_native()
-    assert framelog._JSONL is expected and framelog._JSONL is not None
+    resolved = framelog._JSONL                  # before anything else asks for it
+    assert resolved is not None
+    assert resolved is (False if os.environ.get("FRAMETAP_NO_EXTENSIONS")
+                        else framelog._jsonl_native())
