@@ -6,7 +6,6 @@ cipher beside THeader's own info keys."""
 
 import glob
 import ssl
-import threading
 import time
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ from proxy.app import ProxyApp
 from proxy.config import config_from_dict
 from tests.conftest import LoopThread
 from tests.support import sample
-from tests.thrift_real import Handler, thrift_or_skip
+from tests.thrift_real import ApacheServer, thrift_or_skip
 from tests.tls_certs import certs  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
@@ -32,32 +31,13 @@ def gen():
 @pytest.fixture
 def tls_server(gen, certs):
     """Apache's TThreadedServer on a TSSLServerSocket (port 0, read back)."""
-    from thrift.protocol.THeaderProtocol import THeaderProtocolFactory
-    from thrift.server import TServer
-    from thrift.transport import TSSLSocket, TTransport
-    from thrift.transport.THeaderTransport import THeaderClientType as CT
+    from thrift.transport import TSSLSocket
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(certs.cert, certs.key)
-    handler = Handler(gen)
-    transport = TSSLSocket.TSSLServerSocket(host="127.0.0.1", port=0, ssl_context=ctx)
-    server = TServer.TThreadedServer(
-        gen.UserService.Processor(handler), transport, TTransport.TTransportFactoryBase(),
-        THeaderProtocolFactory(allowed_client_types=(CT.HEADERS,)), daemon=True)
-    transport.listen()
-    transport.listen = lambda: None              # serve() would bind a second socket
-    port = transport.handle.getsockname()[1]
-
-    def serve():
-        try:
-            server.serve()
-        except Exception:                        # closed at teardown
-            pass
-    threading.Thread(target=serve, daemon=True).start()
-    yield port, handler
-    try:
-        transport.close()
-    except Exception:
-        pass
+    server = ApacheServer(gen, transport=TSSLSocket.TSSLServerSocket(
+        host="127.0.0.1", port=0, ssl_context=ctx), client_types=("HEADERS",)).start()
+    yield server.port, server.handler
+    server.stop()
 
 
 def test_apache_tssl_theader_through_both_route(gen, tls_server, certs, tmp_path):

@@ -35,6 +35,23 @@ def server(gen):
     srv.stop()
 
 
+def test_the_peer_stops_accepting_and_its_thread_ends(gen):
+    """The Apache peer's accept loop ends at stop(), whether the thread sits in accept()
+    or has just served a call: Apache's own serve() loop never ends, and once its socket
+    was closed it spun, logging a traceback per turn, for the rest of a make test run."""
+    for calls in (0, 1, 3):
+        srv = ApacheServer(gen).start()
+        for _ in range(calls):
+            c, _, trans = client(gen, srv.port, "header-binary")
+            assert c.echo("x") == "x"
+            trans.close()
+        srv.stop()
+        assert not srv.thread.is_alive()
+        assert srv.accept_errors == []
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", srv.port), 1).close()
+
+
 class Proxy:
     def __init__(self, upstream_port, logdir):
         self.lt = LoopThread()
