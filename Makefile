@@ -23,9 +23,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (real Spark, RabbitMQ, Prometheus,
-# Locust runs, the demo). make test (and .ci/run) still runs them all.
+# Chromium, Locust runs, fuzzing rounds, wall-clock timeouts), on every core (pytest-xdist),
+# naming its ten slowest tests so the tier stays fast. make test (and .ci/run) runs them all,
+# one at a time.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n auto --durations=10 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install -q matplotlib

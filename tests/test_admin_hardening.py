@@ -268,6 +268,7 @@ def scrape(port, path="/metrics", timeout=5.0):
 RELAY_BOUND = 1.0         # s: no relay request may wait longer while the admin port is abused
 
 
+@pytest.mark.slow
 def test_never_reading_admin_clients_leave_the_relay_served(proxy_process):
     """3,000 clients send GET /metrics and never read. Main accepted them all and rendered
     every body on the relay's loop: relay requests waited seconds, new relay clients
@@ -315,6 +316,7 @@ def test_never_reading_admin_clients_leave_the_relay_served(proxy_process):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_concurrent_scrapes_of_big_tables_do_not_stall_the_relay(proxy_process):
     """300 concurrent scrapes of 5 ttheader routes x 64 methods (a 1.8 MB body; main took
     ~0.35 s per render, every one on the relay's loop, one per request). Now renders are
@@ -339,6 +341,7 @@ def test_concurrent_scrapes_of_big_tables_do_not_stall_the_relay(proxy_process):
     assert result["ok"] == 300, result
 
 
+@pytest.mark.slow
 def test_client_resets_log_a_few_lines_without_tracebacks(proxy_process):
     """1,000 clients reset the connection after sending GET /metrics. Main logged an
     11-line traceback for each one; now one warning line, then at most one summary line

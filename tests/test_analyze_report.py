@@ -380,6 +380,7 @@ def test_errors_by_status_mark_the_expected_ones():
     assert "timeout (no answer in time)" in page
 
 
+@pytest.mark.slow
 def test_page_without_client_logs_in_chromium(tmp_path):
     path = tmp_path / "report.html"
     path.write_text(report.render(tables()))
@@ -390,6 +391,7 @@ def test_page_without_client_logs_in_chromium(tmp_path):
                                             "throughput", "p99", "errors", "problems"])
 
 
+@pytest.mark.slow
 def test_page_without_records_in_chromium(tmp_path):
     path = tmp_path / "report.html"
     path.write_text(report.render(tables(empty=True)))
@@ -397,6 +399,7 @@ def test_page_without_records_in_chromium(tmp_path):
     check_report_in_chromium(str(path), tmp_path, expect_charts=[])
 
 
+@pytest.mark.slow
 def test_selectors_redraw_their_charts_in_chromium(tmp_path):
     """Picking another opcode (or protocol) redraws that chart with its own data."""
     path = tmp_path / "report.html"

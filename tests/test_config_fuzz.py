@@ -8,6 +8,7 @@ import os
 import tempfile
 import tomllib
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -188,6 +189,7 @@ FUZZ = settings(max_examples=400, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(DOCUMENT)
 def test_generated_config_loads_or_fails_in_one_line(doc):
@@ -196,6 +198,7 @@ def test_generated_config_loads_or_fails_in_one_line(doc):
     check_outcome(text.encode("utf-8"))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.lists(LIKELY_ROUTE, min_size=1, max_size=3))
 def test_generated_routes_load_or_fail_in_one_line(routes):

@@ -147,6 +147,7 @@ def test_golden_conversation(pkg, conv):
         assert results["c"] == results["py"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pkg, conv", list(_cases()))
 def test_every_split_point(pkg, conv):
     """Each burst cut at every offset gives what one read gives, on both twins."""
@@ -257,6 +258,7 @@ def _random_split(seed):
     return split
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_C, reason="the twin-agreement fuzzer needs the compiled parsers")
 @pytest.mark.parametrize("pkg", sorted(PROTOCOLS))
 def test_fuzz_twins_agree(pkg):

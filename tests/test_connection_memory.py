@@ -17,6 +17,8 @@ import asyncio
 import gc
 import socket
 
+import pytest
+
 from proxy import relay
 from proxy.framing import FrameParser
 from tests.support import (FaultyUpstream, frame, proxy_port, read_frame, request, run,
@@ -81,6 +83,7 @@ def test_closed_connections_leave_no_object_behind():
     run(scenario())
 
 
+@pytest.mark.slow
 def test_connections_in_setup_are_bounded_and_the_rest_wait_in_the_backlog(monkeypatch):
     """An upstream whose accept queue is full (it listens and never accepts: the kernel
     drops further SYNs) holds every upstream connect until connect_timeout. The route

@@ -78,6 +78,7 @@ def test_probe_twin():
     _check_probe(*impls()[0])
 
 
+@pytest.mark.slow
 def test_probe_compiled(c_probe):
     _check_probe(*c_probe)
 

@@ -96,6 +96,7 @@ def _frametap_commands():
     return out
 
 
+@pytest.mark.slow
 def test_every_frametap_option_shown_exists():
     commands = _frametap_commands()
     seen = {sub[0] for sub, _ in commands}

@@ -31,6 +31,7 @@ def test_rstream_through_proxy_to_reference_broker(broker):
         proxy.close()
 
 
+@pytest.mark.slow
 def test_without_rewriting_clients_bypass_the_proxy(broker):
     """The control experiment: rstream follows the broker's advertised address."""
     proxy = StreamProxy(broker.address, options={"rewrite_metadata": False})

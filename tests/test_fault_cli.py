@@ -79,6 +79,7 @@ def test_load_help_lists_the_fault_options():
     assert "--frametap-fault ROUTE:SPEC" in r.stdout and "--frametap-fault-api" in r.stdout
 
 
+@pytest.mark.slow
 def test_add_list_remove(proxy):
     api = proxy.ready["api"]
     r = frametap("faults", "add", "--api", api, "--route", "mq",
@@ -115,6 +116,7 @@ def test_add_list_remove(proxy):
     assert r.stdout.strip() == "no rules or toxics on 2 route(s): fly, mq"
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(proxy):
     api = proxy.ready["api"]
     cases = [

@@ -510,6 +510,7 @@ def _mutate(frame, data):
     return frame
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol,impl", IMPL_IDS)
 @SETTINGS
 @given(data=st.data())

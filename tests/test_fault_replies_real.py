@@ -207,6 +207,7 @@ def test_loadgen_thrift_client_over_kitex_ttheader_sees_the_injected_exception(
 
 # --------------------------------------------------------------------------- Stream
 
+@pytest.mark.slow
 def test_rstream_sees_the_injected_codes(lt):
     pytest.importorskip("rstream")
     from rstream import AMQPMessage, Producer, exceptions

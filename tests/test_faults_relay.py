@@ -122,6 +122,7 @@ def produce(topic, i):
     return frame(0x01, struct.pack(">H", len(t)) + t + struct.pack(">I", i))
 
 
+@pytest.mark.slow
 def test_delay_accuracy_and_order():
     """10 ms delay rule: |observed - configured| p99 <= 2 ms.  Observed = from the read
     that brought the frame to the proxy (its frame-log t_ns, CLOCK_MONOTONIC) to the
@@ -502,6 +503,7 @@ def test_latency_toxic():
     run(scenario())
 
 
+@pytest.mark.slow
 def test_bandwidth_toxic_rate():
     """rate 100 KB/s (1 KB = 1000 B): 200,000 bytes take 2 s, within 10 %."""
     async def scenario():
@@ -631,6 +633,7 @@ def test_slow_close_toxic_delays_the_close():
     run(scenario())
 
 
+@pytest.mark.slow
 def test_toxicity_is_drawn_once_per_connection():
     async def scenario():
         up = await Upstream().start()

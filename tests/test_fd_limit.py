@@ -88,6 +88,7 @@ def _answered(socks, timeout):
     return done
 
 
+@pytest.mark.slow
 def test_more_clients_than_descriptors_are_all_served_and_metrics_answer(proxy):
     proc, listen, admin = proxy
     clients = []

@@ -140,6 +140,7 @@ def test_written_to_the_file_in_blocks_and_counted(tmp_path):
         _jsonl.write_table(table, os.open(os.devnull, os.O_RDONLY))   # EBADF: raised
 
 
+@pytest.mark.slow
 def test_formatting_releases_the_gil():
     """With a switch interval of 10 s a thread that held the GIL would stop this one for
     the whole formatting; the compiled writer lets it run meanwhile (the Python writer

@@ -27,6 +27,7 @@ def test_mutated_frames_never_raise_and_the_twins_agree(name):
     assert (r["raised"], r["differ"], r["slow"]) == (0, 0, 0), out.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_EXTENSIONS, reason="comparing twins needs the compiled parsers")
 @pytest.mark.parametrize("name", NAMES)
 def test_adversarial_inputs_stay_within_the_time_budget(name):

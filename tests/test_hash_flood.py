@@ -80,6 +80,7 @@ def test_the_generator_really_collides_under_the_old_hash():
     assert {_old_mix(k) & 0xFFFFFFFF for k in keys} == {0}
 
 
+@pytest.mark.slow
 def test_chosen_ids_cost_what_random_ids_cost(impl):
     n = 20_000
     rng = random.Random(7)

@@ -103,6 +103,7 @@ def test_structures_cut_at_every_element_cost_linear_time(proto, label, impl):
     _check_linear(proto, impl, ELEMENT_SIZE[label], "elements")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("proto,label,impl", CASES, ids=IDS)
 def test_structures_fed_one_byte_a_read_cost_linear_time(proto, label, impl):
     _check_linear(proto, impl, BYTE_SIZE[label], "bytes")
@@ -112,6 +113,7 @@ FLOOD_CASES = [pytest.param(proto, label, impl, id="%s-%s" % (proto, label))
                for proto, label, impl in CASES if proto != "flymq"]   # FlyMQ: FIFO, no ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("proto,label,impl", FLOOD_CASES)
 def test_colliding_correlation_ids_cost_what_random_ids_cost(proto, label, impl):
     stats_cls, parser_cls = impl

@@ -80,6 +80,7 @@ def test_help_still_works():
     assert r.returncode == 0 and "--frametap-framelog" in r.stdout
 
 
+@pytest.mark.slow
 def test_the_protocol_is_inferred_and_said(tmp_path):
     """Without FRAMETAP_PROTOCOLS, a host that names FlyMQ runs the FlyMQ users alone
     (not every protocol's against one server), and one line says so.  (The reference
@@ -182,6 +183,7 @@ class ClosingServer:
         self.sock.close()
 
 
+@pytest.mark.slow
 def test_users_back_off_from_a_dead_upstream():
     """Two FlyMQ users for 4 s against a peer that drops every connection: with the
     back-off capped at 1 s each reconnects about seven times (0, 0.1, 0.3, 0.7, 1.5,

@@ -32,6 +32,7 @@ def make(impl, **kw):
 
 # ---- the scanner against msgpack -------------------------------------------------------
 
+@pytest.mark.slow
 @needs_c
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(header_dict())
@@ -42,6 +43,7 @@ def test_scanner_equals_msgpack_on_any_header(h):
     assert got == header.summarize(raw)
 
 
+@pytest.mark.slow
 @needs_c
 @settings(max_examples=600, deadline=None)
 @given(header_dict(), st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)),

@@ -119,6 +119,7 @@ json_values = st.recursive(
     max_leaves=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(extra=st.dictionaries(st.text(max_size=6), json_values, max_size=4),
        code=st.integers(-2**31, 2**31 - 1), opaque=st.integers(0, 2**31 - 1),

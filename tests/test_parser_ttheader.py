@@ -6,6 +6,8 @@ conversations, split points, garbage and the twin fuzzer are in tests/test_confo
 
 import random
 
+import pytest
+
 from proxy.protocols.ttheader import codec
 from proxy.protocols.ttheader.codec import CALL, REPLY, ONEWAY, binary_message, ttheader
 from proxy.protocols.ttheader.conformance import (KITEX_GOLDEN, OK_BIN, ARGS_BIN, kitex_call,
@@ -163,6 +165,7 @@ def test_zlib_and_compact_through_split_reads(impl):
     assert stats.snapshot()["responses"] == {("cz", "EXCEPTION"): 1}
 
 
+@pytest.mark.slow
 def test_counts_do_not_depend_on_read_splits():
     """Random (mutated) conversations fed whole and in random pieces count the same on
     the compiled parser (zlib prefixes, unframed walks and exception types are read

@@ -95,6 +95,7 @@ async def _publish_all(port, stream, bodies, publisher_name=None, ids=None, batc
 
 # --------------------------------------------------------------------------- rstream
 
+@pytest.mark.slow
 def test_publish_with_confirms_then_consume_first_and_offset(broker):
     bodies = [b"message-%d" % i for i in range(N)]
 
@@ -113,6 +114,7 @@ def test_publish_with_confirms_then_consume_first_and_offset(broker):
     assert middle == [(i, bodies[i]) for i in range(250, N)]
 
 
+@pytest.mark.slow
 def test_many_small_batches_respect_credit_and_next_last(broker):
     async def scenario():
         # 30 chunks: more than rstream's initial credit of 10
@@ -131,6 +133,7 @@ def test_many_small_batches_respect_credit_and_next_last(broker):
     assert last == [(87, b"t29-0"), (88, b"t29-1"), (89, b"t29-2")]  # the last chunk
 
 
+@pytest.mark.slow
 def test_named_producer_is_deduplicated(broker):
     async def scenario():
         await _publish_all(broker.port, "dedup", [b"a%d" % i for i in range(1, 11)],

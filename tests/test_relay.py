@@ -4,6 +4,8 @@ import asyncio
 import socket
 import struct
 
+import pytest
+
 from proxy.relay import WRITE_HIGH
 from tests.support import (FaultyUpstream, frame, proxy_port, read_frame, request, run,
                            sample, start_proxy, wait_for)
@@ -408,6 +410,7 @@ def test_half_closed_connection_is_closed_after_half_close_timeout():
     run(scenario())
 
 
+@pytest.mark.slow
 def test_idle_connection_is_closed_after_idle_timeout_and_busy_one_is_not():
     async def scenario():
         up = await FaultyUpstream().start()

@@ -364,6 +364,7 @@ def test_garbage_closes_only_that_connection(server):
     c.close()
 
 
+@pytest.mark.slow
 def test_frame_over_apaches_limit_is_refused_from_its_length(server):
     """Like Apache's NettyDecoder (frameMaxLength 16 MiB): a length word over it closes
     the connection before any payload; one just under it is read."""

@@ -68,6 +68,7 @@ FLYMQ_FRAMES = [
 ]
 
 
+@pytest.mark.slow
 def test_flymq_fuzz_never_tracebacks_and_keeps_serving(caplog):
     caplog.set_level(logging.DEBUG)
     rng = random.Random(8)
@@ -99,6 +100,7 @@ ROCKETMQ_FRAMES = [
 ]
 
 
+@pytest.mark.slow
 def test_rocketmq_fuzz_never_tracebacks_and_keeps_serving(caplog):
     caplog.set_level(logging.DEBUG)
     rng = random.Random(8)
@@ -144,6 +146,7 @@ def test_peer_triggered_logs_are_rate_limited(caplog):
     assert any("suppressed" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_flymq_client_that_never_reads_does_not_grow_server_memory():
     with FlyMQServerThread() as srv:
         with FlyMQClient("127.0.0.1", srv.port, timeout=5) as client:

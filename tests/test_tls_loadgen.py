@@ -34,6 +34,7 @@ def test_serve_tls_options_are_checked(certs):
     assert r.returncode == 0 and "--tls-cert" in r.stdout
 
 
+@pytest.mark.slow
 def test_locust_tls_options(certs):
     r = run("-m", "loadgen.plugins", "--help")
     assert r.returncode == 0

@@ -336,6 +336,7 @@ def test_many_small_messages_in_one_read_cross_the_gather_limits(impl):
     assert layer.error.reason == "header_too_large"
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_twins_agree_on_mutated_streams(data):

@@ -344,6 +344,7 @@ def test_broker_clients_and_locust_over_wss(certs):
         assert 0 < locust <= s["frames"][("c2s", op)] <= locust + 6, (op, s["frames"], stats)
 
 
+@pytest.mark.slow
 def test_ready_file_names_a_websocket_route_by_its_url(stack):
     """--ready-file writes addresses as the config takes them: a ws:// route's URL, with
     its path and the port as bound (not a bare host:port a client could not use)."""
