@@ -3,8 +3,7 @@ and the rules that mark tests: the pure-Python tier (``twins``) and the tests th
 a real service (``slow``).
 
 The helpers themselves live in tests/_support/ (see its docstring for the one way to
-start a proxy, a server, a Locust run or Prometheus); ``free_port`` and
-``locust_processes_args`` stay importable from here for the modules that import them.
+start a proxy, a server, a Locust run or Prometheus).
 """
 
 import asyncio
@@ -16,20 +15,9 @@ import pytest
 
 from proxy import framing_py
 from tests._support import loopcheck
-from tests._support.ports import free_port  # noqa: F401  (re-exported)
 from tests.parsers import TRACER_ERRORS, impl_fixture
 
 flymq_impl, IMPLS = impl_fixture("flymq")   # (RouteStats, FlyMQParser), compiled and twin
-
-
-def locust_processes_args(n=2):
-    """``--processes n`` on a free master port (Locust's default 5557 would collide
-    between runs). Locust forks these workers before its master binds, so the port
-    cannot be 0: a run that fails with "Socket bind failure" lost the port to another
-    process — tests/_support/locust.py ``run_locust(processes=n)`` retries such a run."""
-    port = str(free_port())
-    return ["--processes", str(n), "--master-bind-host", "127.0.0.1",
-            "--master-bind-port", port, "--master-port", port]
 
 
 class LoopThread:

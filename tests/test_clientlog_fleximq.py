@@ -4,14 +4,13 @@ the same run id; every client row that waits for an answer (JOIN, REQ, PING) joi
 proxy's response row on (peer, correlation_id), and the proxy's latency never exceeds the
 client's (docs/design.md, "Frame log")."""
 
-import subprocess
 import uuid
 
 import pytest
 
 from loadgen.fleximq.server import FlexiMQBrokerThread
-from tests.test_clientlog_locust import (ROOT, check_rows, locust_cmd, locust_env,
-                                         locust_stats, read_rows, request_count)
+from tests._support import run_locust
+from tests.test_clientlog_locust import check_rows, read_rows, request_count
 from tests.test_clientlog_proxy import Proxy, join_responses
 
 pytestmark = pytest.mark.slow
@@ -21,16 +20,14 @@ def test_fleximq_client_rows_join_the_proxys_responses(tmp_path):
     run_id = f"e2e-{uuid.uuid4().hex[:8]}"
     with FlexiMQBrokerThread() as b, \
             Proxy(tmp_path, [("fx", "fleximq", ("127.0.0.1", b.port), "")], run_id) as proxy:
-        cmd = locust_cmd(proxy.address("fx"), ["--frametap-framelog",
-                                               str(tmp_path / "client-log"),
-                                               "--frametap-run-id", run_id], users=6,
-                         classes=["FlexiMQRequester", "FlexiMQResponder", "FlexiMQPubSub"])
-        proc = subprocess.run(cmd, cwd=ROOT, env=locust_env("fleximq"), capture_output=True,
-                              text=True, timeout=120)
+        proc = run_locust("fleximq", proxy.address("fx"),
+                          ["FlexiMQRequester", "FlexiMQResponder", "FlexiMQPubSub"], users=6,
+                          args=["--frametap-framelog", str(tmp_path / "client-log"),
+                                "--frametap-run-id", run_id])
         proxy_rows = proxy.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     client_rows = read_rows(tmp_path / "client-log")
-    assert len(client_rows) == request_count(locust_stats(proc))
+    assert len(client_rows) == request_count(proc.stats)
     check_rows(client_rows, "fleximq", run_id=run_id)
     pairs, expected, missing = join_responses(client_rows, proxy_rows)
     assert expected > 100

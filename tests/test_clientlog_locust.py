@@ -30,12 +30,10 @@ from loadgen.rabbitmq_stream.server import StreamBrokerThread
 from loadgen.rocketmq.server import RocketMQServerThread
 from proxy import _framing, protocols
 from proxy.framelog import SCHEMA
-from tests._support import start_locust_master, start_locust_worker
-from tests.conftest import locust_processes_args
+from tests._support import (ROOT, json_stats, locust_cmd, locust_env, run_locust,
+                            start_locust, start_locust_master, start_locust_worker)
 
 pytestmark = pytest.mark.slow
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USERS = {"flymq": ["FlyMQProducer", "FlyMQConsumer"],
          "rabbitmq-stream": ["StreamPublisher", "StreamConsumer"],
@@ -44,40 +42,11 @@ USERS = {"flymq": ["FlyMQProducer", "FlyMQConsumer"],
 
 # ---------------------------------------------------------------------- helpers
 
-def locust_env(protocol, extra=None):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["FRAMETAP_PROTOCOLS"] = protocol
-    env.pop("FRAMETAP_RUN_ID", None)
-    env.update(extra or {})
-    return env
-
-
-def locust_cmd(host, args=(), users=4, duration="4s", classes=()):
-    return [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--headless",
-            "-u", str(users), "-r", str(users), "-t", duration, "--host", host,
-            "--json", "--skip-log", "--only-summary", "--loglevel", "WARNING",
-            *args, *classes]
-
-
-def run_locust(protocol, host, framelog, args=(), extra_env=None, users=4, duration="4s",
-               timeout=120):
-    """One headless Locust run of ``protocol``'s users with the client frame log on."""
-    cmd = locust_cmd(host, ["--frametap-framelog", str(framelog), *args], users, duration,
-                     USERS[protocol])
-    return subprocess.run(cmd, cwd=ROOT, env=locust_env(protocol, extra_env),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def locust_stats(proc):
-    """{name: entry} from Locust's --json summary (final, unlike the lagging CSV); with
-    --processes the workers print their own (empty) summaries first: the last one is
-    the master's."""
-    decoder, text, pos, last = json.JSONDecoder(), proc.stdout, 0, None
-    while (start := text.find("[", pos)) >= 0:
-        last, pos = decoder.raw_decode(text, start)
-    assert last is not None, f"no JSON on stdout:\n{text[-2000:]}\n{proc.stderr[-3000:]}"
-    return {e["name"]: e for e in last}
+def clientlog_run(protocol, host, framelog, args=(), env=None, users=4, duration="4s"):
+    """One headless Locust run of ``protocol``'s users with the client frame log on
+    (tests/_support/locust.py: ``--json`` read strictly)."""
+    return run_locust(protocol, host, USERS[protocol], users, duration,
+                      args=["--frametap-framelog", str(framelog), *args], env=env)
 
 
 def read_rows(directory):
@@ -228,11 +197,11 @@ def _assert_joins(rows, relay, protocol, stats, without=()):
 
 def test_flymq_client_rows_join_the_parsers_fifo_sequence(tmp_path):
     with FlyMQServerThread() as srv, TracingRelay("flymq", ("127.0.0.1", srv.port)) as relay:
-        proc = run_locust("flymq", relay.address, tmp_path / "log")
+        proc = clientlog_run("flymq", relay.address, tmp_path / "log")
         relay.settle()
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_rows(tmp_path / "log")
-    stats = locust_stats(proc)
+    stats = proc.stats
     assert len(rows) == request_count(stats)
     _assert_joins(rows, relay, "flymq", stats)
     # the FIFO sequence: per connection 1, 2, 3, ... (every request is reported here)
@@ -252,14 +221,14 @@ def test_rabbitmq_stream_client_rows_join_per_publishing_id(tmp_path):
     stream = f"clientlog-{uuid.uuid4().hex[:8]}"
     with StreamBrokerThread() as srv, \
             TracingRelay("rabbitmq-stream", ("127.0.0.1", srv.port)) as relay:
-        proc = run_locust("rabbitmq-stream", relay.address, tmp_path / "log", extra_env={
+        proc = clientlog_run("rabbitmq-stream", relay.address, tmp_path / "log", env={
             "FRAMETAP_STREAM_NAME": stream, "FRAMETAP_STREAM_BATCH": "5",
             "FRAMETAP_STREAM_OFFSET": "first", "FRAMETAP_STREAM_STORE_EVERY": "2",
             "FRAMETAP_STREAM_METADATA_EVERY": "5"})
         relay.settle()
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_rows(tmp_path / "log")
-    stats = locust_stats(proc)
+    stats = proc.stats
     publish = [r for r in rows if r["opcode_name"] == "Publish"]
     # one row per publishing id: 5 per Publish event
     assert len(publish) == 5 * stats["Publish"]["num_requests"] > 0
@@ -287,7 +256,7 @@ def test_rocketmq_client_rows_join_on_name_server_and_broker(tmp_path):
             TracingRelay("rocketmq", ("127.0.0.1", srv.namesrv_port)) as ns_relay, \
             TracingRelay("rocketmq", ("127.0.0.1", srv.broker_port)) as broker_relay:
         srv.server.advertised_broker = ("127.0.0.1", broker_relay.port)
-        proc = run_locust("rocketmq", ns_relay.address, tmp_path / "log", extra_env={
+        proc = clientlog_run("rocketmq", ns_relay.address, tmp_path / "log", env={
             "FRAMETAP_ROCKETMQ_TOPIC": topic, "FRAMETAP_ROCKETMQ_START": "first",
             "FRAMETAP_ROCKETMQ_CONSUMER_GROUP": f"cg-{topic}",
             "FRAMETAP_ROCKETMQ_COMMIT_EVERY": "1"})
@@ -295,7 +264,7 @@ def test_rocketmq_client_rows_join_on_name_server_and_broker(tmp_path):
         broker_relay.settle()
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_rows(tmp_path / "log")
-    stats = locust_stats(proc)
+    stats = proc.stats
     assert len(rows) == request_count(stats)
 
     class Both:
@@ -335,19 +304,22 @@ def test_processes_each_child_writes_its_own_files_and_no_secret(tmp_path):
     password = "pw-" + uuid.uuid4().hex      # must not reach any file
     log = tmp_path / "log"
     with FlyMQServerThread(users={"loaduser": password}, require_auth=True) as srv:
-        proc = subprocess.Popen(
-            locust_cmd(f"127.0.0.1:{srv.port}", [*locust_processes_args(2), "--frametap-framelog",
-                                                 str(log)], users=4, duration="5s"),
-            cwd=ROOT, env=locust_env("flymq", {"FRAMETAP_FLYMQ_USER": "loaduser",
-                                               "FRAMETAP_FLYMQ_PASSWORD": password}),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, err = proc.communicate(timeout=120)
+        # --processes 2 on a free master port, started again on another if it was taken
+        locust = start_locust(tmp_path, "flymq", f"127.0.0.1:{srv.port}", users=4,
+                              duration="5s", args=["--frametap-framelog", str(log)],
+                              env={"FRAMETAP_FLYMQ_USER": "loaduser",
+                                   "FRAMETAP_FLYMQ_PASSWORD": password}, processes=2)
+        try:
+            out, err = locust.communicate(timeout=120)
+        finally:
+            locust.stop()
+        proc = locust.proc
     assert proc.returncode == 0, err[-3000:]
     pids = file_pids(log)
     assert len(pids) == 2 and proc.pid not in pids, (pids, proc.pid)   # children only
     rows = read_rows(log)
     check_rows(rows, "flymq")
-    stats = locust_stats(subprocess.CompletedProcess([], 0, out, err))
+    stats = {e["name"]: e for e in json_stats(out)}
     assert len(rows) == request_count(stats)
     # one run id for the run when none is given (the master's, handed to its children),
     # which the master's run file names too; one conn_id numbering per process
@@ -373,9 +345,9 @@ def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
     password = "pw-" + uuid.uuid4().hex
     log = tmp_path / "log"
     with FlyMQServerThread(users={"u": password}, require_auth=True) as srv:
-        proc = run_locust("flymq", f"127.0.0.1:{srv.port}", log,
-                          ["--frametap-framelog-format", "jsonl"], duration="3s",
-                          extra_env={"FRAMETAP_RUN_ID": "demo-run-7",
+        proc = clientlog_run("flymq", f"127.0.0.1:{srv.port}", log,
+                             ["--frametap-framelog-format", "jsonl"], duration="3s",
+                             env={"FRAMETAP_RUN_ID": "demo-run-7",
                                      "FRAMETAP_FLYMQ_USER": "u",
                                      "FRAMETAP_FLYMQ_PASSWORD": password})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -383,7 +355,7 @@ def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
                                        if not RUN_FILE.match(n))
     rows = read_rows(log)
     check_rows(rows, "flymq", run_id="demo-run-7")
-    assert len(rows) == request_count(locust_stats(proc))
+    assert len(rows) == request_count(proc.stats)
     for path in glob.glob(str(log / "*")):
         with open(path, "rb") as f:
             data = f.read()
@@ -428,7 +400,7 @@ def test_distributed_workers_write_master_writes_nothing(tmp_path):
     own, given = read_rows(own_dir), read_rows(master_dir)
     check_rows(own, "flymq", run_id="worker1-run")
     check_rows(given, "flymq", run_id="master-run")
-    stats = locust_stats(subprocess.CompletedProcess([], 0, out, err))
+    stats = {e["name"]: e for e in json_stats(out)}
     assert len(own) + len(given) == request_count(stats)
 
 
@@ -454,7 +426,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path, args, expected):
     blocker.write_text("not a directory")
     args = [a.replace("{file}", str(blocker)) for a in args]
     proc = subprocess.run(
-        locust_cmd("127.0.0.1:1", args, users=1, duration="1s", classes=["FlyMQProducer"]),
+        locust_cmd("127.0.0.1:1", ["FlyMQProducer"], users=1, duration="1s", args=args),
         cwd=ROOT, env=locust_env("flymq"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
     assert expected in proc.stderr and "Traceback" not in proc.stderr

@@ -20,8 +20,7 @@ from loadgen.rabbitmq_stream.server import StreamBrokerThread
 from loadgen.rocketmq.server import RocketMQServerThread
 from tests._support import (PortCollision, collided, free_port, host_port, proxy_process,
                             retry_on_collision)
-from tests.test_clientlog_locust import (check_rows, locust_stats, read_rows, request_count,
-                                         run_locust)
+from tests.test_clientlog_locust import check_rows, clientlog_run, read_rows, request_count
 
 pytestmark = pytest.mark.slow
 
@@ -142,12 +141,12 @@ def test_flymq_client_rows_join_the_proxys_responses(tmp_path):
     run_id = f"e2e-{uuid.uuid4().hex[:8]}"
     with FlyMQServerThread(service_time="1ms") as srv, \
             Proxy(tmp_path, [("fly", "flymq", ("127.0.0.1", srv.port), "")], run_id) as proxy:
-        proc = run_locust("flymq", proxy.address("fly"), tmp_path / "client-log",
+        proc = clientlog_run("flymq", proxy.address("fly"), tmp_path / "client-log",
                           ["--frametap-run-id", run_id])
         proxy_rows = proxy.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     client_rows = read_rows(tmp_path / "client-log")
-    assert len(client_rows) == request_count(locust_stats(proc))
+    assert len(client_rows) == request_count(proc.stats)
     pairs = _check_join(client_rows, proxy_rows, "flymq", run_id)
     assert {c["opcode_name"] for c, _ in pairs} >= {"PRODUCE", "FETCH", "CREATE_TOPIC"}
     # the same route name on every proxy row; the client knows none
@@ -159,8 +158,8 @@ def test_rabbitmq_stream_client_rows_join_the_proxys_confirms(tmp_path):
     with StreamBrokerThread() as srv, \
             Proxy(tmp_path, [("stream", "rabbitmq-stream", ("127.0.0.1", srv.port), "")],
                   run_id) as proxy:
-        proc = run_locust("rabbitmq-stream", proxy.address("stream"), tmp_path / "client-log",
-                          ["--frametap-run-id", run_id], extra_env={
+        proc = clientlog_run("rabbitmq-stream", proxy.address("stream"), tmp_path / "client-log",
+                          ["--frametap-run-id", run_id], env={
                               "FRAMETAP_STREAM_NAME": f"e2e-{uuid.uuid4().hex[:8]}",
                               "FRAMETAP_STREAM_BATCH": "5", "FRAMETAP_STREAM_OFFSET": "first",
                               "FRAMETAP_STREAM_METADATA_EVERY": "5"})
@@ -170,7 +169,7 @@ def test_rabbitmq_stream_client_rows_join_the_proxys_confirms(tmp_path):
     pairs = _check_join(client_rows, proxy_rows, "rabbitmq-stream", run_id)
     published = [p for c, p in pairs if c["opcode_name"] == "Publish"]
     assert published and {p["opcode_name"] for p in published} == {"PublishConfirm"}
-    assert len(published) == 5 * locust_stats(proc)["Publish"]["num_requests"]
+    assert len(published) == 5 * proc.stats["Publish"]["num_requests"]
 
 
 def test_rocketmq_client_rows_join_the_proxys_responses_on_both_routes(tmp_path):
@@ -184,16 +183,16 @@ def test_rocketmq_client_rows_join_the_proxys_responses_on_both_routes(tmp_path)
         routes = [("rmq-namesrv", "rocketmq", ("127.0.0.1", srv.namesrv_port), advertise),
                   ("rmq-broker", "rocketmq", broker, "")]
         with Proxy(tmp_path, routes, run_id) as proxy:
-            proc = run_locust("rocketmq", proxy.address("rmq-namesrv"),
+            proc = clientlog_run("rocketmq", proxy.address("rmq-namesrv"),
                               tmp_path / "client-log", ["--frametap-run-id", run_id],
-                              extra_env={"FRAMETAP_ROCKETMQ_TOPIC": topic,
+                              env={"FRAMETAP_ROCKETMQ_TOPIC": topic,
                                          "FRAMETAP_ROCKETMQ_CONSUMER_GROUP": f"cg-{topic}",
                                          "FRAMETAP_ROCKETMQ_START": "first",
                                          "FRAMETAP_ROCKETMQ_COMMIT_EVERY": "1"})
             proxy_rows = proxy.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     client_rows = read_rows(tmp_path / "client-log")
-    assert len(client_rows) == request_count(locust_stats(proc))
+    assert len(client_rows) == request_count(proc.stats)
     pairs = _check_join(client_rows, proxy_rows, "rocketmq", run_id)
     routes_seen = {p["route"] for _, p in pairs}
     assert routes_seen == {"rmq-namesrv", "rmq-broker"}     # both routes crossed the proxy
@@ -215,7 +214,7 @@ def test_ipv6_peers_join(tmp_path):
     with FlyMQServerThread() as srv, \
             Proxy(tmp_path, [("fly6", "flymq", ("127.0.0.1", srv.port), "")], run_id,
                   listen_host="::1") as proxy:
-        proc = run_locust("flymq", proxy.address("fly6"), tmp_path / "client-log",
+        proc = clientlog_run("flymq", proxy.address("fly6"), tmp_path / "client-log",
                           ["--frametap-run-id", run_id], duration="2s", users=2)
         proxy_rows = proxy.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]

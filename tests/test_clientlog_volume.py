@@ -9,9 +9,7 @@ One Locust process (the limit is per process) drives FlyMQ producers without thi
 """
 
 import glob
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,11 +17,12 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tests._support import server_process
+from tests._support import ROOT, json_stats, locust_cmd, locust_env, server_process
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: no think time: FlyMQ producers as fast as one process can go
+FAST_LOCUSTFILE = [sys.executable, "-m", "locust", "-f", "tests/locustfile_fast.py"]
 BUFFER_LIMIT = 65536          # ClientLog's RowBuffer limit per process
 
 
@@ -35,25 +34,17 @@ def flymq_server(tmp_path):
 
 
 def locust(host, framelog, duration, fmt="parquet", users=16, stop_after=0):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               FRAMETAP_PROTOCOLS="flymq", FRAMETAP_FLYMQ_MESSAGE_SIZE="16",
-               FRAMETAP_TEST_STOP_AFTER=str(stop_after))
-    env.pop("FRAMETAP_RUN_ID", None)
-    cmd = [sys.executable, "-m", "locust", "-f", "tests/locustfile_fast.py", "--headless",
-           "-u", str(users), "-r", str(users), "-t", duration, "--host", host, "--json",
-           "--skip-log", "--only-summary", "--loglevel", "WARNING",
-           "--frametap-framelog", str(framelog), "--frametap-framelog-format", fmt,
-           "FastProducer"]
+    cmd = locust_cmd(host, ["FastProducer"], users, duration, entry=FAST_LOCUSTFILE,
+                     args=["--frametap-framelog", str(framelog),
+                           "--frametap-framelog-format", fmt])
+    env = locust_env("flymq", {"FRAMETAP_FLYMQ_MESSAGE_SIZE": "16",
+                               "FRAMETAP_TEST_STOP_AFTER": str(stop_after)})
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
 def locust_requests(stdout):
-    decoder, pos, last = json.JSONDecoder(), 0, None
-    while (start := stdout.find("[", pos)) >= 0:
-        last, pos = decoder.raw_decode(stdout, start)
-    assert last is not None, stdout[-2000:]
-    return {e["name"]: e["num_requests"] for e in last}
+    return {e["name"]: e["num_requests"] for e in json_stats(stdout)}
 
 
 def file_rows(directory):

@@ -43,9 +43,10 @@ from loadgen.locustmetrics import (MAX_OPCODES, LocustCollector, LocustMetrics, 
                                    address_arg, linger_arg)
 from loadgen.tlscerts import throwaway
 from proxy.framing_common import BUCKETS
-from tests._support.locust import (json_stats, locust_env, start_locust, start_locust_master,
-                                   start_locust_worker)
-from tests._support.processes import host_port, proxy_process, server_process, stop_process
+from tests._support.locust import (LOCUST, json_stats, locust_env, start_locust,
+                                   start_locust_master, start_locust_worker)
+from tests._support.processes import (FRAMETAP, host_port, proxy_process, server_process,
+                                      stop_process)
 from tests.support import request
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
                                 http_get, metric_names, promtool_binary, start_prometheus,
@@ -56,8 +57,6 @@ GRAFANA = ROOT / "grafana"
 DASHBOARDS = {"frametap-proxy": GRAFANA / "dashboards" / "frametap.json",
               "frametap-loadtest": GRAFANA / "dashboards" / "frametap-loadtest.json"}
 RULES = GRAFANA / "rules.yml"
-FRAMETAP = [sys.executable, "-m", "proxy"]
-LOCUST = [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py"]
 USER, PASSWORD = "load", "s3cret"
 RUN_TIME = 15          # seconds of load (the expressions are checked while it runs)
 USERS = 4
