@@ -72,7 +72,7 @@ def _compiled():
                                  text=True)
             assert res.returncode == 0, res.stderr[-3000:]
             os.rename(work, out)
-            for old in cache.iterdir():           # builds of older sources, a day unused
+            for old in cache.iterdir():           # builds of other sources, a day old
                 if old.is_dir() and old != out and time.time() - old.stat().st_mtime > 86400:
                     shutil.rmtree(old, ignore_errors=True)
         finally:
