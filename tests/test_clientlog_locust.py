@@ -348,8 +348,8 @@ def test_jsonl_format_and_run_id_from_the_environment(tmp_path):
         proc = clientlog_run("flymq", f"127.0.0.1:{srv.port}", log,
                              ["--frametap-framelog-format", "jsonl"], duration="3s",
                              env={"FRAMETAP_RUN_ID": "demo-run-7",
-                                     "FRAMETAP_FLYMQ_USER": "u",
-                                     "FRAMETAP_FLYMQ_PASSWORD": password})
+                                  "FRAMETAP_FLYMQ_USER": "u",
+                                  "FRAMETAP_FLYMQ_PASSWORD": password})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(file_pids(log)) and all(n.endswith(".jsonl") for n in os.listdir(log)
                                        if not RUN_FILE.match(n))
