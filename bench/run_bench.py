@@ -19,10 +19,12 @@ reads the proxy's CPU seconds (/proc/PID/stat) over the load plus a 1.5 s settle
 the frame-log ratios are printed both by rps (the target) and by that CPU cost,
 which other work on the machine disturbs far less.
 
-Scenario a also runs three variants of frametap against plain frametap: ``framelog``
-and ``framelog1pct`` (a frame log of every / 1% of connections) and ``armed`` (one
-fault rule armed on an opcode the load never sends: the cost of checking every
-frame's opcode, issue 22's target >= 0.90).
+Scenario a also runs four variants of frametap against plain frametap: ``framelog``
+and ``framelog1pct`` (a frame log of every / 1% of connections), ``framelog0`` (every
+frame recorded, the writer discarding the rows: bench/discard_writer.py; it splits the
+frame log's cost into the loop's own recording and what the writer's work costs the
+loop on a shared core) and ``armed`` (one fault rule armed on an opcode the load never
+sends: the cost of checking every frame's opcode, issue 22's target >= 0.90).
 
 Results go to bench/results/latest.json (and a bar chart PNG when matplotlib
 is importable).  Also runs bench/parser_bench.py unless --skip-parser.
@@ -65,6 +67,7 @@ PREVIOUS = "previous"      # frametap from another checkout (--previous DIR), th
 PREVIOUS_TOLERANCE = 0.03  # a change to the hot path may cost at most 3% against it
 FRAMELOG = "framelog"      # frametap writing a Parquet frame log of every connection
 FRAMELOG_SAMPLED = "framelog1pct"   # ... of 1% of connections ([framelog] sample = 0.01)
+FRAMELOG_DISCARD = "framelog0"      # ... of every connection, its writer discarding the rows
 ARMED = "armed"            # frametap with one fault rule armed that never fires (issue 22)
 ARMED_TARGET = 0.90        # ... at >= 0.90x plain frametap's rps (scenario "a" only)
 SETTLE_S = 1.5             # after the load: the frame-log writer's flush interval is 1 s
@@ -75,7 +78,7 @@ FRAMELOG_TARGETS = {FRAMELOG: (1.0, 0.50), FRAMELOG_SAMPLED: (0.01, 0.95)}
 #: the event loop's CPU per request without / with full logging (the writer on its own core)
 FRAMELOG_TWO_CORE = {FRAMELOG: 0.85}
 #: the variants measured in scenario "a" only, against plain frametap
-A_ONLY = {*FRAMELOG_TARGETS, ARMED}
+A_ONLY = {*FRAMELOG_TARGETS, FRAMELOG_DISCARD, ARMED}
 
 
 @dataclass(frozen=True)
@@ -309,7 +312,7 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
         argv = [sys.executable, str(BENCH_DIR / "passthrough.py"),
                 "--listen", f"127.0.0.1:{listen}", "--upstream", f"127.0.0.1:{env.server_port}"]
         cwd = BENCH_DIR
-    elif which == ARMED or which in FRAMELOG_TARGETS:
+    elif which == ARMED or which in FRAMELOG_TARGETS or which == FRAMELOG_DISCARD:
         admin = free_port()
         before, after = "", ""
         if which == ARMED:
@@ -320,12 +323,14 @@ def start_proxy(env: Env, which: str, run_id: str) -> tuple[subprocess.Popen, in
         else:
             logs = env.logdir / f"{run_id}-{which}-framelogs"
             before = (f'[framelog]\ndir = "{logs}"\nformat = "{env.framelog_format}"\n'
-                      f'sample = {FRAMELOG_TARGETS[which][0]}\n')
+                      f'sample = {FRAMELOG_TARGETS.get(which, (1.0,))[0]}\n')
         cfg = env.logdir / f"{run_id}-{which}.toml"
         cfg.write_text(f'[admin]\nlisten = "127.0.0.1:{admin}"\n{before}[[routes]]\n'
                        f'name = "flymq"\nprotocol = "flymq"\nlisten = "127.0.0.1:{listen}"\n'
                        f'upstream = "127.0.0.1:{env.server_port}"\n{after}')
         argv = [sys.executable, "-m", "proxy", "proxy", "-c", str(cfg)]
+        if which == FRAMELOG_DISCARD:
+            argv[1:3] = [str(BENCH_DIR / "discard_writer.py")]
         cwd = env.frametap_cwd
     else:
         admin = free_port()
@@ -408,6 +413,12 @@ def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
                 result["writer_cpu_s"] = round(other_s, 3)
     finally:
         stop(proc)
+    if which == FRAMELOG_DISCARD:
+        m = re.search(rb"frame log discarded (\d+) rows", logfile.read_bytes())
+        result["framelog_discarded"] = int(m.group(1)) if m else 0
+        if not result["framelog_discarded"]:   # the loop did not record: no figure
+            result["metrics_ok"] = False
+            result["metrics_note"] = f"framelog0 recorded no rows (see {logfile})"
     if which in FRAMELOG_TARGETS:
         result.update(framelog_counts(env.logdir / f"{run_id}-{which}-framelogs", t1 - t0))
         if result.get("framelog_rows") and "writer_cpu_s" in result:
@@ -569,6 +580,19 @@ def summarize(sc: Scenario, runs: list[dict], proxies: list[str]) -> dict:
                 "ratio": r2, "target": f">= {two_core}", "pass": r2 >= two_core,
                 "spread": (spread(ft, "loop_cpu_ns_per_req", runs, FRAMETAP),
                            spread(fl, "loop_cpu_ns_per_req", runs, which))}
+    if FRAMELOG_DISCARD in out["proxies"] and FRAMETAP in out["proxies"] and sc.key == "a":
+        # the frame log's cost split three ways: the loop's own recording (framelog0 against
+        # frametap), what the writer's work costs the loop on its core (framelog against
+        # framelog0: caches), and the writer's own CPU (framelog's writer thread)
+        loops = {w: median(v) if (v := [r["loop_cpu_ns_per_req"] for r in runs
+                                        if r["proxy"] == w and r.get("loop_cpu_ns_per_req")])
+                 else None for w in (FRAMETAP, FRAMELOG_DISCARD, FRAMELOG)}
+        if loops[FRAMETAP] and loops[FRAMELOG_DISCARD]:
+            out.setdefault("checks", {})["framelog0_loop"] = {
+                "ratio": loops[FRAMETAP] / loops[FRAMELOG_DISCARD], "pass": True,
+                "target": "information: the event loop's own recording cost",
+                "loop_ns": loops, "spread": spread(out["proxies"][FRAMELOG_DISCARD],
+                                                   "loop_cpu_ns_per_req", runs, FRAMELOG_DISCARD)}
     if ARMED in out["proxies"] and FRAMETAP in out["proxies"] and sc.key == "a":
         ar, ft = out["proxies"][ARMED], out["proxies"][FRAMETAP]
         ratio = ar["median_rps"] / ft["median_rps"] if ft["median_rps"] else float("nan")
@@ -632,6 +656,17 @@ def print_summary(summaries: list[dict]) -> list[str]:
                        else f", by CPU per request {c['cpu_ratio']:.3f}")
                 log(f"    armed/frametap (one fault rule armed, never firing) rps ratio "
                     f"{c['ratio']:.3f} (target {c['target']}): {verdict}{cpu}")
+            elif name == "framelog0_loop":
+                ns, (a0, a1) = c["loop_ns"], c["spread"]
+                shared = ("" if not ns.get(FRAMELOG) else
+                          f"; the writer's work costs the loop a further "
+                          f"{ns[FRAMELOG] - ns[FRAMELOG_DISCARD]:.0f} ns on a shared core "
+                          f"(framelog's loop {ns[FRAMELOG]:.0f} ns)")
+                log(f"    framelog0/frametap (every frame recorded, the writer discarding the "
+                    f"rows) event loop CPU per request ratio {c['ratio']:.3f} (information): "
+                    f"{ns[FRAMETAP]:.0f} -> {ns[FRAMELOG_DISCARD]:.0f} ns [{a0:.0f}-{a1:.0f}], "
+                    f"the loop's own recording +{ns[FRAMELOG_DISCARD] - ns[FRAMETAP]:.0f} ns"
+                    + shared)
             elif name.endswith("_two_core"):
                 (a0, a1), (b0, b1) = c["spread"]
                 log(f"    {name[:-9]}/frametap with a second core (event loop CPU per request "
@@ -744,11 +779,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default="a,d,b,e,c",
                     help="comma list of scenarios to run (default a,d,b,e,c)")
     ap.add_argument("--proxies",
-                    default=f"{PASSTHROUGH},{FRAMETAP},{FRAMELOG},{FRAMELOG_SAMPLED},{ARMED}",
-                    help="comma list from passthrough,frametap,framelog,framelog1pct,armed "
-                         "(default all; the framelog variants are frametap writing a frame log "
-                         "of every / 1%% of connections, armed is frametap with one fault rule "
-                         "armed that never fires; those three run in scenario a only)")
+                    default=f"{PASSTHROUGH},{FRAMETAP},{FRAMELOG},{FRAMELOG_SAMPLED},"
+                            f"{FRAMELOG_DISCARD},{ARMED}",
+                    help="comma list from passthrough,frametap,framelog,framelog1pct,framelog0,"
+                         "armed (default all; the framelog variants are frametap "
+                         "writing a frame log of every / 1%% of connections, framelog0 records "
+                         "every frame but its writer discards the rows (the loop's own share), "
+                         "armed is frametap with one fault rule armed that never fires; those "
+                         "four run in scenario a only)")
     ap.add_argument("--framelog-format", choices=["parquet", "jsonl"], default="parquet",
                     help="[framelog] format of the framelog variants (default parquet)")
     ap.add_argument("--previous", type=Path, metavar="DIR",
@@ -776,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = set(proxies) - {PASSTHROUGH, FRAMETAP, PREVIOUS, *A_ONLY}
     if bad or not proxies:
         ap.error(f"--proxies: unknown {sorted(bad)}; choose from passthrough,frametap,"
-                 f"{','.join(FRAMELOG_TARGETS)},{ARMED}")
+                 f"{','.join(FRAMELOG_TARGETS)},{FRAMELOG_DISCARD},{ARMED}")
     keys = [k.strip() for k in args.scenarios.split(",") if k.strip()]
     scenarios = [s for s in SCENARIOS if s.key in keys]
     if len(scenarios) != len(keys):

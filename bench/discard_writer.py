@@ -1,0 +1,52 @@
+"""The proxy with a frame-log writer that discards every row: run_bench.py's ``framelog0``.
+
+usage: python bench/discard_writer.py proxy -c frametap.toml   # as ``python -m proxy ...``
+
+The event loop records every frame into the native buffer exactly as with a real frame
+log (``[framelog]`` configured, every connection sampled); only the writer thread differs:
+it gives each chunk back unread (``take`` + ``release``): no transpose, no Parquet. Against
+plain ``frametap`` that is the event loop's own cost of recording; against ``framelog`` it
+is what the writer's work costs the loop when both share a core (its CPU aside: the
+caches it takes from the loop). A measuring tool only: rows are lost on purpose, so the
+proxy prints ``frame log discarded N rows`` on stderr when it stops, and run_bench checks
+that N is not 0 (the loop did record).
+"""
+
+import atexit
+import os
+import runpy
+import sys
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.getcwd())        # frametap from the working directory, as -m does
+
+from proxy import framelog  # noqa: E402
+
+_buffers = []
+
+
+def _discard(self, finish=False, partial=True):
+    """FrameLog.flush() that drops the buffered rows instead of writing them (no work
+    per row, and the GIL held only for take and release)."""
+    with self._lock:
+        for src in self.sources:
+            buf = src.buffer
+            if buf not in _buffers:
+                _buffers.append(buf)
+            while (i := buf.take(partial or finish)) >= 0:
+                buf.release(i)
+
+
+def _report():
+    rows = sum(n for buf in _buffers for n in buf.appended_counts().values())
+    print(f"frame log discarded {rows} rows", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
+    framelog.FrameLog.flush = _discard
+    atexit.register(_report)
+    sys.argv = ["frametap", *sys.argv[1:]]
+    runpy.run_module("proxy", run_name="__main__", alter_sys=True)
