@@ -9,7 +9,10 @@ A deterministic check for CI (issue 19, "a guard that cannot be skipped"). For 6
   syscalls/request      the proxy's system calls (strace -c -f, every thread),
 
 per relayed request, and compares them with the reference checked into
-bench/guard_reference.json. A figure more than its tolerance (10 % unless the reference
+bench/guard_reference.json. ``64B-log`` is the 64 B load with a frame log on the route
+(every frame recorded; bench/discard_writer.py's writer gives the rows back unwritten,
+so the figure is the event loop's recording, not pyarrow's Parquet encoding): its
+instructions only. A figure more than its tolerance (10 % unless the reference
 says otherwise) above the reference fails the guard: exit 1, one line per figure.
 
 Load shape (fixed, so the counts are too): one client connection per size, kept open;
@@ -81,6 +84,7 @@ class Shape:
     batch: int      # requests in one client write; all answered before the next write
     warmup: int     # batches before the first marker
     n: int          # batches in one measured window
+    framelog: bool = False   # every frame recorded in the frame log (instructions only)
 
 
 #: measured windows per size and tool: the figure is the median window's. strace windows
@@ -91,7 +95,16 @@ SHAPES = [
     Shape("64B", 64, batch=16, warmup=16, n=128),
     Shape("16KiB", 16 * 1024, batch=8, warmup=8, n=48),
     Shape("1MiB", 1024 * 1024, batch=1, warmup=4, n=16),
+    # the 64 B load with a frame log on the route, its writer discarding the rows
+    # (bench/discard_writer.py): what the event loop's recording costs, free of the
+    # Parquet writer's work (pyarrow's, which moves with each pyarrow release)
+    Shape("64B-log", 64, batch=16, warmup=16, n=128, framelog=True),
 ]
+
+
+def shape_figures(shape: Shape) -> tuple:
+    """The figures measured for a shape: the frame-log ones count instructions only."""
+    return FIGURES[:1] if shape.framelog else FIGURES
 
 
 class GuardError(RuntimeError):
@@ -303,18 +316,27 @@ ARMED_RULE = False          # --armed-rule: one fault rule armed that never fire
 #: --armed-rule's proxy: the same FlyMQ route with one delay rule on CONSUME, an opcode
 #: the guard's load never sends (issue 22: an armed rule that never fires on the hot
 #: opcode costs at most 10 % on 64 B frames, compared here with the no-rule reference)
-ARMED_CONFIG = """\
+ROUTE_CONFIG = """\
 [[routes]]
 name = "guard"
 protocol = "flymq"
 listen = "127.0.0.1:{port}"
 upstream = "127.0.0.1:{upstream}"
-
+"""
+ARMED_CONFIG = """
 [[routes.faults]]
 name = "never"
-match = {{opcode = ["CONSUME"]}}
-action = {{type = "delay", ms = 10}}
+match = {opcode = ["CONSUME"]}
+action = {type = "delay", ms = 10}
 """
+#: the frame-log shapes' proxy: every connection recorded (sample 1)
+FRAMELOG_CONFIG = """\
+[framelog]
+dir = "{dir}"
+
+"""
+#: what bench/discard_writer.py prints at exit: the rows the loop recorded
+DISCARDED = re.compile(rb"frame log discarded (\d+) rows")
 
 
 class Callgrind:
@@ -427,21 +449,27 @@ def parse_strace_counts(text: str) -> dict:
 
 
 def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: str,
-                 runlabel: str) -> dict:
+                 runlabel: str, framelog: bool = False) -> dict:
     """One proxy process under ``tool``; per shape one connection: warm-up, an empty
     window (what the markers cost), then WINDOWS[tool_name] windows of ``shape.n`` batches;
-    the figure is the median window's count less the empty one's, per request."""
+    the figure is the median window's count less the empty one's, per request.
+    ``framelog``: the proxy records every frame, its writer discarding the rows."""
     port = free_port()
-    if ARMED_RULE:
-        config = tool.dir / "armed.toml"
-        config.write_text(ARMED_CONFIG.format(port=port, upstream=flyload_port))
+    head = [sys.executable, "-m", "proxy"]
+    if ARMED_RULE or framelog:
+        config = tool.dir / f"proxy-{tool_name}{'-log' if framelog else ''}.toml"
+        text = ROUTE_CONFIG.format(port=port, upstream=flyload_port)
+        if framelog:
+            text = FRAMELOG_CONFIG.format(dir=tool.dir / "framelog") + text
+            # this checkout's discard_writer, importing the measured tree's proxy (cwd)
+            head = [sys.executable, str(BENCH_DIR / "discard_writer.py")]
+        config.write_text(text + (ARMED_CONFIG if ARMED_RULE else ""))
         route = ["-c", str(config)]
     else:
         route = ["--protocol", "flymq", "--listen", f"127.0.0.1:{port}",
                  "--upstream", f"127.0.0.1:{flyload_port}"]
-    argv = tool.wrap([sys.executable, "-m", "proxy", "proxy", *route,
-                      "--log-level", "warning"])
-    logfile = tool.dir / f"proxy-{tool_name}.log"
+    argv = tool.wrap([*head, "proxy", *route, "--log-level", "warning"])
+    logfile = tool.dir / f"proxy-{tool_name}{'-log' if framelog else ''}.log"
     t0 = time.monotonic()
     log(f"{runlabel} {tool_name}: starting the proxy"
         + (" (start-up under callgrind takes 10-40 s)" if tool_name == "callgrind" else ""))
@@ -495,13 +523,20 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
         raise
     finally:
         stop(proc)
+    if framelog:
+        m = DISCARDED.search(logfile.read_bytes())
+        if m is None or int(m.group(1)) < sum(s.n * s.batch for s in shapes):
+            raise GuardError("the frame-log proxy recorded "
+                             + (f"only {m.group(1)} rows" if m else "nothing")
+                             + f" (see {logfile}); its figure would not be the recording's")
     return results
 
 
 def load_shapes(shapes: list) -> dict:
     """The load shape as the reference records it (a reference taken with another one
     cannot be compared)."""
-    return {s.name: {**{k: v for k, v in asdict(s).items() if k != "name"},
+    return {s.name: {**{k: v for k, v in asdict(s).items()
+                        if k != "name" and (k != "framelog" or v)},
                      "windows": dict(WINDOWS)} for s in shapes}
 
 
@@ -538,10 +573,14 @@ def measure(tree: Path, shapes: list, runs: int, tools=("callgrind", "strace")) 
                 label = f"[{i + 1}/{runs}]"
                 one = {s.name: {} for s in shapes}
                 for tool_name in tools:
-                    tool = Callgrind(work) if tool_name == "callgrind" else Strace(work)
-                    for name, r in measure_tool(tool, fport, tree, shapes, tool_name,
-                                                label).items():
-                        one[name].update(r)
+                    for framelog in (False, True):
+                        group = [s for s in shapes if s.framelog == framelog]
+                        if not group or (framelog and tool_name != "callgrind"):
+                            continue            # the frame-log shapes: instructions only
+                        tool = Callgrind(work) if tool_name == "callgrind" else Strace(work)
+                        for name, r in measure_tool(tool, fport, tree, group, tool_name,
+                                                    label, framelog).items():
+                            one[name].update(r)
                 per_run.append(one)
         finally:
             stop(server)

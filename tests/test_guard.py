@@ -78,9 +78,22 @@ def test_the_checked_in_reference_matches_the_guards_load_shapes():
     assert ref["reason"].strip() and len(ref["measured_on"]["commit"]) == 40
     assert ref["shapes"] == guard.load_shapes(guard.SHAPES)
     for shape in guard.SHAPES:
-        for fig in guard.FIGURES:
+        for fig in guard.shape_figures(shape):
             assert ref["figures"][shape.name][fig] > 0
             assert 0 < guard.tolerance(ref, shape.name, fig) <= 0.5
+
+
+def test_the_frame_log_shape_counts_the_recording_path():
+    """64B-log is the 64 B load with the frame log on: instructions only, and above the
+    plain 64 B figure (the recording costs something; a figure at or under 64B's would
+    mean the proxy did not record)."""
+    ref = json.loads(guard.REFERENCE.read_text())
+    logged = [s for s in guard.SHAPES if s.framelog]
+    assert [s.name for s in logged] == ["64B-log"]
+    assert guard.shape_figures(logged[0]) == ("instructions_per_request",)
+    assert "syscalls_per_request" not in ref["figures"]["64B-log"]
+    assert (ref["figures"]["64B-log"]["instructions_per_request"]
+            > ref["figures"]["64B"]["instructions_per_request"])
 
 
 def test_update_needs_a_reason(capsys):
