@@ -27,15 +27,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from loadgen.flymq.client import FlyMQClient
-from tests._support import server_process
+from tests._support import ROOT, server_process
 from tests.prom_support import stop
 
-ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 

@@ -28,12 +28,12 @@ import pytest
 from loadgen.analysis import RANK_ERROR, AnalysisError
 from loadgen.analysis.session import java_problem
 from proxy.framelog import SCHEMA
+from tests._support.processes import FRAMETAP, ROOT
 
 #: 2026-11-18T19:33:20.250Z: runs start a quarter second into a second, so per-second
 #: groups are cut mid-run
 T0 = 1_795_030_400_250_000_000
 ISO_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-FRAMETAP = [sys.executable, "-m", "proxy"]
 
 
 def need(reason):
@@ -880,9 +880,8 @@ def test_permission_denied_is_named(known):
                 "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
                 "try:\n    inputs.prepare_local([sys.argv[1]], None)\n"
                 "except AnalysisError as e:\n    print(e); sys.exit(2)\n")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         r = subprocess.run([sys.executable, "-c", code, logs, readable], capture_output=True,
-                           text=True, cwd=top, env=dict(os.environ, PYTHONPATH=root),
+                           text=True, cwd=top, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                            timeout=60)
         assert r.returncode == 2, r.stdout + r.stderr
         assert r.stdout.strip().startswith(f"{locked}: unreadable: "), r.stdout

@@ -22,10 +22,10 @@ import urllib.request
 import pytest
 
 from tests.test_analyze import known_rows, need, require_java, write_known
+from tests._support.processes import ROOT
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLES = ("summary.csv", "timeline.csv", "slowest.csv", "decomposition.csv")
 
 

@@ -5,13 +5,12 @@ and the count it prints at exit is the rows the event loop recorded."""
 import re
 import struct
 import sys
-from pathlib import Path
 
 from loadgen.flymq.client import FlyMQClient
 from loadgen.flymq.server import FlyMQServerThread
-from tests._support.processes import ProxyProcess
+from tests._support.processes import ROOT, ProxyProcess
 
-DISCARD = Path(__file__).resolve().parent.parent / "bench" / "discard_writer.py"
+DISCARD = ROOT / "bench" / "discard_writer.py"
 
 
 def test_every_frame_is_recorded_and_no_file_is_written(tmp_path):

@@ -6,15 +6,14 @@ import runpy
 import subprocess
 import sys
 import types
-from pathlib import Path
 from unittest import mock
 
 import pytest
 
 import proxy.framing
 from proxy import protocols
+from tests._support.processes import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SPECS = protocols.specs()
 compiled_only = pytest.mark.skipif(
     bool(os.environ.get("FRAMETAP_NO_EXTENSIONS")),

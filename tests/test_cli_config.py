@@ -5,7 +5,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,10 +15,8 @@ from proxy import protocols
 from proxy.addresses import parse_address
 from proxy.config import RANGES, config_from_dict
 from proxy.errors import ConfigError
-from tests._support.processes import proxy_process
+from tests._support.processes import FRAMETAP, proxy_process
 from tests.support import frame
-
-FRAMETAP = [sys.executable, "-m", "proxy"]
 
 
 def frametap(*args, **kw):

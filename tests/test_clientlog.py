@@ -27,8 +27,7 @@ from loadgen.rabbitmq_stream.server import StreamBrokerThread
 from loadgen.rocketmq.client import RocketMQClient
 from loadgen.rocketmq.server import RocketMQServerThread
 from proxy.framelog import SCHEMA
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._support.processes import ROOT
 
 
 def read(directory):

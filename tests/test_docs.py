@@ -9,11 +9,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tests._support.processes import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DESIGN = (ROOT / "docs" / "design.md").read_text()
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"

@@ -3,16 +3,14 @@
 
 import json
 import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from tests._support.locust import FRAMETAP_LOAD, locust_cmd, locust_env
-from tests._support.processes import ROOT, proxy_process
+from tests._support.processes import FRAMETAP, ROOT, proxy_process
 
-FRAMETAP = [sys.executable, "-m", "proxy"]
 
 CONFIG = """
 [toxiproxy]

@@ -14,8 +14,8 @@ from proxy.errors import ConfigError
 from proxy.faultspec import (TOXIC_TYPES, FaultConflict, FaultNotFound, FaultSet,
                              FaultSpecError, Rule, Toxic, opcode_names, parse_fault_arg,
                              parse_rule, parse_short_spec, parse_toxic)
+from tests._support.processes import FRAMETAP, ROOT
 
-FRAMETAP = [sys.executable, "-m", "proxy"]
 
 # opcode names come from the parsers: this holds for the pure-Python twins too
 pytestmark = pytest.mark.twins
@@ -468,8 +468,7 @@ def test_the_readme_example_loads():
     """The README's fault config is a config that loads, with what it says it has."""
     import re
     import tomllib
-    from pathlib import Path
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### Faults: rules, Toxiproxy's toxics and its API"):]
     text = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     cfg = config_from_dict(tomllib.loads(text))

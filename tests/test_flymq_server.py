@@ -1,6 +1,5 @@
 """Reference FlyMQ server driven over real sockets by the sync client."""
 
-import os
 import re
 import signal
 import socket
@@ -23,8 +22,7 @@ from proxy.protocols.flymq.codec import (
     decode_frame,
 )
 from proxy.protocols.flymq.constants import ERROR, MAX_FRAME_BYTES, METADATA, PRODUCE
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._support.processes import ROOT, frametap_env
 
 
 @pytest.fixture
@@ -281,7 +279,7 @@ def test_parse_host_rejects(text):
 
 
 def test_main_runs_until_sigterm():
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = frametap_env()
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; from loadgen.flymq.server import main; "
          "sys.exit(main(sys.argv[1:]))", "--listen", "127.0.0.1:0", "--user", "u:p",

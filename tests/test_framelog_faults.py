@@ -21,8 +21,8 @@ import sys
 import tempfile
 
 import pytest
+from tests._support.processes import ROOT, frametap_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(ROOT, "tests", "framelog_faults_child.py")
 IS_ROOT = os.geteuid() == 0
 
@@ -32,7 +32,7 @@ CASES = [(side, fault, fmt) for side in ("proxy", "client")
 
 
 def run_child(side, fault, directory, fmt, as_nobody=False):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = frametap_env()
     cmd = [sys.executable, CHILD, side, fault, str(directory), fmt]
     if as_nobody:
         cmd.append("--as-nobody")

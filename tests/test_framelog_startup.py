@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._support.processes import ROOT, frametap_env
 
 
 def frametap(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = frametap_env()
     return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=cwd or ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 

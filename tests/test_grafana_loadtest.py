@@ -33,7 +33,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -45,14 +44,13 @@ from loadgen.tlscerts import throwaway
 from proxy.framing_common import BUCKETS
 from tests._support.locust import (LOCUST, json_stats, locust_env, start_locust,
                                    start_locust_master, start_locust_worker)
-from tests._support.processes import (FRAMETAP, host_port, proxy_process, server_process,
-                                      stop_process)
+from tests._support.processes import (FRAMETAP, ROOT, host_port, proxy_process,
+                                      server_process, stop_process)
 from tests.support import request
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
                                 http_get, metric_names, promtool_binary, start_prometheus,
                                 substitute, variable_queries)
 
-ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
 DASHBOARDS = {"frametap-proxy": GRAFANA / "dashboards" / "frametap.json",
               "frametap-loadtest": GRAFANA / "dashboards" / "frametap-loadtest.json"}

@@ -6,11 +6,11 @@ CI step)."""
 import json
 import struct
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._support.processes import ROOT
+
 sys.path.insert(0, str(ROOT / "bench"))
 import guard  # noqa: E402
 

@@ -5,7 +5,6 @@
 Locust runs only in subprocesses (importing it here would gevent-patch pytest)."""
 
 import json
-import os
 import random
 import socket
 import subprocess
@@ -19,16 +18,14 @@ from loadgen.userbase import Backoff
 from loadgen.flymq.server import FlyMQServerThread
 from loadgen.loadargs import LoadArgumentError, choose_protocols
 from proxy import protocols
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._support.processes import FRAMETAP, ROOT, frametap_env
 
 
 def frametap_load(*args, env=None, timeout=120):
-    full = dict(os.environ)
-    full.pop("FRAMETAP_PROTOCOLS", None)
-    full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "proxy", "load", *args], cwd=ROOT, env=full,
+    full = frametap_env(env)
+    if "FRAMETAP_PROTOCOLS" not in (env or {}):
+        full.pop("FRAMETAP_PROTOCOLS", None)
+    return subprocess.run(FRAMETAP + ["load", *args], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -116,7 +113,7 @@ def test_choose_protocols(host, named, env, want):
             "print(json.dumps(choose_protocols(a[0], tuple(a[1]), a[2])))")
     r = subprocess.run([sys.executable, "-c", code, json.dumps([host, list(named), env])],
                        capture_output=True, text=True, timeout=120,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                       cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert (got[0], got[1]) == want

@@ -14,8 +14,8 @@ import pytest
 
 from loadgen.clientbase import SocketClient
 from proxy.addresses import format_peer
+from tests._support.processes import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOADGEN = ROOT / "loadgen"
 
 

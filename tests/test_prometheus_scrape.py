@@ -15,18 +15,16 @@ import json
 import math
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from loadgen.flymq.client import FlyMQClient
-from tests._support.processes import proxy_process, server_process
+from tests._support.processes import ROOT, proxy_process, server_process
 from tests.prom_support import (all_panels, dashboard_exprs, exposed_families, family_of,
                                 http_get, metric_names, promtool_binary, start_prometheus,
                                 stop, variable_queries)
 from tests.prom_support import substitute as substitute_vars
 
-ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "frametap.json"
 ROUTE = "fly"                  # --name of the proxy's route

@@ -16,15 +16,14 @@ import sys
 import textwrap
 import tokenize
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from proxy import protocols
 from proxy.config import config_from_dict
 from proxy.errors import ConfigError
+from tests._support.processes import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 
 TOY_FILES = {
     "toy/__init__.py": '''

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from proxy import protocols
+from tests._support.processes import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 SPECS = [s for s in protocols.specs() if s.users]
 

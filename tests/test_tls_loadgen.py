@@ -2,7 +2,6 @@
 Locust users' --tls* options (loadgen/tlsopts.py). Mistakes are one line and exit 2;
 a FRAMETAP_TLS* environment turns TLS on for every sync client."""
 
-import os
 import ssl
 import subprocess
 import sys
@@ -13,8 +12,7 @@ from loadgen import tlsopts
 from loadgen.flymq.client import FlyMQClient
 from loadgen.flymq.server import FlyMQServerThread
 from tests.tls_certs import certs, server_context  # noqa: F401  (fixture)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._support.processes import ROOT
 
 
 def run(*args, timeout=120):

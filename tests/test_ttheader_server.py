@@ -23,9 +23,9 @@ from proxy.protocols.ttheader import codec
 from proxy.protocols.ttheader.constants import MAGIC_THEADER, MAX_FRAME_BYTES, ZLIB
 from tests.test_ttheader_apache import Proxy
 from tests.thrift_real import client as apache_client, thrift_or_skip
+from tests._support.processes import ROOT
 
 pytestmark = pytest.mark.slow
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_service_client_and_users_need_no_apache_thrift(tmp_path):
         "    c.close()\n"
         "import loadgen.ttheader.users\n"
         "print(sorted(m for m in sys.modules if m.startswith('thrift.')))\n")
-    env = dict(os.environ, PATH=str(tmp_path), PYTHONPATH=ROOT)     # no `thrift` binary
+    env = dict(os.environ, PATH=str(tmp_path), PYTHONPATH=str(ROOT))     # no `thrift` binary
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
