@@ -19,8 +19,12 @@ $(STAMP): $(SOURCES)
 demo: $(STAMP)
 	$(BIN)/frametap demo $(DEMO_ARGS)
 
+# Every test: the tier not marked slow on every core (as test-fast), then the slow tier (the
+# real services, Locust runs, fuzzers, wall-clock and timing-ratio tests) one at a time, so a
+# timing test never shares the machine with a second worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" -n auto $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (real Spark, RabbitMQ, Prometheus,
 # Chromium, Locust runs, fuzzing rounds, wall-clock timeouts), on every core (pytest-xdist),
