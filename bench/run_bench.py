@@ -659,13 +659,13 @@ def print_summary(summaries: list[dict]) -> list[str]:
             elif name == "framelog0_loop":
                 ns, (a0, a1) = c["loop_ns"], c["spread"]
                 shared = ("" if not ns.get(FRAMELOG) else
-                          f"; the writer's work costs the loop a further "
-                          f"{ns[FRAMELOG] - ns[FRAMELOG_DISCARD]:.0f} ns on a shared core "
+                          f"; the writer's work on the shared core: "
+                          f"{ns[FRAMELOG] - ns[FRAMELOG_DISCARD]:+.0f} ns for the loop "
                           f"(framelog's loop {ns[FRAMELOG]:.0f} ns)")
                 log(f"    framelog0/frametap (every frame recorded, the writer discarding the "
                     f"rows) event loop CPU per request ratio {c['ratio']:.3f} (information): "
                     f"{ns[FRAMETAP]:.0f} -> {ns[FRAMELOG_DISCARD]:.0f} ns [{a0:.0f}-{a1:.0f}], "
-                    f"the loop's own recording +{ns[FRAMELOG_DISCARD] - ns[FRAMETAP]:.0f} ns"
+                    f"the loop's own recording {ns[FRAMELOG_DISCARD] - ns[FRAMETAP]:+.0f} ns"
                     + shared)
             elif name.endswith("_two_core"):
                 (a0, a1), (b0, b1) = c["spread"]
