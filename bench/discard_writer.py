@@ -14,15 +14,22 @@ that N is not 0 (the loop did record).
 
 import atexit
 import os
+import re
 import runpy
 import sys
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.getcwd())        # frametap from the working directory, as -m does
-
-from proxy import framelog  # noqa: E402
+#: the line printed at exit, and its pattern for the tools that read it (run_bench, guard)
+REPORT = "frame log discarded {} rows"
+DISCARDED = re.compile(rb"frame log discarded (\d+) rows")
 
 _buffers = []
+
+
+def discarded(log_bytes: bytes) -> int | None:
+    """The rows a proxy run through this script recorded, read from its output (None:
+    it printed no count, e.g. it did not stop cleanly)."""
+    m = DISCARDED.search(log_bytes)
+    return int(m.group(1)) if m else None
 
 
 def _discard(self, finish=False, partial=True):
@@ -39,14 +46,20 @@ def _discard(self, finish=False, partial=True):
 
 def _report():
     rows = sum(n for buf in _buffers for n in buf.appended_counts().values())
-    print(f"frame log discarded {rows} rows", file=sys.stderr, flush=True)
+    print(REPORT.format(rows), file=sys.stderr, flush=True)
 
 
-if __name__ == "__main__":
+def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0)
+    sys.path.insert(0, os.getcwd())        # frametap from the working directory, as -m does
+    from proxy import framelog
     framelog.FrameLog.flush = _discard
     atexit.register(_report)
     sys.argv = ["frametap", *sys.argv[1:]]
     runpy.run_module("proxy", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

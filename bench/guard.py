@@ -60,6 +60,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from discard_writer import discarded
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 REFERENCE = BENCH_DIR / "guard_reference.json"
@@ -336,8 +338,6 @@ FRAMELOG_CONFIG = """\
 dir = "{dir}"
 
 """
-#: what bench/discard_writer.py prints at exit: the rows the loop recorded
-DISCARDED = re.compile(rb"frame log discarded (\d+) rows")
 
 
 class Callgrind:
@@ -525,10 +525,10 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
     finally:
         stop(proc)
     if framelog:
-        m = DISCARDED.search(logfile.read_bytes())
-        if m is None or int(m.group(1)) < sum(s.n * s.batch for s in shapes):
+        rows = discarded(logfile.read_bytes())
+        if rows is None or rows < sum(s.n * s.batch for s in shapes):
             raise GuardError("the frame-log proxy recorded "
-                             + (f"only {m.group(1)} rows" if m else "nothing")
+                             + (f"only {rows} rows" if rows is not None else "nothing")
                              + f" (see {logfile}); its figure would not be the recording's")
     return results
 

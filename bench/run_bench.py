@@ -54,6 +54,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from discard_writer import discarded
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -414,8 +416,7 @@ def one_run(env: Env, sc: Scenario, which: str, rep: int) -> dict:
     finally:
         stop(proc)
     if which == FRAMELOG_DISCARD:
-        m = re.search(rb"frame log discarded (\d+) rows", logfile.read_bytes())
-        result["framelog_discarded"] = int(m.group(1)) if m else 0
+        result["framelog_discarded"] = discarded(logfile.read_bytes()) or 0
         if not result["framelog_discarded"]:   # the loop did not record: no figure
             result["metrics_ok"] = False
             result["metrics_note"] = f"framelog0 recorded no rows (see {logfile})"
