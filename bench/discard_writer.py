@@ -8,8 +8,8 @@ it gives each chunk back unread (``take`` + ``release``): no transpose, no Parqu
 plain ``frametap`` that is the event loop's own cost of recording; against ``framelog`` it
 is what the writer's work costs the loop when both share a core (its CPU aside: the
 caches it takes from the loop). A measuring tool only: rows are lost on purpose, so the
-proxy prints ``frame log discarded N rows`` on stderr when it stops, and run_bench checks
-that N is not 0 (the loop did record).
+proxy prints ``frame log discarded N rows`` on stderr when it stops; run_bench and
+guard.py read it back (``discarded()``) and refuse a run whose loop did not record.
 """
 
 import atexit
