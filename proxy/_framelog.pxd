@@ -79,11 +79,13 @@ cdef class FrameLogBuffer:
     cdef int32_t last_res               # chunk arena offset of the last resource copied, -1
     cdef int64_t last_conn              # ... and whose it was (connection, direction)
     cdef int last_dir
+    cdef readonly list regions          # ColumnRegion: columns()'s output blocks, reused
     cdef void append(self, FrameRecord* rec, int64_t conn_id, int32_t route,
                      const uint8_t* res, Py_ssize_t res_len,
                      const uint8_t* attrs, Py_ssize_t alen, bint same_frame,
                      const uint8_t* cid, Py_ssize_t cid_len) noexcept
     cdef int _next_chunk(self) noexcept
+    cdef list _region(self, Py_ssize_t* sz, uint8_t** at, int k)
     cdef void _chunk_full(self) noexcept
 
 

@@ -5,6 +5,7 @@ thread (proxy/framelog_native.py) as Arrow column buffers.  framing_py.FrameLogB
 is the pure-Python twin."""
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.buffer cimport PyBUF_FORMAT
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport malloc, calloc, realloc, free
 from libc.string cimport memcpy, memset, memcmp
@@ -14,9 +15,60 @@ from proxy._counters cimport (FrameRecord, OPCODE_SLOTS, K_EVENT, EV_CLOSED, COR
 
 
 
-cdef inline bytearray _raw(Py_ssize_t n):
-    """An uninitialised bytearray of n bytes (columns() writes every byte it exposes)."""
-    return PyByteArray_FromStringAndSize(NULL, n)
+#: Column regions a FrameLogBuffer keeps for reuse (a batch in flight each; the writer
+#: has one or two).  More batches alive at once get blocks of their own, freed after.
+KEPT_REGIONS = 4
+
+
+cdef class ColumnRegion:
+    """One batch's column buffers in one malloc'd block (columns()).  Arrow sees each
+    column as a slice of one memoryview of it (the buffer protocol); once no Arrow buffer
+    holds any of them (exports == 0) the block serves a later batch.  Its pages stay
+    mapped from batch to batch: a fresh bytearray per column came from mmap() and each of
+    its pages was faulted in again, and pyarrow's pool releases the GIL for every buffer
+    it hands out (a batch's 30 buffers, each a wait for the event loop to give the GIL
+    back when both share a core)."""
+    cdef uint8_t* data
+    cdef Py_ssize_t cap
+    cdef readonly int exports
+
+    def __dealloc__(self):
+        free(self.data)
+
+    cdef int reserve(self, Py_ssize_t n) except -1:
+        """At least n bytes (only while no export holds the block: nothing is kept)."""
+        if n <= self.cap:
+            return 0
+        free(self.data)
+        self.cap = 0
+        self.data = <uint8_t*>malloc(n)
+        if self.data is NULL:
+            raise MemoryError("frame log: no memory for a batch's columns (%d bytes)" % n)
+        self.cap = n
+        return 0
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        view.buf = self.data
+        view.obj = self
+        view.len = self.cap
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = NULL
+        if flags & PyBUF_FORMAT:
+            view.format = b"B"
+        view.ndim = 1
+        view.shape = &self.cap
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* view):
+        self.exports -= 1
+
+
+cdef inline Py_ssize_t _aligned(Py_ssize_t n) noexcept:
+    return (n + 63) & ~(<Py_ssize_t>63)
 
 
 cdef inline Py_ssize_t _arena_str(uint8_t* dst, const uint8_t* a) noexcept nogil:
@@ -381,6 +433,7 @@ cdef class FrameLogBuffer:
         self.last_res = -1
         self.wake_at = 1
         self.routes = []
+        self.regions = []
 
     def __dealloc__(self):
         cdef int i
@@ -586,10 +639,39 @@ cdef class FrameLogBuffer:
     def appended_counts(self):
         return {self.routes[i].route: self.appended[i] for i in range(self.nroutes)}
 
+    cdef list _region(self, Py_ssize_t* sz, uint8_t** at, int k):
+        """k column buffers of sz[i] bytes (negative: zeroed) in one ColumnRegion, a free
+        kept one when there is one: their addresses in at[], and the memoryview slices
+        that hand them to Arrow."""
+        cdef Py_ssize_t total = 0, off = 0, size
+        cdef ColumnRegion reg = None
+        cdef int i
+        for i in range(k):
+            total += _aligned(sz[i] if sz[i] >= 0 else -sz[i])
+        for r in self.regions:
+            if (<ColumnRegion>r).exports == 0:
+                reg = r
+                break
+        if reg is None:
+            reg = ColumnRegion()
+            if len(self.regions) < KEPT_REGIONS:
+                self.regions.append(reg)
+        reg.reserve(max(total, 64))
+        mv = memoryview(reg)
+        out = []
+        for i in range(k):
+            size = sz[i] if sz[i] >= 0 else -sz[i]
+            at[i] = reg.data + off
+            if sz[i] < 0:
+                memset(at[i], 0, size)
+            out.append(mv[off:off + size])
+            off += _aligned(size)
+        return out
+
     def columns(self, chunks, int64_t wall_offset_ns):
         """Chunk ``chunks`` (an index, or a list of indexes: one batch, in that order) as
-        column buffers (bytearrays) for Arrow: fixed-width values, validity bitmaps (None:
-        no nulls), and offsets + data for the strings.  Runs without the GIL over the
+        column buffers for Arrow (memoryviews of one reused block, _region()): fixed-width
+        values, validity bitmaps (None: no nulls), and offsets + data for the strings.  Runs without the GIL over the
         records.  Several chunks make one table, hence one larger row group: the Parquet
         writer's cost per row falls with the row group's size."""
         cdef list idx = [chunks] if isinstance(chunks, int) else list(chunks)
@@ -611,83 +693,102 @@ cdef class FrameLogBuffer:
             n += self.chunks[ci[q]].n
             arena += self.chunks[ci[q]].alen
         nb = (n + 7) // 8
-        # count attribute pairs and resource bytes first (sizes the arrays; rows of one
-        # frame share one arena copy of their resource)
-        for q in range(nidx):
-            c = &self.chunks[ci[q]]
-            for j in range(c.n):
-                if c.recs[j].r.resource >= 0:
-                    a = c.arena + c.recs[j].r.resource
-                    rbytes += (a[0] << 8) | a[1]
-                if c.recs[j].r.corr_fmt == CORR_STR:
-                    a = c.arena + c.recs[j].r.corr
-                    cbytes += (a[0] << 8) | a[1]
-                if c.recs[j].r.attrs >= 0:
-                    a = c.arena + c.recs[j].r.attrs
-                    alen = (a[0] << 8) | a[1]
-                    k = 2
-                    while k + 2 <= alen + 2:
-                        m = (a[k] << 8) | a[k + 1]
-                        k += 2 + m
-                        m = (a[k] << 8) | a[k + 1]
-                        k += 2 + m
-                        npairs += 1
-        # value buffers are written for every row (or up to their offsets): not zeroed;
-        # the validity bitmaps are (_setbit ORs)
-        ts = _raw(n * 8); conn = _raw(n * 8); route = _raw(n * 4)
-        direction = _raw(n); kind = _raw(n); outcome = _raw(n)
-        outcome_v = bytearray(nb); opcode = _raw(n * 4); opcode_v = bytearray(nb)
-        op_idx = _raw(n * 4); req_idx = _raw(n * 4); req_v = bytearray(nb)
-        st_idx = _raw(n * 4); st_v = bytearray(nb); conn_idx = _raw(n * 4)
-        fbytes = _raw(n * 8); hbytes = _raw(n * 8); pbytes = _raw(n * 8)
-        msgs = _raw(n * 8); lat = _raw(n * 8); lat_v = bytearray(nb)
-        corr_off = _raw((n + 1) * 4); corr_data = _raw(n * 32 + cbytes + 1)
-        corr_v = bytearray(nb)
-        res_idx = _raw(n * 4); res_v = bytearray(nb)
-        res_off = _raw((n + 1) * 4); res_data = _raw(rbytes + 1)   # the dictionary
-        map_off = _raw((n + 1) * 4); map_v = bytearray(nb)
-        key_off = _raw((npairs + 1) * 4); key_data = _raw(arena + 1)
-        val_off = _raw((npairs + 1) * 4); val_data = _raw(arena + 1)
+        # Sizes from the arena alone, with no pass over the records (a batch is ~30 MB of
+        # records the loop wrote long ago: a sizing pass read them all from memory once
+        # more, ~16 % of this function's time).  Every string that reaches a column has
+        # its bytes in the arena - a string id and an attrs blob once per row, a resource
+        # at least once per distinct value, the dictionary's - and _utf8_copy() writes no
+        # more bytes than it reads; each attribute pair takes at least 4 bytes (two
+        # lengths).  The buffers exposed stop at the offsets written.
+        rbytes = cbytes = arena
+        npairs = arena // 4
+        # The batch's buffers, one block (_region()), in this order: sizes in bytes, a
+        # negative size zeroed (the validity bitmaps, which _setbit ORs into); the others
+        # are written for every row, or up to the offsets exposed.
+        cdef Py_ssize_t sz[34]
+        cdef uint8_t* at[34]
+        cdef int64_t* p_ts
+        cdef int64_t* p_conn
+        cdef int32_t* p_route
+        cdef int8_t* p_dir
+        cdef int8_t* p_kind
+        cdef int8_t* p_out
+        cdef uint8_t* v_out
+        cdef int32_t* p_op
+        cdef uint8_t* v_op
+        cdef int32_t* p_opk
+        cdef int32_t* p_reqk
+        cdef uint8_t* v_req
+        cdef int32_t* p_sk
+        cdef uint8_t* v_sk
+        cdef int32_t* p_ci
+        cdef int64_t* p_fb
+        cdef int64_t* p_hb
+        cdef int64_t* p_pb
+        cdef int64_t* p_msg
+        cdef int64_t* p_lat
+        cdef uint8_t* v_lat
+        cdef int32_t* p_coff
+        cdef uint8_t* p_cdat
+        cdef uint8_t* v_corr
+        cdef int32_t* p_ridx
+        cdef uint8_t* v_res
+        cdef int32_t* p_roff
+        cdef uint8_t* p_rdat
+        cdef int32_t* p_moff
+        cdef uint8_t* v_map
+        cdef int32_t* p_koff
+        cdef uint8_t* p_kdat
+        cdef int32_t* p_voff
+        cdef uint8_t* p_vdat
+        sz[:] = [n * 8, n * 8, n * 4, n, n, n, -nb, n * 4, -nb, n * 4, n * 4, -nb, n * 4,
+                 -nb, n * 4, n * 8, n * 8, n * 8, n * 8, n * 8, -nb, (n + 1) * 4,
+                 n * 32 + cbytes + 1, -nb, n * 4, -nb, (n + 1) * 4, rbytes + 1,
+                 (n + 1) * 4, -nb, (npairs + 1) * 4, arena + 1, (npairs + 1) * 4, arena + 1]
+        (ts, conn, route, direction, kind, outcome, outcome_v, opcode, opcode_v, op_idx,
+         req_idx, req_v, st_idx, st_v, conn_idx, fbytes, hbytes, pbytes, msgs, lat, lat_v,
+         corr_off, corr_data, corr_v, res_idx, res_v, res_off, res_data, map_off, map_v,
+         key_off, key_data, val_off, val_data) = self._region(sz, at, 34)
+        p_ts = <int64_t*>at[0]
+        p_conn = <int64_t*>at[1]
+        p_route = <int32_t*>at[2]
+        p_dir = <int8_t*>at[3]
+        p_kind = <int8_t*>at[4]
+        p_out = <int8_t*>at[5]
+        v_out = <uint8_t*>at[6]
+        p_op = <int32_t*>at[7]
+        v_op = <uint8_t*>at[8]
+        p_opk = <int32_t*>at[9]
+        p_reqk = <int32_t*>at[10]
+        v_req = <uint8_t*>at[11]
+        p_sk = <int32_t*>at[12]
+        v_sk = <uint8_t*>at[13]
+        p_ci = <int32_t*>at[14]
+        p_fb = <int64_t*>at[15]
+        p_hb = <int64_t*>at[16]
+        p_pb = <int64_t*>at[17]
+        p_msg = <int64_t*>at[18]
+        p_lat = <int64_t*>at[19]
+        v_lat = <uint8_t*>at[20]
+        p_coff = <int32_t*>at[21]
+        p_cdat = <uint8_t*>at[22]
+        v_corr = <uint8_t*>at[23]
+        p_ridx = <int32_t*>at[24]
+        v_res = <uint8_t*>at[25]
+        p_roff = <int32_t*>at[26]
+        p_rdat = <uint8_t*>at[27]
+        p_moff = <int32_t*>at[28]
+        v_map = <uint8_t*>at[29]
+        p_koff = <int32_t*>at[30]
+        p_kdat = <uint8_t*>at[31]
+        p_voff = <int32_t*>at[32]
+        p_vdat = <uint8_t*>at[33]
         cdef Dense d_name, d_status, d_conn
         cdef StrDict d_res
         _sdict_init(&d_res, 64)
         _dense_init(&d_name, 64)
         _dense_init(&d_status, 64)
         _dense_init(&d_conn, 256)
-        cdef int64_t* p_ts = <int64_t*>PyByteArray_AS_STRING(ts)
-        cdef int64_t* p_conn = <int64_t*>PyByteArray_AS_STRING(conn)
-        cdef int32_t* p_route = <int32_t*>PyByteArray_AS_STRING(route)
-        cdef int8_t* p_dir = <int8_t*>PyByteArray_AS_STRING(direction)
-        cdef int8_t* p_kind = <int8_t*>PyByteArray_AS_STRING(kind)
-        cdef int8_t* p_out = <int8_t*>PyByteArray_AS_STRING(outcome)
-        cdef uint8_t* v_out = <uint8_t*>PyByteArray_AS_STRING(outcome_v)
-        cdef int32_t* p_op = <int32_t*>PyByteArray_AS_STRING(opcode)
-        cdef uint8_t* v_op = <uint8_t*>PyByteArray_AS_STRING(opcode_v)
-        cdef int32_t* p_opk = <int32_t*>PyByteArray_AS_STRING(op_idx)
-        cdef int32_t* p_reqk = <int32_t*>PyByteArray_AS_STRING(req_idx)
-        cdef uint8_t* v_req = <uint8_t*>PyByteArray_AS_STRING(req_v)
-        cdef int32_t* p_sk = <int32_t*>PyByteArray_AS_STRING(st_idx)
-        cdef uint8_t* v_sk = <uint8_t*>PyByteArray_AS_STRING(st_v)
-        cdef int32_t* p_ci = <int32_t*>PyByteArray_AS_STRING(conn_idx)
-        cdef int64_t* p_fb = <int64_t*>PyByteArray_AS_STRING(fbytes)
-        cdef int64_t* p_hb = <int64_t*>PyByteArray_AS_STRING(hbytes)
-        cdef int64_t* p_pb = <int64_t*>PyByteArray_AS_STRING(pbytes)
-        cdef int64_t* p_msg = <int64_t*>PyByteArray_AS_STRING(msgs)
-        cdef int64_t* p_lat = <int64_t*>PyByteArray_AS_STRING(lat)
-        cdef uint8_t* v_lat = <uint8_t*>PyByteArray_AS_STRING(lat_v)
-        cdef int32_t* p_coff = <int32_t*>PyByteArray_AS_STRING(corr_off)
-        cdef uint8_t* p_cdat = <uint8_t*>PyByteArray_AS_STRING(corr_data)
-        cdef uint8_t* v_corr = <uint8_t*>PyByteArray_AS_STRING(corr_v)
-        cdef int32_t* p_ridx = <int32_t*>PyByteArray_AS_STRING(res_idx)
-        cdef int32_t* p_roff = <int32_t*>PyByteArray_AS_STRING(res_off)
-        cdef uint8_t* p_rdat = <uint8_t*>PyByteArray_AS_STRING(res_data)
-        cdef uint8_t* v_res = <uint8_t*>PyByteArray_AS_STRING(res_v)
-        cdef int32_t* p_moff = <int32_t*>PyByteArray_AS_STRING(map_off)
-        cdef uint8_t* v_map = <uint8_t*>PyByteArray_AS_STRING(map_v)
-        cdef int32_t* p_koff = <int32_t*>PyByteArray_AS_STRING(key_off)
-        cdef uint8_t* p_kdat = <uint8_t*>PyByteArray_AS_STRING(key_data)
-        cdef int32_t* p_voff = <int32_t*>PyByteArray_AS_STRING(val_off)
-        cdef uint8_t* p_vdat = <uint8_t*>PyByteArray_AS_STRING(val_data)
         cdef Py_ssize_t pairs = 0
         with nogil:
             p_coff[0] = 0

@@ -72,6 +72,14 @@ class NativeSource:
         self.full = None
         self.batch_chunks = 8       # chunks per table (columns() takes up to 64)
         self.lost = {}              # route -> rows taken but not turned into a table
+        self._zero = pa.py_buffer(b"")
+
+    def _zeros(self, size):
+        """size zero bytes (the source and run_id columns' indices): one buffer, grown
+        when a batch needs more, shared read-only by every table."""
+        if self._zero.size < size:
+            self._zero = pa.py_buffer(bytes(max(size, 2 * self._zero.size)))
+        return self._zero
 
     def connection(self, conn_id, peer, attrs=None):
         """``attrs``: per-connection entries added to every row's ``attrs`` (a TLS
@@ -177,7 +185,7 @@ class NativeSource:
         n = c["n"]
         routes = self.buffer.routes
         route_idx = _fixed(pa.int32(), n, c["route"])
-        zero = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(bytes(4 * n))])
+        zero = pa.Array.from_buffers(pa.int32(), n, [None, self._zeros(4 * n)])
         # columns() dictionary-encoded the names natively: each distinct key is looked up
         # here once (opcode_name and request_opcode_name share one dictionary)
         names = pa.array([str(routes[k // OPCODE_SLOTS].slot_name(k % OPCODE_SLOTS))

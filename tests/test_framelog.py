@@ -447,3 +447,61 @@ def test_a_writer_woken_by_a_full_chunk_leaves_the_filling_one_for_later(tmp_pat
     rows = read_rows(str(tmp_path))
     assert fl.records == {"fly": total} and len(rows) == total and fl.write_errors == 0
     assert {r["peer"] for r in rows} == {None}        # a peer never registered: null rows
+
+
+def test_columns_sized_from_the_arena_alone_in_reused_regions(tmp_path):
+    """columns() sizes its string buffers from the chunks' arena bytes, without a pass
+    over the records: a batch at those bounds - attrs of empty pairs (4 arena bytes a
+    pair, the most pairs an arena can hold), long string ids, resources - comes out
+    whole.  Its buffers are one block the next batch reuses once no Arrow buffer holds
+    it, and never while one does: two tables alive at once keep their own rows."""
+    if not HAVE_C:
+        pytest.skip("compiled extensions not built (FRAMETAP_NO_EXTENSIONS)")
+    import gc
+    from tests.probe_build import probe_module
+    probe = probe_module()
+    buf = _framing.FrameLogBuffer(8, 160)
+    stats = _framing.RouteStats("probe", "probe")
+    route = buf.add_route(stats)
+    res = probe.ResourceProbe(stats)
+    res.conn_id = 1
+    res.attach_log(buf, route)
+    corr = probe.CorrProbe(_framing.RouteStats("probe", "probe"))
+    corr.conn_id = 2
+    corr.attach_log(buf, route)
+    src = make_source(buf, "run-arena")
+    src.connection(1, "10.0.0.1:1")
+    src.connection(2, "10.0.0.1:2")
+
+    def batch(tag):
+        for i in range(40):
+            res.frame(None, [(b"", b"")] * 60)
+            ident = b"%s%03d-" % (tag, i) + b"x" * 120
+            corr.request(0, i, ident)
+            corr.response(1, i, ident)
+            res.frame(b"%s-topic-%d" % (tag, i % 3), [])
+        tables = src.drain()
+        assert [t.num_rows for t in tables] == [160]
+        return tables[0]
+
+    def check(table, tag):
+        rows = table.to_pylist()
+        assert [r["attrs"] for r in rows[0::4]] == [[("", "")] * 60] * 40
+        ids = ["%s%03d-" % (tag, i) + "x" * 120 for i in range(40)]
+        assert [r["correlation_id"] for r in rows[1::4]] == ids
+        assert [r["correlation_id"] for r in rows[2::4]] == ids
+        assert [r["resource"] for r in rows[3::4]] == ["%s-topic-%d" % (tag, i % 3)
+                                                       for i in range(40)]
+        assert {r["peer"] for r in rows} == {"10.0.0.1:1", "10.0.0.1:2"}
+
+    first = batch(b"a")
+    second = batch(b"b")                 # the first table still holds its block
+    check(first, "a")
+    check(second, "b")
+    assert [r.exports for r in buf.regions] == [1, 1]
+    del first, second
+    gc.collect()
+    assert [r.exports for r in buf.regions] == [0, 0]
+    third = batch(b"c")                  # a free block again: no third one
+    check(third, "c")
+    assert len(buf.regions) == 2 and sorted(r.exports for r in buf.regions) == [0, 1]
