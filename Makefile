@@ -21,10 +21,11 @@ demo: $(STAMP)
 
 # Every test: the tier not marked slow on every core (as test-fast), then the slow tier (the
 # real services, Locust runs, fuzzers, wall-clock and timing-ratio tests) one at a time, so a
-# timing test never shares the machine with a second worker.
+# timing test never shares the machine with a second worker. The slow tier names its 25
+# slowest tests: it is most of CI's time.
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n auto $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow --durations=25 $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests marked slow (real Spark, RabbitMQ, Prometheus,
 # Chromium, Locust runs, fuzzing rounds, wall-clock timeouts), on every core (pytest-xdist),
