@@ -15,9 +15,11 @@ from proxy._counters cimport (FrameRecord, OPCODE_SLOTS, K_EVENT, EV_CLOSED, COR
 
 
 
-#: Column regions a FrameLogBuffer keeps for reuse (a batch in flight each; the writer
-#: has one or two).  More batches alive at once get blocks of their own, freed after.
-KEPT_REGIONS = 4
+#: Column regions a FrameLogBuffer keeps for reuse, a batch in flight each: the writer
+#: holds one or two (a drain of a full buffer and its part-filled chunk), each about 1.5x
+#: its chunks' records (~40 MB at the default 8 x 32,768).  More batches alive at once get
+#: blocks of their own, freed after them.
+KEPT_REGIONS = 2
 
 
 cdef class ColumnRegion:
