@@ -4,7 +4,6 @@ chunks, filled on the event loop by FrameParser._emit(), drained by the frame-lo
 thread (proxy/framelog_native.py) as Arrow column buffers.  framing_py.FrameLogBuffer
 is the pure-Python twin."""
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.buffer cimport PyBUF_FORMAT
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport malloc, calloc, realloc, free
@@ -28,7 +27,7 @@ cdef class ColumnRegion:
     holds any of them (exports == 0) the block serves a later batch.  Its pages stay
     mapped from batch to batch: a fresh bytearray per column came from mmap() and each of
     its pages was faulted in again, and pyarrow's pool releases the GIL for every buffer
-    it hands out (a batch's 30 buffers, each a wait for the event loop to give the GIL
+    it hands out (a batch's 34 buffers, each a wait for the event loop to give the GIL
     back when both share a core)."""
     cdef uint8_t* data
     cdef Py_ssize_t cap
@@ -673,15 +672,16 @@ cdef class FrameLogBuffer:
     def columns(self, chunks, int64_t wall_offset_ns):
         """Chunk ``chunks`` (an index, or a list of indexes: one batch, in that order) as
         column buffers for Arrow (memoryviews of one reused block, _region()): fixed-width
-        values, validity bitmaps (None: no nulls), and offsets + data for the strings.  Runs without the GIL over the
-        records.  Several chunks make one table, hence one larger row group: the Parquet
-        writer's cost per row falls with the row group's size."""
+        values, validity bitmaps (None: no nulls), and offsets + data for the strings.
+        Runs without the GIL over the records.  Several chunks make one table, hence one
+        larger row group: the Parquet writer's cost per row falls with the row group's
+        size."""
         cdef list idx = [chunks] if isinstance(chunks, int) else list(chunks)
         cdef Py_ssize_t nidx = len(idx), q
         cdef int ci[64]
         cdef LogChunk* c
-        cdef Py_ssize_t n = 0, j, k, nb, pos, npairs = 0, m, o, arena = 0
-        cdef Py_ssize_t cpos = 0, rpos = 0, kpos = 0, vpos = 0, pend, alen
+        cdef Py_ssize_t n = 0, j, k, nb, npairs = 0, m, o, arena = 0
+        cdef Py_ssize_t cpos = 0, kpos = 0, vpos = 0, pend
         cdef LogRecord* r
         cdef FrameRecord* f
         cdef const uint8_t* a
