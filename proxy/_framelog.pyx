@@ -648,7 +648,7 @@ cdef class FrameLogBuffer:
         cdef ColumnRegion reg = None
         cdef int i
         for i in range(k):
-            total += _aligned(sz[i] if sz[i] >= 0 else -sz[i])
+            total += _aligned(abs(sz[i]))
         for r in self.regions:
             if (<ColumnRegion>r).exports == 0:
                 reg = r
@@ -661,7 +661,7 @@ cdef class FrameLogBuffer:
         mv = memoryview(reg)
         out = []
         for i in range(k):
-            size = sz[i] if sz[i] >= 0 else -sz[i]
+            size = abs(sz[i])
             at[i] = reg.data + off
             if sz[i] < 0:
                 memset(at[i], 0, size)
@@ -685,7 +685,6 @@ cdef class FrameLogBuffer:
         cdef LogRecord* r
         cdef FrameRecord* f
         cdef const uint8_t* a
-        cdef Py_ssize_t rbytes = 0, cbytes = 0
         if nidx < 1 or nidx > 64:
             raise ValueError("columns() takes 1 to 64 chunks, not %d" % nidx)
         for q in range(nidx):
@@ -702,7 +701,6 @@ cdef class FrameLogBuffer:
         # at least once per distinct value, the dictionary's - and _utf8_copy() writes no
         # more bytes than it reads; each attribute pair takes at least 4 bytes (two
         # lengths).  The buffers exposed stop at the offsets written.
-        rbytes = cbytes = arena
         npairs = arena // 4
         # The batch's buffers, one block (_region()), in this order: sizes in bytes, a
         # negative size zeroed (the validity bitmaps, which _setbit ORs into); the others
@@ -745,7 +743,7 @@ cdef class FrameLogBuffer:
         cdef uint8_t* p_vdat
         sz[:] = [n * 8, n * 8, n * 4, n, n, n, -nb, n * 4, -nb, n * 4, n * 4, -nb, n * 4,
                  -nb, n * 4, n * 8, n * 8, n * 8, n * 8, n * 8, -nb, (n + 1) * 4,
-                 n * 32 + cbytes + 1, -nb, n * 4, -nb, (n + 1) * 4, rbytes + 1,
+                 n * 32 + arena + 1, -nb, n * 4, -nb, (n + 1) * 4, arena + 1,
                  (n + 1) * 4, -nb, (npairs + 1) * 4, arena + 1, (npairs + 1) * 4, arena + 1]
         (ts, conn, route, direction, kind, outcome, outcome_v, opcode, opcode_v, op_idx,
          req_idx, req_v, st_idx, st_v, conn_idx, fbytes, hbytes, pbytes, msgs, lat, lat_v,
