@@ -314,6 +314,7 @@ class Client:
 
 KEEP_PROFILES = None        # --keep-profiles DIR
 ARMED_RULE = False          # --armed-rule: one fault rule armed that never fires
+PASSTHROUGH = False         # --passthrough: bench/passthrough.py measured instead
 
 #: the guard's route as a config file (--armed-rule and the frame-log shapes need one)
 ROUTE_CONFIG = """\
@@ -469,7 +470,11 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
     else:
         route = ["--protocol", "flymq", "--listen", f"127.0.0.1:{port}",
                  "--upstream", f"127.0.0.1:{flyload_port}"]
-    argv = tool.wrap([*head, "proxy", *route, "--log-level", "warning"])
+    argv = [*head, "proxy", *route, "--log-level", "warning"]
+    if PASSTHROUGH:             # the baseline relay, the same load (bench/run_bench.py's)
+        argv = [sys.executable, str(BENCH_DIR / "passthrough.py"), "--listen",
+                f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{flyload_port}"]
+    argv = tool.wrap(argv)
     logfile = tool.dir / f"proxy-{tool_name}{'-log' if framelog else ''}.log"
     t0 = time.monotonic()
     log(f"{runlabel} {tool_name}: starting the proxy"
@@ -643,6 +648,25 @@ def compare(ref: dict, figures: dict) -> tuple[list, list]:
     return rows, failures
 
 
+def passthrough_table(ref: dict, figures: dict, elapsed: float) -> int:
+    """--passthrough's output: the pass-through's figures beside the reference's frametap
+    figures (a ratio below 1: frametap does more than the bare relay)."""
+    print(f"  {'size':>5} {'figure':<21} {'pass-through':>14} {'frametap ref':>14} "
+          f"{'ratio':>7}")
+    for size, got in figures.items():
+        want = ref.get("figures", {}).get(size, {})
+        for fig in FIGURES:
+            if fig not in got:
+                continue
+            base = want.get(fig)
+            ratio = f"{got[fig] / base:7.3f}" if base else "      -"
+            print(f"  {size:>5} {LABEL[fig]:<21} {fmt(fig, got[fig]):>14} "
+                  f"{fmt(fig, base) if base else '-':>14} {ratio}")
+    log(f"pass-through measured in {elapsed:.0f} s (ratio: pass-through / frametap's "
+        f"reference, by count; information)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
@@ -658,8 +682,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reason", help="why the reference changes (required with --update)")
     ap.add_argument("--runs", type=int, default=1,
                     help="measure N times; figures are medians, the spread is printed (1)")
-    ap.add_argument("--sizes", default=",".join(s.name for s in SHAPES),
-                    help="comma list of " + ", ".join(s.name for s in SHAPES) + " (all)")
+    ap.add_argument("--sizes",
+                    help="comma list of " + ", ".join(s.name for s in SHAPES) + " (all; "
+                         "with --passthrough those without a frame log)")
     ap.add_argument("--only", choices=["all", "instructions", "syscalls"], default="all",
                     help="measure one of the two figures (all); for a quick look, not for CI")
     ap.add_argument("--build", action="store_true",
@@ -672,23 +697,37 @@ def main(argv=None) -> int:
                     help="run the proxy with one fault rule armed that never fires (a delay "
                          "on CONSUME; issue 22's target: within 10 %% of the no-rule "
                          "reference at 64 B); cannot be combined with --update")
+    ap.add_argument("--passthrough", action="store_true",
+                    help="measure bench/passthrough.py (the bare uvloop relay that make bench "
+                         "compares frametap with) under the same load, and print each figure "
+                         "beside the reference's frametap figure: the relay's cost "
+                         "counted rather than timed (information: never fails; 64B, 16KiB, "
+                         "1MiB only; cannot be combined with --update)")
     args = ap.parse_args(argv)
-    global KEEP_PROFILES, ARMED_RULE
+    global KEEP_PROFILES, ARMED_RULE, PASSTHROUGH
     KEEP_PROFILES = args.keep_profiles
     ARMED_RULE = args.armed_rule
+    PASSTHROUGH = args.passthrough
     if args.update and args.armed_rule:
         ap.error("--armed-rule measures a fault-armed proxy: not a reference")
+    if args.passthrough and (args.update or args.armed_rule):
+        ap.error("--passthrough measures the baseline relay: not with --update or --armed-rule")
     if args.update and not (args.reason and args.reason.strip()):
         ap.error("--update needs --reason \"...\": the reference changes only deliberately")
     if args.runs < 1:
         ap.error("--runs: at least 1")
     known = {s.name: s for s in SHAPES}
+    if args.sizes is None:
+        args.sizes = ",".join(s.name for s in SHAPES if not (args.passthrough and s.framelog))
     names = [n.strip() for n in args.sizes.split(",") if n.strip()]
     if not names or set(names) - set(known):
         ap.error(f"--sizes: a comma list of {', '.join(known)}")
     if args.update and (names != list(known) or args.only != "all"):
         ap.error("--update measures every size and figure (leave out --sizes and --only)")
     shapes = [known[n] for n in names]
+    if args.passthrough:
+        if any(s.framelog for s in shapes):
+            ap.error("--passthrough: the pass-through has no frame log (64B, 16KiB, 1MiB)")
     tree = Path(args.tree).resolve()
     ref_path = Path(args.reference)
     started = time.monotonic()
@@ -770,6 +809,8 @@ def main(argv=None) -> int:
     same = on.get("proxy_tree") and on.get("proxy_tree") == commit["proxy_tree"] and not commit["dirty"]
     log(f"reference: {on.get('commit', '?')[:10]} ({on.get('date', '?')}"
         f"{', the same proxy/ as this tree' if same else ''}): {ref.get('reason', '')[:100]}")
+    if PASSTHROUGH:
+        return passthrough_table(ref, figures, elapsed)
     rows, failures = compare(ref, figures)
     print(f"  {'size':>5} {'figure':<21} {'measured':>14} {'reference':>14} {'change':>8} "
           f"{'tol':>6}")

@@ -4,6 +4,8 @@ the request it sends, and a checked-in reference that matches the guard's load s
 CI step)."""
 
 import json
+import os
+import shutil
 import struct
 import sys
 
@@ -100,3 +102,43 @@ def test_update_needs_a_reason(capsys):
     with pytest.raises(SystemExit) as exc:
         guard.main(["--update"])
     assert exc.value.code == 2 and "--reason" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--passthrough", "--update", "--reason", "x"],
+                                  ["--passthrough", "--armed-rule"],
+                                  ["--passthrough", "--sizes", "64B,64B-log"]])
+def test_passthrough_is_information_never_a_reference(argv, capsys):
+    """--passthrough measures the baseline relay: it can neither become the reference nor
+    take a frame-log shape (the pass-through has no frame log)."""
+    with pytest.raises(SystemExit) as exc:
+        guard.main(argv)
+    assert exc.value.code == 2 and "--passthrough" in capsys.readouterr().err
+
+
+def test_passthrough_table_sets_each_figure_beside_the_reference(capsys):
+    ref = _ref(**{"64B": (900.0, 0.375)})
+    got = {"64B": {"instructions_per_request": 550.0, "syscalls_per_request": 0.375}}
+    assert guard.passthrough_table(ref, got, 1.0) == 0
+    lines = [ln.split() for ln in capsys.readouterr().out.splitlines()[1:]]
+    want = ref["figures"]["64B"]
+    assert lines[0][:2] == ["64B", "instructions/request"]
+    assert float(lines[0][-1]) == pytest.approx(550.0 / want["instructions_per_request"], abs=1e-3)
+    assert float(lines[1][-1]) == pytest.approx(0.375 / want["syscalls_per_request"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_passthrough_counts_the_bare_relay_below_frametap(tmp_path):
+    """The real thing at 64 B: the pass-through under callgrind relays the guard's load
+    with fewer user-space instructions a request than frametap's reference (it parses
+    nothing), and with more than none."""
+    if shutil.which("valgrind") is None:
+        msg = "valgrind not installed: .ci/run installs it with apt-get"
+        if os.environ.get("FRAMETAP_CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    out = tmp_path / "pt.json"
+    assert guard.main(["--passthrough", "--sizes", "64B", "--only", "instructions",
+                       "--json", str(out)]) == 0
+    got = json.loads(out.read_text())["figures"]["64B"]["instructions_per_request"]
+    ref = json.loads(guard.REFERENCE.read_text())["figures"]["64B"]["instructions_per_request"]
+    assert 100 < got < 0.8 * ref        # 554 against 896 when added
