@@ -113,10 +113,21 @@ cdef class RouteStats:
     cdef uint64_t connect_hist[N_BUCKETS + 1]
     cdef double connect_sum
 
-    cdef int slot_for(self, int64_t code) noexcept
+    cdef int _slot_miss(self, int64_t code) noexcept
     cdef int _shared_unknown(self) noexcept
     cdef int slot_for_name(self, const uint8_t* name, Py_ssize_t n) except -1
     cdef void error(self, int direction, int reason) noexcept
+
+    cdef inline int slot_for(self, int64_t code) noexcept:
+        """The opcode slot of a numeric code: a code already seen is one table read,
+        inline in every parser's per-frame path; a first sighting (or one outside the
+        table) takes _slot_miss()."""
+        cdef int s
+        if 0 <= code < CODE_TABLE:
+            s = self.slot_of[code]
+            if s >= 0:
+                return s
+        return self._slot_miss(code)
 
 
 cdef class FrameParser:

@@ -170,7 +170,8 @@ cdef class RouteStats:
         PyMem_Free(self.c.responses)
         PyMem_Free(self.c.hist)
 
-    cdef int slot_for(self, int64_t code) noexcept:
+    cdef int _slot_miss(self, int64_t code) noexcept:
+        """slot_for() past its table hit: a code out of the table, or seen first now."""
         cdef int s
         if code < 0 or code >= CODE_TABLE:
             return OTHER_SLOT
