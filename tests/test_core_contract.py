@@ -124,6 +124,22 @@ def test_unknown_codes_cannot_use_up_the_labels():
         assert len({one, two, shared}) == 3
 
 
+def test_codes_at_and_past_the_tables_edges():
+    """slot_for()'s inline table hit (proxy/_framing.pxd) and its miss path agree with
+    the twin at the table's edges: 0 and 65535 get slots of their own and keep them, a
+    negative code or one past the table counts under "other" and takes no slot."""
+    from proxy.framing import RouteStats
+    from proxy.framing_common import OTHER_SLOT
+    for cls in {RouteStats, framing_py.RouteStats}:
+        stats = cls("r", "p")
+        low, high = stats.opcode_slot(0), stats.opcode_slot(65535)
+        assert low != high and OTHER_SLOT not in (low, high)
+        assert (stats.opcode_slot(0), stats.opcode_slot(65535)) == (low, high)   # hits
+        for code in (-1, -(1 << 40), 65536, 1 << 40):
+            assert stats.opcode_slot(code) == OTHER_SLOT
+        assert stats.opcode_slot(7) == 2 and stats.opcode_slot(7) == 2   # the next slot
+
+
 def test_a_flood_of_unknown_stream_keys_leaves_real_opcodes_labelled():
     """The reproduction: 256 eight-byte frames with unknown keys from one client, then a
     real command — which must still be counted under its own name."""
