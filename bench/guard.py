@@ -470,10 +470,11 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
     else:
         route = ["--protocol", "flymq", "--listen", f"127.0.0.1:{port}",
                  "--upstream", f"127.0.0.1:{flyload_port}"]
-    argv = [*head, "proxy", *route, "--log-level", "warning"]
     if PASSTHROUGH:             # the baseline relay, the same load (bench/run_bench.py's)
         argv = [sys.executable, str(BENCH_DIR / "passthrough.py"), "--listen",
                 f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{flyload_port}"]
+    else:
+        argv = [*head, "proxy", *route, "--log-level", "warning"]
     argv = tool.wrap(argv)
     logfile = tool.dir / f"proxy-{tool_name}{'-log' if framelog else ''}.log"
     t0 = time.monotonic()
