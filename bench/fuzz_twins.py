@@ -28,7 +28,8 @@ must agree across twins and cuts and stay within the budget.  Floods: --flood re
 in the compiled pending map's hash as it was unkeyed (``_mix``, now in proxy/_pending.pxd,
 on 8d1b3c1: pending_mix) — Thrift seq ids, RocketMQ opaques, fleximq PING timestamps,
 Stream publishing and correlation ids (FlyMQ correlates FIFO: nothing to collide) — must
-cost at most FLOOD_RATIO times the same requests with random ids (plus 20 ms), and stay
+cost at most FLOOD_RATIO (2) times the same requests with random ids (plus 2 ms; the
+fastest of FLOOD_ROUNDS interleaved runs of each), and stay
 within the budget.  On 8d1b3c1 they cost 50-300x; the map's hash is now keyed by a
 secret per-connection seed, which ids chosen offline cannot know.
 
@@ -51,7 +52,9 @@ sys.path.insert(0, str(ROOT))
 
 # Per twin: (ns a byte, us a read, ms a case) of CPU time (module docstring).
 BUDGETS = {"c": (250.0, 2.0, 20.0), "py": (10_000.0, 50.0, 50.0)}
-FLOOD_RATIO = 3.0            # a flood of colliding ids vs the same requests, random ids
+FLOOD_RATIO = 2.0            # a flood of colliding ids vs the same requests, random ids
+FLOOD_SLACK = 0.002          # s: plus this, for a flood whose random-id run takes ~1 ms
+FLOOD_ROUNDS = 3             # interleaved runs of each; the ratio is of the fastest ones
 PROGRESS_SECONDS = 10.0      # a progress line at most this often on long runs
 
 
@@ -512,6 +515,22 @@ def timed_run(stats_cls, parser_cls, name, reads, options=None, limits=None, bud
             gc.enable()
 
 
+def flood_cost(stats_cls, parser_cls, name, chosen, randoms, options=None, first=None,
+               rounds=FLOOD_ROUNDS):
+    """A flood's reads (`chosen`: colliding ids) against the same requests with random
+    ids, `rounds` interleaved runs of each (`first`: a chosen run already timed): returns
+    (the fastest chosen run, the fastest random run, whether it is within FLOOD_RATIO x
+    random + FLOOD_SLACK).  The fastest of each, since a noisy machine only adds time."""
+    c = [] if first is None else [first]
+    r = []
+    while len(c) < rounds or len(r) < rounds:
+        if len(r) < rounds:
+            r.append(timed_run(stats_cls, parser_cls, name, randoms, options, trace=False)[0])
+        if len(c) < rounds:
+            c.append(timed_run(stats_cls, parser_cls, name, chosen, options, trace=False)[0])
+    return min(c), min(r), min(c) <= FLOOD_RATIO * min(r) + FLOOD_SLACK
+
+
 def _timed_run(stats_cls, parser_cls, name, reads, options, limits, budget, trace):
     stats = stats_cls("fuzz", name)
     p = parser_cls(stats, None, 30.0, dict(options or {}))
@@ -700,10 +719,10 @@ def adversarial(name: str, size: int = 100_000, flood: int = 60_000,
                           f"differ from the first run: {key} vs {seen['all']}", file=out)
                 if a.flood and a.name in baseline:
                     base = attack_reads(baseline[a.name], mode)
-                    rsecs = timed_run(stats_cls, parser_cls, name, base, a.options,
-                                      trace=False)[0]
-                    ok = secs <= FLOOD_RATIO * rsecs + 0.02
-                    line += f" (random ids {rsecs * 1e9 / nbytes:.1f}{'' if ok else ' FLOOD'})"
+                    csecs, rsecs, ok = flood_cost(stats_cls, parser_cls, name, reads, base,
+                                                  a.options, first=secs)
+                    line += (f" (random ids {rsecs * 1e9 / nbytes:.1f}, "
+                             f"x{csecs / max(rsecs, 1e-9):.2f}{'' if ok else ' FLOOD'})")
                     if not ok and a.name not in res["flood_slow"]:
                         res["flood_slow"].append(a.name)
         line += " ns/B" + ("  (! over budget, > stopped at 4x budget)" if marked else "")
@@ -717,7 +736,8 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0],
         epilog="Budgets (CPU time a case, per twin): compiled 0.25 us/B + 2 us/read + "
                "20 ms, pure Python 10 us/B + 50 us/read + 50 ms; floods: at most "
-               f"{FLOOD_RATIO:g}x the same requests with random ids.")
+               f"{FLOOD_RATIO:g}x the same requests with random ids (+ "
+               f"{FLOOD_SLACK * 1e3:g} ms), the fastest of {FLOOD_ROUNDS} runs each.")
     ap.add_argument("--protocol", default="all")
     ap.add_argument("--frames", type=int, default=10_000_000,
                     help="mutated frames per protocol (default 10,000,000; 0: none)")

@@ -90,10 +90,10 @@ def test_chosen_ids_cost_what_random_ids_cost(impl):
     for _ in range(3):                        # interleaved, best of three each
         chosen_s.append(_cost(impl, chosen, n))
         random_s.append(_cost(impl, randoms, n))
-    ratio = min(chosen_s) / max(min(random_s), 1e-4)
-    # unkeyed: ~10,000 probes per insert, 100x and more; keyed: the same cost (x2 slack
-    # for a noisy machine, x3 with the 1e-4 floor of a tiny random time)
-    assert ratio <= 3.0, (
+    ratio = min(chosen_s) / max(min(random_s), 1e-9)
+    # unkeyed: ~10,000 probes per insert, 100x and more; keyed: the same cost. Issue 19's
+    # bound, x2, plus 2 ms for a random run that takes a millisecond or two
+    assert min(chosen_s) <= 2.0 * min(random_s) + 0.002, (
         "%d chosen PING ids took %.1f ms, random ones %.1f ms (x%.1f)"
         % (n, min(chosen_s) * 1e3, min(random_s) * 1e3, ratio))
 
