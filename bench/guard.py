@@ -25,10 +25,12 @@ Start-up, imports and connection set-up are not counted: on each connection, aft
 warm-up, the counters are started at a marker and read at another (callgrind: ``vgdb
 zero`` and ``vgdb dump`` on the running proxy; strace: attached with -p, detached), once
 with no load (what the markers cost) and then for windows of n batches each (callgrind 5,
-strace 9). A window's figure is (its count - the empty window's) / (n * batch); the
-guard's figure is the median window's. (1 MiB frames arrive while the proxy reads them:
-now and then a read splits in two and costs a read, a write and an epoll call more; the
-median keeps such a window from moving the figure.)
+strace 9). A window's figure is (its count - the empty window's) / (n * batch). The
+instructions figure is the median window's. The system-calls figure is the fewest any
+window needed: timing can only add system calls to a window (1 MiB frames arrive while
+the proxy reads them, and now and then a read splits in two and costs a read, a write and
+an epoll call more; in one reference run five of nine windows did), while a change that
+costs more calls a frame costs them in every window.
 
     python bench/guard.py                      # measure this checkout, compare
     python bench/guard.py --tree ../old        # another checkout, built in place
@@ -89,8 +91,9 @@ class Shape:
     framelog: bool = False   # every frame recorded in the frame log (instructions only)
 
 
-#: measured windows per size and tool: the figure is the median window's. strace windows
-#: cost ~10 ms, callgrind's 0.3-2 s.
+#: measured windows per size and tool: the instructions figure is the median window's,
+#: the system-calls figure the fewest (module docstring). strace windows cost ~10 ms,
+#: callgrind's 0.3-2 s.
 WINDOWS = {"callgrind": 5, "strace": 9}
 
 SHAPES = [
@@ -450,11 +453,20 @@ def parse_strace_counts(text: str) -> dict:
     return calls
 
 
+def window_taken(key: str, values: list) -> int:
+    """Index of the window whose figure is the shape's: the median window for
+    instructions, the fewest for system calls (timing only ever adds calls: a read that
+    splits a 1 MiB frame costs a read, a write and an epoll call more)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[0] if key == "syscalls" else order[len(values) // 2]
+
+
 def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: str,
                  runlabel: str, framelog: bool = False) -> dict:
     """One proxy process under ``tool``; per shape one connection: warm-up, an empty
     window (what the markers cost), then WINDOWS[tool_name] windows of ``shape.n`` batches;
-    the figure is the median window's count less the empty one's, per request.
+    a window's figure is its count less the empty one's, per request; the shape's figure
+    is the median window's (instructions) or the fewest (system calls).
     ``framelog``: the proxy records every frame, its writer discarding the rows."""
     port = free_port()
     head = [sys.executable, "-m", "proxy"]
@@ -508,7 +520,7 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
             if min(w[key] for w in windows) <= 0:
                 raise GuardError(f"{tool_name} counted nothing in a window of {reqs} requests")
             values = [(w[key] - empty[key]) / reqs for w in windows]
-            mid = sorted(range(len(values)), key=values.__getitem__)[len(values) // 2]
+            mid = window_taken(key, values)
             r = {f"{key}_per_request": values[mid],
                  f"{key}_windows": [round(v, 3) for v in values]}
             if key == "syscalls":

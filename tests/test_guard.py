@@ -82,7 +82,21 @@ def test_the_checked_in_reference_matches_the_guards_load_shapes():
     for shape in guard.SHAPES:
         for fig in guard.shape_figures(shape):
             assert ref["figures"][shape.name][fig] > 0
-            assert 0 < guard.tolerance(ref, shape.name, fig) <= 0.5
+            # issue 19's tolerance: "fails when a figure grows by more than ~10 %". A
+            # looser one is a change to this line too, with its reason, not a quiet edit
+            # of the JSON.
+            assert 0 < guard.tolerance(ref, shape.name, fig) <= 0.10, (shape.name, fig)
+
+
+def test_instructions_take_the_median_window_system_calls_the_fewest():
+    """Timing only ever adds system calls to a window (a read that splits a 1 MiB frame
+    costs a read, a write and an epoll call more), so the fewest is the figure; a change
+    that costs more calls a frame raises every window, the fewest too."""
+    split = [14.0, 14.938, 15.125, 14.0, 14.938, 15.312, 14.188, 14.938, 15.0]
+    assert split[guard.window_taken("syscalls", split)] == 14.0
+    assert split[guard.window_taken("instructions", split)] == 14.938
+    regressed = [v + 32.0 for v in split]          # 607bc22's +32 calls a 1 MiB request
+    assert regressed[guard.window_taken("syscalls", regressed)] == 46.0
 
 
 def test_the_frame_log_shape_counts_the_recording_path():
