@@ -29,8 +29,8 @@ strace 9). A window's figure is (its count - the empty window's) / (n * batch). 
 instructions figure is the median window's. The system-calls figure is the fewest any
 window needed: timing can only add system calls to a window (1 MiB frames arrive while
 the proxy reads them, and now and then a read splits in two and costs a read, a write and
-an epoll call more; in one reference run five of nine windows did), while a change that
-costs more calls a frame costs them in every window.
+an epoll call more; in one reference run at least five of nine windows did), while a
+change that costs more calls a frame costs them in every window.
 
     python bench/guard.py                      # measure this checkout, compare
     python bench/guard.py --tree ../old        # another checkout, built in place
