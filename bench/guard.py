@@ -520,11 +520,11 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
             if min(w[key] for w in windows) <= 0:
                 raise GuardError(f"{tool_name} counted nothing in a window of {reqs} requests")
             values = [(w[key] - empty[key]) / reqs for w in windows]
-            mid = window_taken(key, values)
-            r = {f"{key}_per_request": values[mid],
+            taken = window_taken(key, values)
+            r = {f"{key}_per_request": values[taken],
                  f"{key}_windows": [round(v, 3) for v in values]}
             if key == "syscalls":
-                w, names = windows[mid]["by_name"], set(windows[mid]["by_name"])
+                w, names = windows[taken]["by_name"], set(windows[taken]["by_name"])
                 r["by_name"] = {k: round((w.get(k, 0) - empty["by_name"].get(k, 0)) / reqs, 3)
                                 for k in sorted(names | set(empty["by_name"]))}
             results[shape.name] = r
@@ -532,7 +532,7 @@ def measure_tool(tool, flyload_port: int, tree: Path, shapes: list, tool_name: s
             if key == "syscalls":
                 extra = "  (" + ", ".join(f"{g} {v:.2f}" for g, v in
                                           group_syscalls(r["by_name"]).items()) + ")"
-            log(f"{runlabel} {tool_name}: {shape.name:>5} {fmt(key, values[mid]):>12} "
+            log(f"{runlabel} {tool_name}: {shape.name:>5} {fmt(key, values[taken]):>12} "
                 f"{key}/request{extra}  [windows {fmt(key, min(values))}-{fmt(key, max(values))}; "
                 f"{client.done:,} requests, {time.monotonic() - t1:.1f} s]")
     except BaseException:
