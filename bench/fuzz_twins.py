@@ -40,6 +40,7 @@ secret per-connection seed, which ids chosen offline cannot know.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import random
 import sys
@@ -499,6 +500,20 @@ def attack_reads(attack, mode):
     return out
 
 
+@contextlib.contextmanager
+def collector_off():
+    """The cyclic garbage collector off while a parser is timed: a full collection's
+    pause depends on what else the process holds (in a test session, tens of ms), not on
+    the input, and lands in whichever run crosses its threshold."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def timed_run(stats_cls, parser_cls, name, reads, options=None, limits=None, budget=None,
               trace=True):
     """Feed `reads` to a fresh parser (with `trace`, recording, so the frame-log paths run
@@ -506,13 +521,8 @@ def timed_run(stats_cls, parser_cls, name, reads, options=None, limits=None, bud
     `budget` (seconds) the feeding stops once it is spent (returns None for the
     counters): a super-linear case fails fast instead of running for minutes.  The
     cyclic garbage collector is off meanwhile (its pauses are not the parser's)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_off():
         return _timed_run(stats_cls, parser_cls, name, reads, options, limits, budget, trace)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def flood_cost(stats_cls, parser_cls, name, chosen, randoms, options=None, first=None,

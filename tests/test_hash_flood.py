@@ -10,12 +10,17 @@ the same check.
 """
 
 import random
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from proxy.protocols.fleximq import codec
 from tests.parsers import impl_fixture, make as make_parser
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from fuzz_twins import FLOOD_RATIO, FLOOD_SLACK, collector_off  # noqa: E402
 
 impl, IMPLS = impl_fixture("fleximq")
 
@@ -67,9 +72,10 @@ def _pings(timestamps):
 def _cost(impl, data, n):
     stats, parser = make_parser(impl, "fleximq", "fx")
     parser.map_limit = max(parser.map_limit, 2 * n)
-    start = time.process_time()
-    assert parser.feed(0, data) == len(data)
-    spent = time.process_time() - start
+    with collector_off():                     # as bench/fuzz_twins.py times its floods
+        start = time.thread_time()
+        assert parser.feed(0, data) == len(data)
+        spent = time.thread_time() - start
     assert stats.in_flight == n, "every PING is pending: the map tracked them all"
     return spent
 
@@ -87,13 +93,19 @@ def test_chosen_ids_cost_what_random_ids_cost(impl):
     chosen = _pings(colliding_timestamps(n))
     randoms = _pings(rng.randrange(1, 1 << 62) for _ in range(n))
     chosen_s, random_s = [], []
-    for _ in range(3):                        # interleaved, best of three each
+
+    def within():
+        return min(chosen_s) <= FLOOD_RATIO * min(random_s) + FLOOD_SLACK
+
+    # interleaved, the fastest of three each (noise only adds time); over the bound, three
+    # more of each before failing: a flood on an unkeyed map is x100 and more, not x2.1
+    while len(chosen_s) < 3 or (len(chosen_s) < 6 and not within()):
         chosen_s.append(_cost(impl, chosen, n))
         random_s.append(_cost(impl, randoms, n))
     ratio = min(chosen_s) / max(min(random_s), 1e-9)
     # unkeyed: ~10,000 probes per insert, 100x and more; keyed: the same cost. Issue 19's
     # bound, x2, plus 2 ms for a random run that takes a millisecond or two
-    assert min(chosen_s) <= 2.0 * min(random_s) + 0.002, (
+    assert within(), (
         "%d chosen PING ids took %.1f ms, random ones %.1f ms (x%.1f)"
         % (n, min(chosen_s) * 1e3, min(random_s) * 1e3, ratio))
 
