@@ -142,6 +142,7 @@ cdef class FrameParser:
     cdef public object options          # the route's [routes.options] table (dict)
     cdef readonly bint recording        # records are wanted (a tracer, the frame log, faults):
                                         # skip work only the frame log needs when false
+    cdef bint fast_path                 # the parser overrides fast_frames()
 
     # ---- the core's own state (proxy/_framing.pyx) --------------------------------
     cdef public int64_t conn_id         # frame-log conn_id (set by the relay)
@@ -188,6 +189,15 @@ cdef class FrameParser:
     # length (> 0), 0 after want_header() asked to see more, -1 after fail() recorded
     # a fatal error; -2 propagates a Python exception.
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2
+    # fast_frames (optional; a parser that has one sets fast_path in its __init__): while
+    # nothing is recorded or held, the core hands it a read at a frame boundary, buf[pos:n];
+    # it counts the plain whole frames there exactly as on_header() would, with
+    # on_header's own inline code and without a call per frame, and returns where it
+    # stopped: at a frame it leaves to on_header() (an error, a header split across reads,
+    # a header it must see more of), at frame_cap, or n (a last frame that runs past n
+    # sets st[d].remaining).
+    cdef Py_ssize_t fast_frames(self, int d, const uint8_t* buf, Py_ssize_t pos,
+                                Py_ssize_t n, int64_t chunk_start) except -1
     # on_body: for frames flagged by stream_body(), the frame's bytes after `skip`, in
     # arrival order, in pieces.  on_body_end() follows the last piece.
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1

@@ -396,6 +396,7 @@ cdef class FrameParser:
         cdef Py_ssize_t pos = 0, take, hs, asked, emit = 0, held = 0
         cdef int64_t r, chunk_start = s.offset
         cdef bint hold = self.hold[d]
+        cdef bint fast = self.fast_path and not hold and not self.recording
         cdef list out = None
         if hold:
             out = []
@@ -433,6 +434,12 @@ cdef class FrameParser:
                     if hold and emit < pos:
                         out.append(_span(buf, emit, pos))
                     return pos
+                if fast and s.need == self.header_size:
+                    # the parser's own loop over the plain frames here (no call per frame)
+                    take = self.fast_frames(d, buf, pos, n, chunk_start)
+                    if take != pos:
+                        pos = take
+                        continue               # the checks above again, at its stop
                 s.frame_start = chunk_start + pos
                 if n - pos >= s.need:          # header contiguous in this read: no copy
                     asked = s.need
@@ -663,6 +670,10 @@ cdef class FrameParser:
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         raise NotImplementedError("protocol parsers override on_header")
+
+    cdef Py_ssize_t fast_frames(self, int d, const uint8_t* buf, Py_ssize_t pos,
+                                Py_ssize_t n, int64_t chunk_start) except -1:
+        return pos                         # none: every frame goes through on_header()
 
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
         return 0

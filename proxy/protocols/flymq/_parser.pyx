@@ -12,7 +12,7 @@ frame-log resource; AUTH and the user-management requests are never read.
 
 from libc.stdint cimport uint8_t, uint32_t, int64_t
 
-from proxy._framing cimport (FrameParser, RouteStats, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
+from proxy._framing cimport (FrameParser, RouteStats, DirState, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
                              K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
                              R_TOO_LARGE, R_MISMATCH, RESOURCE_MAX)
 from proxy._framing cimport (want_header, stream_body, gather, protocol_error, begin,
@@ -68,6 +68,7 @@ cdef class FlyMQParser(FrameParser):
         self.max_frame_bytes = MAX_FRAME_BYTES
         stats.describe(opcode_name, status_name, _KNOWN)   # once per route
         FrameParser.__init__(self, stats, max_frame_bytes, request_timeout, options)
+        self.fast_path = True
 
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2:
         cdef uint32_t length
@@ -86,30 +87,48 @@ cdef class FlyMQParser(FrameParser):
         op = h[2]
         if d == S2C and op == OP_FETCH and length >= 4 and avail < HEADER + 4:
             return want_header(self, d, HEADER + 4)     # FETCH response: message_count follows
+        if d == C2S and self.recording:        # apart, so counting alone keeps its code
+            if h[1] != VERSION:
+                protocol_error(self, d, R_BAD_VERSION)
+            return recorded_request(self, d, h, avail, op, length)
         if h[1] != VERSION:
             protocol_error(self, d, R_BAD_VERSION)       # spec: reject, optionally close; we count
         if d == C2S:
-            if self.recording:                 # apart, so counting alone keeps its code
-                return recorded_request(self, d, h, avail, op, length)
-            begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
-            if op == OP_PRODUCE:
-                add_messages(self, d, 1)
-            expect_fifo(self, d, op)
-            return HEADER + length
-        # server -> client: the response to the oldest request
-        begin(self, d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
-        if op == OP_CONSUME and length > 0:
-            add_messages(self, d, 1)
-        elif op == OP_FETCH and length >= 4:
-            add_messages(self, d, be32(h + HEADER))
-        if take_fifo(self, d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux \
-                and not (op == OP_AUTH_RESPONSE and self.st[d].taken.aux == OP_AUTH):
-            protocol_error(self, d, R_MISMATCH)     # AUTH is answered by AUTH_RESPONSE
-        if op == OP_ERROR:
-            answer(self, d, ST_ERROR, OUTCOME_ERROR)
+            counted_request(self, d, op, length)
         else:
-            answer(self, d, ST_OK, OUTCOME_OK)
+            counted_response(self, d, h, op, length)
         return HEADER + length
+
+    cdef Py_ssize_t fast_frames(self, int d, const uint8_t* buf, Py_ssize_t pos,
+                                Py_ssize_t n, int64_t chunk_start) except -1:
+        """The core's loop for plain frames (proxy/_framing.pxd): on_header's checks and
+        counts, frame after frame, inline; a bad magic, an oversized length or a FETCH
+        response whose message count is not in this read go back to on_header()."""
+        cdef DirState* s = &self.st[d]
+        cdef const uint8_t* h
+        cdef uint32_t length
+        cdef Py_ssize_t cap = self.frame_cap
+        while n - pos >= HEADER:
+            if cap and self.feed_frames + self.feed_work >= cap:
+                break
+            h = buf + pos
+            length = be32(h + 4)
+            if h[0] != MAGIC or length > self.max_frame_bytes or (
+                    d == S2C and h[2] == OP_FETCH and length >= 4 and n - pos < HEADER + 4):
+                break
+            s.frame_start = chunk_start + pos
+            if h[1] != VERSION:
+                protocol_error(self, d, R_BAD_VERSION)
+            if d == C2S:
+                counted_request(self, d, h[2], length)
+            else:
+                counted_response(self, d, h, h[2], length)
+            self.feed_frames += 1
+            if HEADER + length > n - pos:      # the payload runs on into later reads
+                s.remaining = HEADER + length - (n - pos)
+                return n
+            pos += HEADER + length
+        return pos
 
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
         """A topic-naming request's payload while recording: the topic (u16 length +
@@ -156,6 +175,33 @@ cdef class FlyMQParser(FrameParser):
     cdef int on_body_end(self, int d) except -1:
         self.t.state = T_DONE
         return 0
+
+
+cdef inline int counted_request(FlyMQParser self, int d, int op, uint32_t length) except -1:
+    """A well-formed request's counts (on_header, fast_frames): queued FIFO."""
+    begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
+    if op == OP_PRODUCE:
+        add_messages(self, d, 1)
+    expect_fifo(self, d, op)
+    return 0
+
+
+cdef inline void counted_response(FlyMQParser self, int d, const uint8_t* h, int op,
+                                  uint32_t length) noexcept:
+    """A well-formed response's counts (on_header, fast_frames): it answers the oldest
+    request."""
+    begin(self, d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
+    if op == OP_CONSUME and length > 0:
+        add_messages(self, d, 1)
+    elif op == OP_FETCH and length >= 4:
+        add_messages(self, d, be32(h + HEADER))
+    if take_fifo(self, d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux \
+            and not (op == OP_AUTH_RESPONSE and self.st[d].taken.aux == OP_AUTH):
+        protocol_error(self, d, R_MISMATCH)     # AUTH is answered by AUTH_RESPONSE
+    if op == OP_ERROR:
+        answer(self, d, ST_ERROR, OUTCOME_ERROR)
+    else:
+        answer(self, d, ST_OK, OUTCOME_OK)
 
 
 cdef inline int64_t recorded_request(FlyMQParser self, int d, const uint8_t* h,
