@@ -44,7 +44,7 @@ from proxy._counters cimport *
 # A request's pending entry: DirState.taken points at one (aux: what expect_fifo() got).
 from proxy._pending cimport (Pending, PendingTables, P_EXPIRED, P_FIFO, pending_set,
                              pt_insert_fast, pt_take, pt_push_fast, pt_take_fifo)
-from proxy._framelog cimport FrameLogBuffer, CorrText, CorrState
+from proxy._framelog cimport FrameLogBuffer, CorrText, CorrState, append_plain
 
 
 # DirState.capture bits: why the current frame is held whole (docs/design.md, "Faults")
@@ -190,12 +190,14 @@ cdef class FrameParser:
     # a fatal error; -2 propagates a Python exception.
     cdef int64_t on_header(self, int d, const uint8_t* h, Py_ssize_t avail) except -2
     # fast_frames (optional; a parser that has one sets fast_path in its __init__): while
-    # nothing is recorded or held, the core hands it a read at a frame boundary, buf[pos:n];
-    # it counts the plain whole frames there exactly as on_header() would, with
-    # on_header's own inline code and without a call per frame, and returns where it
-    # stopped: at a frame it leaves to on_header() (an error, a header split across reads,
-    # a header it must see more of), at frame_cap, or n (a last frame that runs past n
-    # sets st[d].remaining).
+    # the direction is not held (no rewriting, no armed fault), the core hands it a read at
+    # a frame boundary, buf[pos:n]; it parses the frames there exactly as on_header()
+    # would, with on_header's own inline code and without a call per frame, ending each
+    # whole frame with frame_done(), and returns where it stopped: at a frame it leaves
+    # to on_header() (an error, a header split across reads, a header it must see more
+    # of), at frame_cap, or n (a last frame that runs past n sets st[d].remaining), or
+    # past the header of a frame whose body streams (stream_body(): st[d].remaining set
+    # to the bytes after st[d].skip).
     cdef Py_ssize_t fast_frames(self, int d, const uint8_t* buf, Py_ssize_t pos,
                                 Py_ssize_t n, int64_t chunk_start) except -1
     # on_body: for frames flagged by stream_body(), the frame's bytes after `skip`, in
@@ -216,6 +218,7 @@ cdef class FrameParser:
     cdef int _fifo_full(self, int d) except -1
     cdef CorrState* _corr_state(self) noexcept
     cdef int _ctext_keep(self, int d, FrameRecord* rec) except -1
+    cdef int end_frame(self, int d) except -1
 
 
 # ==== The calls parsers make (inline: compiled into each parser, no vtable) ==========
@@ -279,6 +282,34 @@ cdef inline int gather(FrameParser self, int d, const uint8_t* p, Py_ssize_t n, 
     s.ghave = 0
     out[0] = s.hbuf
     return 1
+
+
+cdef inline int log_plain(FrameParser self, int d) except -1:
+    """The usual logged frame (no capture, body, fault, tracer, attrs, string id or later
+    entry row; a header buffer of the usual size) at its end: its record appended to the
+    frame log in place, without _emit()'s checks.  1 when done, 0 for anything else."""
+    cdef DirState* s = &self.st[d]
+    if (s.open and not (s.capture or s.body or self.fault_mode[d] or self.fault_marking[d])
+            and s.alen == 0 and s.rows <= 1 and s.rec.corr_fmt != CORR_STR
+            and s.hcap <= HBUF_KEEP and self.cs is NULL and self._tracer is None
+            and self.log is not None):
+        s.ghave = 0
+        s.open = 0
+        if not append_plain(self.log, &s.rec, self.conn_id, self.log_route, &s.res[0],
+                            s.res_len):
+            self.log.append(&s.rec, self.conn_id, self.log_route, &s.res[0], s.res_len,
+                            NULL, 0, 0, NULL, -1)
+        return 1
+    return 0
+
+
+cdef inline int frame_done(FrameParser self, int d) except -1:
+    """A whole frame parsed in fast_frames() has passed (no body, not held): its record,
+    if one is open, goes to the frame log, in place (log_plain) or through the core's
+    end of frame (FrameParser.end_frame: a tracer, attrs, a string id, a fault)."""
+    if not self.st[d].open or log_plain(self, d):
+        return 0
+    return self.end_frame(d)
 
 
 cdef inline void protocol_error(FrameParser self, int d, int reason) noexcept:

@@ -35,15 +35,20 @@ def read_rows(directory):
     return rows
 
 
-def logged_run(impl, pkg, conv, directory, fmt="parquet", chunk_records=64):
+def logged_run(impl, pkg, conv, directory, fmt="parquet", chunk_records=64, trace=True,
+               split=None):
     """Feed one golden conversation with a tracer and the frame log attached; returns
-    (tracer records, rows read back from the files, FrameLog)."""
+    (tracer records, rows read back from the files, FrameLog).  Without `trace` the
+    usual rows take the frame log's in-place path (log_plain, proxy/_framing.pxd), in
+    the core's loop or a parser's fast_frames(); `split(data)` cuts each burst into
+    reads."""
     label, RouteStats, Parser = impl
     stats = RouteStats("r-" + pkg, SPECS[pkg].name)
     parser = Parser(stats, options=dict(conv.options or {}))
     parser.conn_id = 42
     traced = []
-    parser.tracer = traced.append
+    if trace:
+        parser.tracer = traced.append
     buf = buffer_class(label)(max(4, 512 // chunk_records), chunk_records)
     fl = FrameLog(directory, "proxy", fmt, flush_interval=0.05)
     src = fl.add_source(make_source(buf, "run-x"))
@@ -52,7 +57,10 @@ def logged_run(impl, pkg, conv, directory, fmt="parquet", chunk_records=64):
     src.connection(42, "127.0.0.1:40000")
     fl.start()
     for d, data in conv.bursts():
-        parser.feed(d, data)
+        for piece in (split(data) if split else [data]):
+            parser.feed(d, piece)
+            if parser.error is not None:
+                break
         if parser.error is not None:
             break
         time.sleep(0.001)
@@ -93,6 +101,31 @@ def test_files_hold_exactly_what_the_parsers_recorded(pkg, conv, fmt, tmp_path):
                 if key == "attrs" and isinstance(have, list):
                     have = dict(have)            # a Parquet map reads back as pairs
                 assert have == value, (impl[0], key, got, want)
+
+
+def _comparable(rows):
+    return [dict(r, ts_ns=None, latency_ns=r["latency_ns"] is not None)
+            for r in events_sorted(rows)]
+
+
+@pytest.mark.parametrize("pkg,conv", list(_conv_cases()))
+def test_rows_without_a_tracer_are_the_rows_with_one(pkg, conv, tmp_path):
+    """A frame log and no tracer: the usual rows are appended in place, from the core's
+    loop or a parser's own (FlyMQ's fast_frames), whole reads or one byte at a time;
+    the files hold what a tracer saw, in both twins."""
+    def bytewise(data):
+        return [data[k:k + 1] for k in range(len(data))]
+
+    results = {}
+    for impl in impls(pkg):
+        _, traced_rows, _ = logged_run(impl, pkg, conv, str(tmp_path / (impl[0] + "-t")))
+        for name, split in (("whole", None), ("bytes", bytewise)):
+            _, rows, _ = logged_run(impl, pkg, conv, str(tmp_path / f"{impl[0]}-{name}"),
+                                    trace=False, split=split)
+            assert _comparable(rows) == _comparable(traced_rows), (impl[0], name)
+        results[impl[0]] = _comparable(traced_rows)
+    if len(results) == 2:
+        assert results["c"] == results["py"]
 
 
 @pytest.mark.parametrize("pkg", ["rabbitmq_stream", "fleximq"])

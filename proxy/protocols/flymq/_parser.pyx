@@ -10,13 +10,14 @@ ERROR (0xFF) with a text body.  While recording, a request that names a topic
 frame-log resource; AUTH and the user-management requests are never read.
 """
 
-from libc.stdint cimport uint8_t, uint32_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t
 
-from proxy._framing cimport (FrameParser, RouteStats, DirState, C2S, S2C, OUTCOME_OK, OUTCOME_ERROR,
-                             K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
+from proxy._framing cimport (FrameParser, RouteStats, DirState, C2S, S2C, OUTCOME_OK,
+                             OUTCOME_ERROR, K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
                              R_TOO_LARGE, R_MISMATCH, RESOURCE_MAX)
 from proxy._framing cimport (want_header, stream_body, gather, protocol_error, begin,
-                             add_messages, expect_fifo, take_fifo, answer, set_resource)
+                             add_messages, expect_fifo, take_fifo, answer, set_resource,
+                             frame_done)
 from proxy._wire cimport be16, be32, skip_some
 from proxy.protocols.flymq.constants import OPCODES as _KNOWN
 from proxy.protocols.flymq.constants import MAX_FRAME_BYTES, TOPIC_FIELD, opcode_name
@@ -101,34 +102,9 @@ cdef class FlyMQParser(FrameParser):
 
     cdef Py_ssize_t fast_frames(self, int d, const uint8_t* buf, Py_ssize_t pos,
                                 Py_ssize_t n, int64_t chunk_start) except -1:
-        """The core's loop for plain frames (proxy/_framing.pxd): on_header's checks and
-        counts, frame after frame, inline; a bad magic, an oversized length or a FETCH
-        response whose message count is not in this read go back to on_header()."""
-        cdef DirState* s = &self.st[d]
-        cdef const uint8_t* h
-        cdef uint32_t length
-        cdef Py_ssize_t cap = self.frame_cap
-        while n - pos >= HEADER:
-            if cap and self.feed_frames + self.feed_work >= cap:
-                break
-            h = buf + pos
-            length = be32(h + 4)
-            if h[0] != MAGIC or length > self.max_frame_bytes or (
-                    d == S2C and h[2] == OP_FETCH and length >= 4 and n - pos < HEADER + 4):
-                break
-            s.frame_start = chunk_start + pos
-            if h[1] != VERSION:
-                protocol_error(self, d, R_BAD_VERSION)
-            if d == C2S:
-                counted_request(self, d, h[2], length)
-            else:
-                counted_response(self, d, h, h[2], length)
-            self.feed_frames += 1
-            if HEADER + length > n - pos:      # the payload runs on into later reads
-                s.remaining = HEADER + length - (n - pos)
-                return n
-            pos += HEADER + length
-        return pos
+        if self.recording:
+            return frames(self, <Recording>0, d, buf, pos, n, chunk_start)
+        return frames(self, <Counting>0, d, buf, pos, n, chunk_start)
 
     cdef int on_body(self, int d, const uint8_t* p, Py_ssize_t n) except -1:
         """A topic-naming request's payload while recording: the topic (u16 length +
@@ -175,6 +151,58 @@ cdef class FlyMQParser(FrameParser):
     cdef int on_body_end(self, int d) except -1:
         self.t.state = T_DONE
         return 0
+
+
+# fast_frames() in two compiled loops, chosen once a read: counting alone keeps its short
+# code (one loop with a run-time flag cost it ~20 instructions a request)
+ctypedef uint8_t Counting
+ctypedef uint16_t Recording
+ctypedef fused Mode:
+    Counting
+    Recording
+
+
+cdef inline Py_ssize_t frames(FlyMQParser self, Mode mode, int d, const uint8_t* buf,
+                              Py_ssize_t pos, Py_ssize_t n, int64_t chunk_start) except -1:
+    """fast_frames(), the core's loop for a read's frames (proxy/_framing.pxd): on_header's
+    checks and the same inline counting, frame after frame; a bad magic, an oversized
+    length or a FETCH response whose message count is not in this read go back to
+    on_header().  Recorded requests too: a topic that streams through on_body() ends
+    the loop past its header, as the core's own loop would."""
+    cdef DirState* s = &self.st[d]
+    cdef const uint8_t* h
+    cdef uint32_t length
+    cdef int op
+    cdef Py_ssize_t cap = self.frame_cap
+    while n - pos >= HEADER:
+        if cap and self.feed_frames + self.feed_work >= cap:
+            break
+        h = buf + pos
+        length = be32(h + 4)
+        op = h[2]
+        if h[0] != MAGIC or length > self.max_frame_bytes or (
+                d == S2C and op == OP_FETCH and length >= 4 and n - pos < HEADER + 4):
+            break
+        s.frame_start = chunk_start + pos
+        if h[1] != VERSION:
+            protocol_error(self, d, R_BAD_VERSION)
+        self.feed_frames += 1
+        if d == S2C:
+            counted_response(self, d, h, op, length)
+        elif Mode is Counting:
+            counted_request(self, d, op, length)
+        else:
+            recorded_request(self, d, h, n - pos, op, length)
+            if s.body:                         # stream_body(): on_body() gets the rest
+                s.remaining = HEADER + length - s.skip
+                return pos + s.skip
+        if HEADER + length > n - pos:          # the payload runs on into later reads
+            s.remaining = HEADER + length - (n - pos)
+            return n
+        pos += HEADER + length
+        if Mode is Recording and s.open:
+            frame_done(self, d)
+    return pos
 
 
 cdef inline int counted_request(FlyMQParser self, int d, int op, uint32_t length) except -1:
