@@ -88,12 +88,10 @@ cdef class FlyMQParser(FrameParser):
         op = h[2]
         if d == S2C and op == OP_FETCH and length >= 4 and avail < HEADER + 4:
             return want_header(self, d, HEADER + 4)     # FETCH response: message_count follows
-        if d == C2S and self.recording:        # apart, so counting alone keeps its code
-            if h[1] != VERSION:
-                protocol_error(self, d, R_BAD_VERSION)
-            return recorded_request(self, d, h, avail, op, length)
         if h[1] != VERSION:
             protocol_error(self, d, R_BAD_VERSION)       # spec: reject, optionally close; we count
+        if d == C2S and self.recording:        # apart, so counting alone keeps its code
+            return recorded_request(self, d, h, avail, op, length)
         if d == C2S:
             counted_request(self, d, op, length)
         else:
