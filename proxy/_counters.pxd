@@ -116,7 +116,8 @@ cdef struct Counters:
     uint64_t* responses                 # OPCODE_SLOTS * STATUS_SLOTS (heap)
     # latency histogram per (request opcode slot, outcome): N_BUCKETS+1 counts, sum
     uint64_t* hist                      # OPCODE_SLOTS * 2 * (N_BUCKETS + 1) (heap)
-    double hist_sum[OPCODE_SLOTS][2]
+    int64_t hist_sum_ns[OPCODE_SLOTS][2]   # in ns: exact however answers are added up
+                                        # (one by one or by run); seconds at scrape time
     int64_t bounds[N_BUCKETS]           # the histogram's upper bounds, ns
 
 
@@ -145,11 +146,16 @@ cdef inline int _bucket(const int64_t* bounds, int64_t dt_ns) noexcept:
     return b
 
 
-cdef inline void _observe(Counters* c, int slot, int outcome, int64_t dt_ns) noexcept:
+cdef inline void _count_answers(Counters* c, int slot, int64_t status, int outcome,
+                                int64_t dt_ns, int64_t k) noexcept:
+    """k responses with this status to requests of opcode slot; dt_ns >= 0 is their
+    latency (observed, and they leave in_flight), < 0: the requests had timed out."""
+    c.responses[slot * STATUS_SLOTS + _status_slot(c, status)] += k
     if dt_ns < 0:
-        dt_ns = 0
-    c.hist[(slot * 2 + outcome) * (N_BUCKETS + 1) + _bucket(c.bounds, dt_ns)] += 1
-    c.hist_sum[slot][outcome] += dt_ns * 1e-9
+        return
+    c.hist[(slot * 2 + outcome) * (N_BUCKETS + 1) + _bucket(c.bounds, dt_ns)] += k
+    c.hist_sum_ns[slot][outcome] += k * dt_ns
+    c.in_flight -= k
 
 
 cdef inline void _count_error(Counters* c, int direction, int reason) noexcept:

@@ -404,8 +404,7 @@ cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t fram
         self._emit(rec)                    # a parser that began twice: keep both
     if slot < 0 or slot > OTHER_SLOT:
         slot = OTHER_SLOT
-    self.c.frames[d][slot] += 1
-    self.c.frame_bytes[d][slot] += frame_bytes
+    count_frame(self, d, slot, frame_bytes)
     rec.slot = <int16_t>slot
     rec.messages = 0
     if not self.recording:                 # counters only: no record to fill
@@ -435,9 +434,8 @@ cdef inline void begin(FrameParser self, int d, int slot, int kind, int64_t fram
 cdef inline void add_messages(FrameParser self, int d, int64_t n) noexcept:
     """The current frame carries n more messages (frametap_messages_total)."""
     cdef FrameRecord* rec = &self.st[d].rec
-    self.c.messages[d][rec.slot] += n
+    count_messages(self, d, rec.slot, n)
     rec.messages += n
-    self.feed_work += n
 
 
 cdef inline void entry(FrameParser self, int d) noexcept:
@@ -499,14 +497,8 @@ cdef inline int expect(FrameParser self, int d, int32_t tag, uint64_t key, int32
 
 cdef inline int expect_fifo(FrameParser self, int d, int32_t aux) except -1:
     """The current frame is a request answered in order; aux comes back in take_fifo()."""
-    self.pt.fifo_seq += 1
-    set_corr(self, d, self.pt.fifo_seq, -1)
-    if self.pt.fifo_len == self.pt.fifo_cap or self.pt.fifo_len >= self.pt.fifo_limit:
-        self._fifo_full(d)                 # grow, or give up on the oldest (a timeout)
-    pending_set(pt_push_fast(&self.pt), self.now_ns, self.pt.fifo_seq, self.st[d].rec.slot,
-                aux, 1, d)
-    self.c.in_flight += 1
-    return 0
+    set_corr(self, d, self.pt.fifo_seq + 1, -1)
+    return push_fifo(self, d, self.st[d].rec.slot, aux)
 
 
 cdef inline int take(FrameParser self, int d, int32_t tag, uint64_t key) noexcept:
@@ -542,17 +534,96 @@ cdef inline void answer(FrameParser self, int d, int64_t status, int outcome) no
         self.c.unmatched += 1
         return
     s.taken = NULL
-    _count_response(self.c, p.slot, status)
+    dt = latency(self, p)
     if self.recording:
         rec.req_slot = <int16_t>p.slot
         rec.corr = p.key
         rec.corr_hi = p.aux if not p.flags & P_FIFO else -1
         rec.corr_fmt = _corr_fmt(rec.corr_hi)
-    if not p.flags & P_EXPIRED:
-        dt = self.now_ns - p.t_ns
-        if dt < 0:
-            dt = 0
-        rec.latency_ns = dt
-        _observe(self.c, p.slot, outcome, dt)
-        self.c.in_flight -= 1
+        if dt >= 0:
+            rec.latency_ns = dt
+    _count_answers(self.c, p.slot, status, outcome, dt, 1)
+
+
+# ---- counting alone (recording off): what begin(), add_messages(), expect_fifo() and
+# answer() count, without a record.  A parser's fast_frames() loop uses them while
+# ``recording`` is false (proxy/protocols/flymq/_parser.pyx); the calls above are built
+# on them, so both paths count alike (tests/test_conformance.py: with and without a
+# tracer, the same counters).
+
+cdef inline void count_frame(FrameParser self, int d, int slot, int64_t frame_bytes) noexcept:
+    """A frame under opcode slot (0..OTHER_SLOT)."""
+    self.c.frames[d][slot] += 1
+    self.c.frame_bytes[d][slot] += frame_bytes
+
+
+cdef inline void count_messages(FrameParser self, int d, int slot, int64_t n) noexcept:
+    self.c.messages[d][slot] += n
+    self.feed_work += n
+
+
+cdef inline int push_fifo(FrameParser self, int d, int slot, int32_t aux) except -1:
+    """A request of opcode slot answered in order; aux comes back with its answer."""
+    self.pt.fifo_seq += 1
+    if self.pt.fifo_len == self.pt.fifo_cap or self.pt.fifo_len >= self.pt.fifo_limit:
+        self._fifo_full(d)                 # grow, or give up on the oldest (a timeout)
+    pending_set(pt_push_fast(&self.pt), self.now_ns, self.pt.fifo_seq, slot, aux, 1, d)
+    self.c.in_flight += 1
+    return 0
+
+
+cdef inline int64_t latency(FrameParser self, const Pending* p) noexcept:
+    """The latency of an answer to p in ns, or -1 when p had timed out (not observed)."""
+    cdef int64_t dt
+    if p.flags & P_EXPIRED:
+        return -1
+    dt = self.now_ns - p.t_ns
+    return dt if dt > 0 else 0
+
+
+cdef struct Tally:
+    # a fast_frames() loop's run of like answers (same request opcode, status, outcome and
+    # latency), counted once at its end: a read's answers to the requests of one earlier
+    # read share their latency (one clock read a read), so a run of them costs one
+    # histogram update instead of one each
+    int64_t k                # answers in the run (0: none)
+    int64_t dt               # their latency (latency(): -1 not observed)
+    int64_t status
+    int32_t slot
+    int32_t outcome
+
+
+cdef inline void tally_start(Tally* t) noexcept:
+    t.k = 0
+    t.dt = 0
+    t.status = 0
+    t.slot = 0
+    t.outcome = 0
+
+
+cdef inline void tally_answer(FrameParser self, Tally* t, const Pending* p, int64_t status,
+                              int outcome) noexcept:
+    """answer() of a counted frame (recording off) for the request p (NULL: none)."""
+    cdef int64_t dt
+    if p is NULL:
+        self.c.unmatched += 1
+        return
+    dt = latency(self, p)
+    if t.k and t.dt == dt and t.slot == p.slot and t.status == status \
+            and t.outcome == outcome:
+        t.k += 1
+        return
+    tally_flush(self, t)
+    t.k = 1
+    t.dt = dt
+    t.slot = p.slot
+    t.status = status
+    t.outcome = outcome
+
+
+cdef inline void tally_flush(FrameParser self, Tally* t) noexcept:
+    """Count the run held in t (before the loop returns, and before another run)."""
+    if t.k:
+        _count_answers(self.c, t.slot, t.status, t.outcome, t.dt, t.k)
+        t.k = 0
 

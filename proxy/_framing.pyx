@@ -308,7 +308,7 @@ cdef class RouteStats:
                 counts = [self.c.hist[(s * 2 + o) * (N_BUCKETS + 1) + b]
                           for b in range(N_BUCKETS + 1)]
                 if any(counts):
-                    hist.append(((s, o), (counts, self.c.hist_sum[s][o])))
+                    hist.append(((s, o), (counts, self.c.hist_sum_ns[s][o] * 1e-9)))
         return route_snapshot(
             self, [self.slot_name(s) for s in range(self.nslots)],
             [stname(self.c.status_code[s]) for s in range(self.c.nstatus)],

@@ -191,9 +191,9 @@ class RouteStats:
             dt_ns = 0
         h = self.hist.get((slot, outcome))
         if h is None:
-            h = self.hist[(slot, outcome)] = [[0] * (N_BUCKETS + 1), 0.0]
+            h = self.hist[(slot, outcome)] = [[0] * (N_BUCKETS + 1), 0]
         h[0][bucket_of(dt_ns)] += 1
-        h[1] += dt_ns * 1e-9
+        h[1] += dt_ns                          # in ns, exact: seconds at snapshot()
 
     def response(self, slot, status):
         key = (slot, self.status_slot(status))
@@ -219,7 +219,8 @@ class RouteStats:
             self, [self.slot_name(s) for s in range(len(self.slot_code))],
             [stname(c) for c in self.status_code], self.frames, self.frame_bytes,
             self.messages, self.errors, sorted(self.responses.items()),
-            sorted(self.hist.items()), self.timeouts, self.cutoffs, self.relayed,
+            sorted((k, (counts, ns * 1e-9)) for k, (counts, ns) in self.hist.items()),
+            self.timeouts, self.cutoffs, self.relayed,
             self.unmatched, self.in_flight, self.connect_hist, self.connect_sum)
 
 

@@ -10,14 +10,16 @@ ERROR (0xFF) with a text body.  While recording, a request that names a topic
 frame-log resource; AUTH and the user-management requests are never read.
 """
 
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, int64_t
 
 from proxy._framing cimport (FrameParser, RouteStats, DirState, C2S, S2C, OUTCOME_OK,
                              OUTCOME_ERROR, K_REQUEST, K_RESPONSE, R_BAD_MAGIC, R_BAD_VERSION,
                              R_TOO_LARGE, R_MISMATCH, RESOURCE_MAX)
 from proxy._framing cimport (want_header, stream_body, gather, protocol_error, begin,
                              add_messages, expect_fifo, take_fifo, answer, set_resource,
-                             frame_done)
+                             frame_done, Tally, tally_start, tally_answer, tally_flush, count_frame,
+                             count_messages, push_fifo)
+from proxy._pending cimport Pending, pt_take_fifo
 from proxy._wire cimport be16, be32, skip_some
 from proxy.protocols.flymq.constants import OPCODES as _KNOWN
 from proxy.protocols.flymq.constants import MAX_FRAME_BYTES, TOPIC_FIELD, opcode_name
@@ -100,7 +102,7 @@ cdef class FlyMQParser(FrameParser):
 
     cdef Py_ssize_t fast_frames(self, int d, const uint8_t* buf, Py_ssize_t pos,
                                 Py_ssize_t n, int64_t chunk_start) except -1:
-        if self.recording:
+        if self.recording or self.st[d].open:   # (a record left open: the loop ends it)
             return frames(self, <Recording>0, d, buf, pos, n, chunk_start)
         return frames(self, <Counting>0, d, buf, pos, n, chunk_start)
 
@@ -172,6 +174,8 @@ cdef inline Py_ssize_t frames(FlyMQParser self, Mode mode, int d, const uint8_t*
     cdef uint32_t length
     cdef int op
     cdef Py_ssize_t cap = self.frame_cap
+    cdef Tally t                               # counting: answers added up by run
+    tally_start(&t)
     while n - pos >= HEADER:
         if cap and self.feed_frames + self.feed_work >= cap:
             break
@@ -185,10 +189,13 @@ cdef inline Py_ssize_t frames(FlyMQParser self, Mode mode, int d, const uint8_t*
         if h[1] != VERSION:
             protocol_error(self, d, R_BAD_VERSION)
         self.feed_frames += 1
-        if d == S2C:
+        if Mode is Counting:
+            if d == S2C:
+                tallied_response(self, &t, d, h, op, length)
+            else:
+                tallied_request(self, d, op, length)
+        elif d == S2C:
             counted_response(self, d, h, op, length)
-        elif Mode is Counting:
-            counted_request(self, d, op, length)
         else:
             recorded_request(self, d, h, n - pos, op, length)
             if s.body:                         # stream_body(): on_body() gets the rest
@@ -196,38 +203,86 @@ cdef inline Py_ssize_t frames(FlyMQParser self, Mode mode, int d, const uint8_t*
                 return pos + s.skip
         if HEADER + length > n - pos:          # the payload runs on into later reads
             s.remaining = HEADER + length - (n - pos)
-            return n
+            pos = n
+            break
         pos += HEADER + length
         if Mode is Recording and s.open:
             frame_done(self, d)
+    tally_flush(self, &t)                      # (recording: none held)
     return pos
 
 
+# What FlyMQ's frames count, shared by the recorded path (on_header, the Recording loop)
+# and the counting loop below.
+
+cdef inline int request_messages(int op) noexcept:
+    return 1 if op == OP_PRODUCE else 0
+
+
+cdef inline int64_t response_messages(const uint8_t* h, int op, uint32_t length) noexcept:
+    """Messages a response carries (h holds the FETCH count when length >= 4)."""
+    if op == OP_CONSUME and length > 0:
+        return 1
+    if op == OP_FETCH and length >= 4:
+        return be32(h + HEADER)
+    return 0
+
+
+cdef inline bint mismatched(int op, int32_t asked) noexcept:
+    """A response that does not answer the oldest request, opcode `asked`: the server
+    echoes the opcode, answers ERROR to anything, and AUTH with AUTH_RESPONSE."""
+    return op != OP_ERROR and op != asked and not (op == OP_AUTH_RESPONSE and asked == OP_AUTH)
+
+
 cdef inline int counted_request(FlyMQParser self, int d, int op, uint32_t length) except -1:
-    """A well-formed request's counts (on_header, fast_frames): queued FIFO."""
+    """A well-formed request's counts and record (on_header): queued FIFO."""
     begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
-    if op == OP_PRODUCE:
-        add_messages(self, d, 1)
+    if request_messages(op):
+        add_messages(self, d, request_messages(op))
     expect_fifo(self, d, op)
     return 0
 
 
 cdef inline void counted_response(FlyMQParser self, int d, const uint8_t* h, int op,
                                   uint32_t length) noexcept:
-    """A well-formed response's counts (on_header, fast_frames): it answers the oldest
-    request."""
+    """A well-formed response's counts and record (on_header, the Recording loop): it
+    answers the oldest request."""
+    cdef int64_t m = response_messages(h, op, length)
     begin(self, d, self.stats.slot_for(op), K_RESPONSE, HEADER + length, HEADER)
-    if op == OP_CONSUME and length > 0:
-        add_messages(self, d, 1)
-    elif op == OP_FETCH and length >= 4:
-        add_messages(self, d, be32(h + HEADER))
-    if take_fifo(self, d) >= 0 and op != OP_ERROR and op != self.st[d].taken.aux \
-            and not (op == OP_AUTH_RESPONSE and self.st[d].taken.aux == OP_AUTH):
-        protocol_error(self, d, R_MISMATCH)     # AUTH is answered by AUTH_RESPONSE
+    if m:
+        add_messages(self, d, m)
+    if take_fifo(self, d) >= 0 and mismatched(op, self.st[d].taken.aux):
+        protocol_error(self, d, R_MISMATCH)
     if op == OP_ERROR:
         answer(self, d, ST_ERROR, OUTCOME_ERROR)
     else:
         answer(self, d, ST_OK, OUTCOME_OK)
+
+
+cdef inline int tallied_request(FlyMQParser self, int d, int op, uint32_t length) except -1:
+    """counted_request() while recording is off: the counts without a record."""
+    cdef int slot = self.stats.slot_for(op)
+    count_frame(self, d, slot, HEADER + length)
+    if request_messages(op):
+        count_messages(self, d, slot, request_messages(op))
+    return push_fifo(self, d, slot, op)
+
+
+cdef inline void tallied_response(FlyMQParser self, Tally* t, int d, const uint8_t* h, int op,
+                                  uint32_t length) noexcept:
+    """counted_response() while recording is off: its answer is added to the run in t."""
+    cdef int slot = self.stats.slot_for(op)
+    cdef int64_t m = response_messages(h, op, length)
+    cdef const Pending* p = pt_take_fifo(&self.pt)
+    count_frame(self, d, slot, HEADER + length)
+    if m:
+        count_messages(self, d, slot, m)
+    if p is not NULL and mismatched(op, p.aux):
+        protocol_error(self, d, R_MISMATCH)
+    if op == OP_ERROR:
+        tally_answer(self, t, p, ST_ERROR, OUTCOME_ERROR)
+    else:
+        tally_answer(self, t, p, ST_OK, OUTCOME_OK)
 
 
 cdef inline int64_t recorded_request(FlyMQParser self, int d, const uint8_t* h,
@@ -238,8 +293,8 @@ cdef inline int64_t recorded_request(FlyMQParser self, int d, const uint8_t* h,
     on_body()."""
     cdef Py_ssize_t tlen
     begin(self, d, self.stats.slot_for(op), K_REQUEST, HEADER + length, HEADER)
-    if op == OP_PRODUCE:
-        add_messages(self, d, 1)
+    if request_messages(op):
+        add_messages(self, d, request_messages(op))
     expect_fifo(self, d, op)
     if not TOPIC_AT[op] or h[3] & COMPRESSION_MASK or length < 2:
         return HEADER + length
